@@ -1,0 +1,75 @@
+"""Step 2 — publication: one epoch bump per weight change (or lock-aware flush).
+
+`bump` is the whole contract of a publication, in order:
+1. advance the epoch (and the label, when the publication names one);
+2. mark every live request that holds KV as *crossing*: it keeps its own KV and continues, but never inserts into the
+   tree (`skip_radix_cache_insert`), because its KV is now mixed-version; its lock on stale nodes is remembered so
+   those nodes are freed when it releases;
+3. re-bind every queued request that holds no KV to the new epoch;
+4. free every unlocked stale node in one batched eviction (`reclaim.free_all_unlocked`).
+Between 1 and 4 nothing can be inserted under the new epoch, so "evictable" is exactly "unlocked and stale".
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterable, Optional
+
+from vradix import admission, reclaim
+from vradix.state import EpochState, Invalidation
+
+
+def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *, reason: str,
+         label: Optional[str] = None, is_publication: bool = True) -> Invalidation:
+    """Advance the epoch and invalidate everything older, lock-aware. See the module docstring for the steps."""
+    t0 = time.perf_counter()
+    inv = Invalidation(epoch_before=state.epoch, epoch_after=state.epoch + 1,
+                       label=label if label is not None else state.label, reason=reason)
+    state.epoch += 1
+    state.label = inv.label
+    if is_publication:
+        state.publications += 1
+    else:
+        state.flushes += 1
+    for req in live_reqs:
+        if admission.holds_kv(req):
+            mark_crossing(state, req)
+    for req in queued_reqs:
+        inv.requeued_rebound += admission.rebind_if_unheld(state, req)
+    inv.tokens_freed = reclaim.free_all_unlocked(cache)
+    state.stale_tokens_freed_total += inv.tokens_freed
+    inv.crossing_requests = len(state.crossing)
+    inv.tokens_pinned = reclaim.stale_tokens_pinned(cache, holder_nodes(state))
+    inv.latency_ms = (time.perf_counter() - t0) * 1e3
+    state.last = inv
+    return inv
+
+
+def mark_crossing(state: EpochState, req) -> None:
+    """A request that holds KV across a bump: keep its KV, never insert it, free its stale locks at release."""
+    if not getattr(req, "_vradix_crossed", False):
+        req._vradix_crossed = True
+        req._vradix_skip_before = req.skip_radix_cache_insert
+        req.skip_radix_cache_insert = True
+    if getattr(req, "lock", None) is not None:
+        state.crossing[req.rid] = req
+
+
+def holder_nodes(state: EpochState) -> list:
+    return [r.lock.node for r in state.crossing.values() if getattr(r, "lock", None) is not None]
+
+
+def on_release(state: EpochState, cache, req, released_node) -> int:
+    """After `release_kv_cache`: free the stale path the request just unlocked; reset a retracted crossing request.
+
+    A retracted request gives back all its KV and will be prefilled again from scratch, so it stops being a crossing
+    request: it is re-bound at its next match and may insert its (pure new-epoch) KV again.
+    """
+    freed = 0
+    if state.crossing.pop(req.rid, None) is not None:
+        freed = reclaim.free_released_path(cache, released_node)
+        state.stale_tokens_freed_total += freed
+        state.stale_tokens_freed_at_release += freed
+    if getattr(req, "_vradix_crossed", False) and not req.finished():
+        req.skip_radix_cache_insert = req._vradix_skip_before
+        req._vradix_crossed = False
+    return freed

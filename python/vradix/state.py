@@ -1,0 +1,85 @@
+"""Per-engine vradix state: the current epoch, its label, the live crossing requests and the counters.
+
+One `EpochState` is attached to each tree cache (`tree_cache._vradix`). It is only touched from the scheduler thread
+(admission, publication, release and flush all run there), so it needs no locking. Every TP/PP rank runs the same
+control messages in the same order, so every rank computes the same epoch sequence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from vradix import __version__
+
+
+@dataclass
+class Invalidation:
+    """What one epoch bump (publication or lock-aware flush) did."""
+
+    epoch_before: int
+    epoch_after: int
+    label: Optional[str]
+    reason: str
+    tokens_freed: int = 0
+    crossing_requests: int = 0
+    tokens_pinned: int = 0
+    requeued_rebound: int = 0
+    latency_ms: float = 0.0
+
+    def summary(self) -> str:
+        return (f"vradix: epoch {self.epoch_before}->{self.epoch_after} ({self.reason}, label={self.label!r}): "
+                f"freed {self.tokens_freed} stale tokens, {self.tokens_pinned} stale tokens pinned by "
+                f"{self.crossing_requests} crossing request(s), {self.requeued_rebound} queued request(s) re-bound")
+
+
+@dataclass
+class EpochState:
+    """The versioned-cache state of one engine (one scheduler process)."""
+
+    tree_core: str
+    epoch: int = 0
+    label: Optional[str] = None
+    publications: int = 0
+    flushes: int = 0
+    stale_tokens_freed_total: int = 0
+    stale_tokens_freed_at_release: int = 0
+    forged_keys_rejected: int = 0
+    #: rid -> live request that holds a lock on KV of an older epoch (freed when it releases)
+    crossing: Dict[str, Any] = field(default_factory=dict)
+    last: Optional[Invalidation] = None
+    #: set while a weight-update handler runs, so the publication bumps exactly once
+    update_scope: Optional["UpdateScope"] = None
+
+    def as_dict(self, pinned_tokens: int) -> dict:
+        """The `vradix` block of server info (plain JSON types)."""
+        last = self.last
+        return {
+            "active": True,
+            "version": __version__,
+            "tree_core": self.tree_core,
+            "epoch": self.epoch,
+            "label": self.label,
+            "publications": self.publications,
+            "lock_aware_flushes": self.flushes,
+            "crossing_requests": len(self.crossing),
+            "stale_tokens_pinned": pinned_tokens,
+            "stale_tokens_freed_total": self.stale_tokens_freed_total,
+            "stale_tokens_freed_at_release": self.stale_tokens_freed_at_release,
+            "stale_tokens_freed_last": last.tokens_freed if last else 0,
+            "last_publication_latency_ms": round(last.latency_ms, 3) if last else None,
+            "last_invalidation": last.summary() if last else None,
+            "forged_keys_rejected": self.forged_keys_rejected,
+        }
+
+
+@dataclass
+class UpdateScope:
+    """Bookkeeping for one weight-update call: did it bump, and with what result."""
+
+    source: str
+    bumped: Optional[Invalidation] = None
+
+
+def state_of(tree_cache) -> Optional[EpochState]:
+    """The vradix state of a tree cache, or None when vradix is not versioning it."""
+    return getattr(tree_cache, "_vradix", None)

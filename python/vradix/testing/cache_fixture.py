@@ -1,0 +1,153 @@
+"""A real SGLang 0.5.23 `UnifiedRadixCache` on CPU, with real pools and allocators (tests and benchmarks).
+
+Nothing here is mocked: the cache, its TreeCore (production Rust or Python), `ReqToTokenPool`, `MHATokenToKVPool` and
+the token/paged allocators are SGLang's own classes, built the way `kv_cache_builder` builds them for a FULL-attention
+model. `make_req` / `admit` / `prefill` / `finish` drive requests through the same `mem_cache.common` functions the
+scheduler calls (`match_kv_cache`, `lock`, `checkpoint_kv_cache`, `release_kv_cache`).
+"""
+from __future__ import annotations
+
+import itertools
+from array import array
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+
+from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
+from sglang.srt.mem_cache import common
+from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+
+@dataclass
+class CacheFixture:
+    """One tree cache with its pools; `total` is the allocator's capacity in tokens."""
+
+    cache: UnifiedRadixCache
+    allocator: object
+    req_pool: ReqToTokenPool
+    page_size: int
+    total: int
+    _rids: itertools.count = field(default_factory=itertools.count)
+
+    @property
+    def tree_core_name(self) -> str:
+        return type(self.cache.tree_core).__name__
+
+    # ---- accounting -------------------------------------------------------------------------------------------
+    def accounting(self) -> tuple[int, int, int]:
+        """(available, evictable, protected) in tokens, the terms of SGLang's idle memory check."""
+        return self.allocator.available_size(), self.cache.evictable_size(), self.cache.protected_size()
+
+    def idle_invariant_holds(self) -> bool:
+        """SGLang's strict idle check: available + evictable + protected == total (no request holds KV)."""
+        a, e, p = self.accounting()
+        return a + e + p == self.total
+
+    def busy_invariant_holds(self, live: Sequence[Req]) -> bool:
+        """With live requests: available + evictable + protected + request-owned (unpublished) == total."""
+        owned = sum(r.owned_kv_len() - r.kv.cache_protected_len for r in live if r.kv.holds_kv)
+        a, e, p = self.accounting()
+        return a + e + p + owned == self.total
+
+    # ---- request driving (the scheduler's calls, in its order) ------------------------------------------------
+    def make_req(self, tokens: Sequence[int], extra_key: Optional[str] = None, lora_id: Optional[str] = None) -> Req:
+        req = Req(
+            rid=f"r{next(self._rids)}",
+            origin_input_text="",
+            origin_input_ids=array("q", tokens),
+            sampling_params=SamplingParams(temperature=0, max_new_tokens=1 << 20),
+            extra_key=extra_key,
+            lora_id=lora_id,
+        )
+        req.full_untruncated_fill_ids = array("q", tokens)
+        return req
+
+    def admit(self, req: Req) -> int:
+        """Match the prefix, lock it and give the request a row (PrefillAdder + prepare_for_extend). Returns hit len."""
+        # like the scheduler, always recompute at least the last prompt token
+        common.match_kv_cache(req, self.cache, req.origin_input_ids, max_prefix_len=len(req.origin_input_ids) - 1)
+        req.kv.cache_protected_len = req.prefix_len
+        req.lock = self.cache.lock(req.last_node)
+        self.req_pool.alloc([req])
+        if req.prefix_len:
+            prefix = self.cache.tree_core.collect_full_device_indices(req.last_node, self.cache.root_node_handle())
+            self.req_pool.write((req.kv.req_pool_idx, slice(0, req.prefix_len)), prefix.to(torch.int32))
+        req.extend_end = req.prefix_len
+        return req.prefix_len
+
+    def prefill(self, req: Req, upto: Optional[int] = None) -> None:
+        """Allocate and 'compute' KV for tokens [extend_end, upto), then checkpoint like a chunked prefill does."""
+        tokens = req.origin_input_ids + req.output_ids
+        upto = len(tokens) if upto is None else upto
+        n = upto - req.extend_end
+        if n > 0:
+            row = self.req_pool.req_to_token[req.kv.req_pool_idx]
+            locs = self._alloc(req.extend_end, n, row)
+            self.req_pool.write((req.kv.req_pool_idx, slice(req.extend_end, upto)), locs.to(torch.int32))
+            req.kv.kv_committed_len = upto
+            req.kv.kv_allocated_len = upto
+            req.extend_end = upto
+        req.full_untruncated_fill_ids = array("q", tokens[:upto])
+        if upto < len(tokens):
+            common.checkpoint_kv_cache(req, self.cache)
+
+    def decode(self, req: Req, token: int) -> None:
+        req.output_ids.append(token)
+        self.prefill(req, upto=len(req.origin_input_ids) + len(req.output_ids))
+
+    def finish(self, req: Req) -> None:
+        req.finished_reason = FINISH_LENGTH(length=0)
+        common.release_kv_cache(req, self.cache, checkpoint=True)
+
+    def retract(self, req: Req) -> None:
+        common.release_kv_cache(req, self.cache, checkpoint=False)
+        req.reset_for_retract() if hasattr(req, "reset_for_retract") else None
+
+    def _page_ceil(self, n: int) -> int:
+        return -(-n // self.page_size) * self.page_size
+
+    def _alloc(self, start: int, n: int, row: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Slots for positions [start, start+n). Paged: continue the request's last page, then whole new pages."""
+        if self.page_size == 1:
+            locs = self.allocator.alloc(n)
+            assert locs is not None, "pool exhausted"
+            return locs
+        out, pos = [], start
+        while pos < start + n:
+            if pos % self.page_size:
+                prev = int(row[pos - 1]) if pos - 1 >= start - 1 and not out else int(out[-1][-1])
+                take = min(self.page_size - pos % self.page_size, start + n - pos)
+                out.append(torch.arange(prev + 1, prev + 1 + take, dtype=torch.int64))
+            else:
+                page = self.allocator.alloc(self.page_size)
+                assert page is not None, "pool exhausted"
+                take = min(self.page_size, start + n - pos)
+                out.append(page[:take].to(torch.int64))
+            pos += take
+        return torch.cat(out)
+
+
+def build_cache(tree_core: str = "rust", page_size: int = 1, kv_tokens: int = 4096, max_reqs: int = 64,
+                max_context_len: int = 2048) -> CacheFixture:
+    """Build the FULL-attention UnifiedRadixCache SGLang builds by default, on CPU, with the named TreeCore."""
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page_size))
+    req_pool = ReqToTokenPool(size=max_reqs, max_context_len=max_context_len, device="cpu", enable_memory_saver=False)
+    kv = MHATokenToKVPool(size=kv_tokens, page_size=page_size, dtype=torch.bfloat16, head_num=1, head_dim=8,
+                          layer_num=1, device="cpu", enable_memory_saver=False)
+    if page_size == 1:
+        alloc = TokenToKVPoolAllocator(size=kv_tokens, dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=False)
+    else:
+        alloc = PagedTokenToKVPoolAllocator(size=kv_tokens, page_size=page_size, dtype=torch.bfloat16, device="cpu",
+                                            kvcache=kv, need_sort=False)
+    params = CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=alloc,
+                             page_size=page_size, tree_components=(ComponentType.FULL,), tree_core_backend=tree_core)
+    cache = UnifiedRadixCache(params)
+    return CacheFixture(cache=cache, allocator=alloc, req_pool=req_pool, page_size=page_size,
+                        total=alloc.available_size())
