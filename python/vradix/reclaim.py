@@ -17,6 +17,8 @@ checked first with `is_unlocked_leaf`, which uses only public lock/unlock accoun
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
@@ -25,17 +27,26 @@ def free_all_unlocked(cache) -> int:
     """Evict every unlocked node in one batched operation. Returns full-attention tokens freed."""
     if cache.evictable_size() == 0:
         return 0
-    allocator = cache.token_to_kv_pool_allocator
-    allocator.free_group_begin()
-    try:
+    with batched_frees(cache.token_to_kv_pool_allocator):
         result = cache.evict(EvictParams(
             num_tokens=cache.evictable_size(),
             swa_num_tokens=cache.swa_evictable_size() if cache.supports_swa() else 0,
             mamba_num=cache.mamba_evictable_size() if cache.supports_mamba() else 0,
         ))
+    return result.num_tokens_evicted
+
+
+@contextmanager
+def batched_frees(allocator):
+    """Collect the allocator frees of the block into one `free` (joins an enclosing free group if one is open)."""
+    if getattr(allocator, "free_group", None) is not None:
+        yield
+        return
+    allocator.free_group_begin()
+    try:
+        yield
     finally:
         allocator.free_group_end()
-    return result.num_tokens_evicted
 
 
 def is_unlocked_leaf(cache, node_id) -> bool:
@@ -60,15 +71,11 @@ def free_released_path(cache, node_id) -> int:
         return 0
     (path,) = cache.tree_core.collect_path_info([node_id])
     tracker = {ct: 0 for ct in cache.tree_components}
-    allocator = cache.token_to_kv_pool_allocator
-    allocator.free_group_begin()
-    try:
+    with batched_frees(cache.token_to_kv_pool_allocator):
         for info in reversed(path):
             if not is_unlocked_leaf(cache, info.node_id):
                 break
             cache._evict_device_leaf(info.node_id, tracker)
-    finally:
-        allocator.free_group_end()
     return tracker[ComponentType.FULL]
 
 

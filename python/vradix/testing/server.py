@@ -1,0 +1,115 @@
+"""Start and stop a real SGLang CPU server on a tiny model (tests, demo, benchmarks).
+
+`CpuServer` launches `python -m sglang.launch_server --device cpu ...` with the flags and environment from the CPU
+recipe, on a free loopback port, waits for `/health_generate` with a deadline, and always kills the process group.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional, Sequence
+
+import requests
+
+CPU_FLAGS = [
+    "--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
+    "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
+    "--grammar-backend", "none", "--skip-tokenizer-init", "--host", "127.0.0.1",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerDied(RuntimeError):
+    pass
+
+
+class CpuServer:
+    def __init__(self, model_path: str, *, vradix: bool = True, extra_args: Sequence[str] = (),
+                 env: Optional[dict] = None, max_total_tokens: int = 8192, chunked_prefill_size: int = 1024,
+                 startup_timeout: float = 240.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="sglang-", suffix=".log", delete=False)
+        e = dict(os.environ)
+        e.update({"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                  "PYTHONUNBUFFERED": "1"})
+        e.pop("VRADIX_DISABLE", None)
+        if not vradix:
+            e["VRADIX_DISABLE"] = "1"
+        e.update(env or {})
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--port", str(self.port),
+               "--max-total-tokens", str(max_total_tokens), "--chunked-prefill-size", str(chunked_prefill_size),
+               "--context-length", "4096", "--max-running-requests", "32", *CPU_FLAGS, *extra_args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=e, start_new_session=True)
+        self._wait_ready(startup_timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerDied(f"server exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if requests.get(self.url + "/health_generate", timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"server not ready in {timeout}s:\n{self.tail()}")
+
+    def tail(self, n: int = 60) -> str:
+        self.log.flush()
+        with open(self.log.name) as f:
+            return "".join(f.readlines()[-n:])
+
+    def logs(self) -> str:
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()
+
+    # ---- HTTP helpers ---------------------------------------------------------------------------------------------
+    def post(self, path: str, payload: Optional[dict] = None, timeout: float = 120.0) -> requests.Response:
+        return requests.post(self.url + path, json=payload or {}, timeout=timeout)
+
+    def generate(self, input_ids, max_new_tokens: int = 8, timeout: float = 120.0, **extra) -> dict:
+        payload = {"input_ids": list(input_ids),
+                   "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
+        payload.update(extra)
+        r = self.post("/generate", payload, timeout=timeout)
+        r.raise_for_status()
+        return r.json()
+
+    def server_info(self) -> dict:
+        return requests.get(self.url + "/get_server_info", timeout=30).json()
+
+    def vradix_info(self) -> Optional[dict]:
+        states = self.server_info().get("internal_states") or [{}]
+        return states[0].get("vradix")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=20)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(timeout=10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
