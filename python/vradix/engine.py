@@ -10,7 +10,7 @@ import logging
 
 from vradix import __version__, admission, overlap, publication, reclaim
 from vradix.namespace import ReservedNamespaceError
-from vradix.state import EpochState, Invalidation, UpdateScope, state_of
+from vradix.state import Invalidation, UpdateScope, attach, state_of
 
 logger = logging.getLogger("vradix")
 
@@ -28,8 +28,7 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
             f"vradix {__version__} cannot version {type(cache).__name__} (it supports SGLang's UnifiedRadixCache). "
             "Refusing to serve an unversioned prefix cache: use the default radix backend, pass "
             "--disable-radix-cache, or set VRADIX_DISABLE=1 for stock behaviour.")
-    state = EpochState(tree_core=type(tree_core).__name__)
-    cache._vradix = state
+    state = attach(cache)
     logger.info("vradix %s active: epoch-namespaced radix cache (%s, tree core %s), epoch %d",
                 __version__, type(cache).__name__, state.tree_core, state.epoch)
 

@@ -80,6 +80,13 @@ class UpdateScope:
     bumped: Optional[Invalidation] = None
 
 
+def attach(tree_cache) -> EpochState:
+    """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0."""
+    state = EpochState(tree_core=type(tree_cache.tree_core).__name__)
+    tree_cache._vradix = state
+    return state
+
+
 def state_of(tree_cache) -> Optional[EpochState]:
     """The vradix state of a tree cache, or None when vradix is not versioning it."""
     return getattr(tree_cache, "_vradix", None)

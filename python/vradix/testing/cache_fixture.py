@@ -52,7 +52,7 @@ class CacheFixture:
 
     def busy_invariant_holds(self, live: Sequence[Req]) -> bool:
         """With live requests: available + evictable + protected + request-owned (unpublished) == total."""
-        owned = sum(r.owned_kv_len() - r.kv.cache_protected_len for r in live if r.kv.holds_kv)
+        owned = sum(self._page_ceil(r.owned_kv_len()) - r.kv.cache_protected_len for r in live if r.kv.holds_kv)
         a, e, p = self.accounting()
         return a + e + p + owned == self.total
 
@@ -82,8 +82,9 @@ class CacheFixture:
         req.extend_end = req.prefix_len
         return req.prefix_len
 
-    def prefill(self, req: Req, upto: Optional[int] = None) -> None:
-        """Allocate and 'compute' KV for tokens [extend_end, upto), then checkpoint like a chunked prefill does."""
+    def prefill(self, req: Req, upto: Optional[int] = None, checkpoint: bool = True) -> None:
+        """Allocate and 'compute' KV for tokens [extend_end, upto), then checkpoint it into the tree like the
+        scheduler does after every prefill chunk of an unfinished request."""
         tokens = req.origin_input_ids + req.output_ids
         upto = len(tokens) if upto is None else upto
         n = upto - req.extend_end
@@ -95,12 +96,12 @@ class CacheFixture:
             req.kv.kv_allocated_len = upto
             req.extend_end = upto
         req.full_untruncated_fill_ids = array("q", tokens[:upto])
-        if upto < len(tokens):
+        if checkpoint:
             common.checkpoint_kv_cache(req, self.cache)
 
     def decode(self, req: Req, token: int) -> None:
         req.output_ids.append(token)
-        self.prefill(req, upto=len(req.origin_input_ids) + len(req.output_ids))
+        self.prefill(req, upto=len(req.origin_input_ids) + len(req.output_ids), checkpoint=False)
 
     def finish(self, req: Req) -> None:
         req.finished_reason = FINISH_LENGTH(length=0)
