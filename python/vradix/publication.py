@@ -33,6 +33,7 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
     for req in live_reqs:
         if admission.holds_kv(req):
             mark_crossing(state, req)
+            inv.crossing_mid_prefill += req.kv.kv_committed_len < len(req.origin_input_ids)
     for req in queued_reqs:
         inv.requeued_rebound += admission.rebind_if_unheld(state, req)
     inv.tokens_freed = reclaim.free_all_unlocked(cache)

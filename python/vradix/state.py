@@ -22,6 +22,7 @@ class Invalidation:
     reason: str
     tokens_freed: int = 0
     crossing_requests: int = 0
+    crossing_mid_prefill: int = 0
     tokens_pinned: int = 0
     requeued_rebound: int = 0
     latency_ms: float = 0.0
@@ -29,7 +30,8 @@ class Invalidation:
     def summary(self) -> str:
         return (f"vradix: epoch {self.epoch_before}->{self.epoch_after} ({self.reason}, label={self.label!r}): "
                 f"freed {self.tokens_freed} stale tokens, {self.tokens_pinned} stale tokens pinned by "
-                f"{self.crossing_requests} crossing request(s), {self.requeued_rebound} queued request(s) re-bound")
+                f"{self.crossing_requests} crossing request(s) ({self.crossing_mid_prefill} mid-prefill), "
+                f"{self.requeued_rebound} queued request(s) re-bound")
 
 
 @dataclass

@@ -1,0 +1,83 @@
+"""The publication scenarios shared by the E2E tests and `make demo` (real server, real HTTP calls)."""
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Optional
+
+import requests
+
+PREFIX = [(i * 7) % 500 + 5 for i in range(200)]  # the 200-token shared prefix of the issue
+PROBE = PREFIX + [11]
+LONG_PROMPT = [9, 8, 7] * 20
+
+
+class StreamingRequest:
+    """A /generate stream in a thread; `started` is set once the first chunk arrived, i.e. it is running."""
+
+    def __init__(self, url: str, input_ids, max_new_tokens: int, timeout: float = 300.0):
+        self.started = threading.Event()
+        self.final: Optional[dict] = None
+        self.error: Optional[BaseException] = None
+        payload = {"input_ids": list(input_ids), "stream": True,
+                   "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
+        self._thread = threading.Thread(target=self._run, args=(url, payload, timeout), daemon=True)
+        self._thread.start()
+
+    def _run(self, url, payload, timeout):
+        try:
+            with requests.post(url + "/generate", json=payload, stream=True, timeout=timeout) as r:
+                r.raise_for_status()
+                for line in r.iter_lines():
+                    if line.startswith(b"data:") and line.strip() != b"data: [DONE]":
+                        self.final = json.loads(line[5:])
+                        self.started.set()
+        except BaseException as e:  # surfaced by result()
+            self.error = e
+        finally:
+            self.started.set()
+
+    def result(self, timeout: float = 300.0) -> dict:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError("streaming request did not finish")
+        if self.error is not None:
+            raise self.error
+        return self.final
+
+
+@dataclass
+class PublicationOutcome:
+    warm_cached: int = 0
+    cached_after: int = 0
+    label_after: str = ""
+    output_after: list = field(default_factory=list)
+    cached_again: int = 0
+    inflight_retractions: int = -1
+    inflight_tokens: int = 0
+    update_message: str = ""
+    vradix: Optional[dict] = None
+
+
+def stale_prefix_publication(server, new_model: str, version: str = "v2") -> PublicationOutcome:
+    """Warm PREFIX, start a long request, in_place pause, update weights (no flush), continue, probe PREFIX."""
+    out = PublicationOutcome()
+    out.warm_cached = server.generate(PROBE, 4)["meta_info"]["cached_tokens"]
+    inflight = StreamingRequest(server.url, LONG_PROMPT, 300)
+    assert inflight.started.wait(120), "in-flight request never started"
+    assert server.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    upd = server.post("/update_weights_from_disk",
+                      {"model_path": new_model, "flush_cache": False, "weight_version": version}).json()
+    assert upd["success"], upd
+    out.update_message = upd["message"]
+    assert server.post("/continue_generation", {}).status_code == 200
+    r = server.generate(PROBE, 4)
+    out.cached_after, out.label_after, out.output_after = (r["meta_info"]["cached_tokens"],
+                                                           r["meta_info"]["weight_version"], r["output_ids"])
+    final = inflight.result()
+    out.inflight_retractions = final["meta_info"]["num_retractions"]
+    out.inflight_tokens = final["meta_info"]["completion_tokens"]
+    out.cached_again = server.generate(PROBE, 4)["meta_info"]["cached_tokens"]
+    out.vradix = server.vradix_info()
+    return out

@@ -1,0 +1,150 @@
+"""E2E on a real SGLang CPU server with tiny float32 models (peaky logits): stock SGLang (VRADIX_DISABLE=1) shows the
+stale-prefix bug; vradix fixes it. The oracle is a fresh server started on the new weights."""
+import pytest
+import requests
+
+from vradix.testing.scenario import LONG_PROMPT, PREFIX, PROBE, StreamingRequest, stale_prefix_publication
+from vradix.testing.server import CpuServer
+from vradix.testing.tiny_model import generate
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+CHUNKED_PROMPT = [(i * 13) % 480 + 20 for i in range(3000)]
+BURST = [[(i * 31 + j * 17) % 490 + 10 for j in range(40 + i)] for i in range(27)]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    return (generate(str(d / "A"), seed=1, dtype="float32", init_range=0.2),
+            generate(str(d / "B"), seed=2, dtype="float32", init_range=0.2))
+
+
+@pytest.fixture(scope="module")
+def oracle(models):
+    """Greedy outputs of a fresh server on the new weights (B) and of one on the old weights (A)."""
+    out = {}
+    for name, path in zip("AB", models):
+        with CpuServer(path, vradix=False) as s:
+            out[name] = {"probe": s.generate(PROBE, 4)["output_ids"],
+                         "chunked": s.generate(CHUNKED_PROMPT, 4, timeout=300)["output_ids"],
+                         "burst": [s.generate(p, 1)["output_ids"][0] for p in BURST]}
+    return out
+
+
+def test_stock_sglang_serves_stale_prefix_after_in_place_publication(models, oracle):
+    with CpuServer(models[0], vradix=False) as s:
+        o = stale_prefix_publication(s, models[1])
+        assert o.vradix is None  # stock: no vradix block
+        assert o.cached_after == 200 and o.label_after == "v2"
+        assert o.output_after != oracle["B"]["probe"]  # hybrid policy: old-weight KV, new-weight label
+        # and stock cannot flush while an in_place pause keeps a request's KV
+        inflight = StreamingRequest(s.url, LONG_PROMPT, 300)
+        assert inflight.started.wait(120)
+        s.post("/pause_generation", {"mode": "in_place"})
+        assert s.post("/flush_cache").status_code == 400
+        s.post("/continue_generation")
+        inflight.result()
+
+
+def test_vradix_publication_never_reuses_stale_prefix(models, oracle):
+    with CpuServer(models[0]) as s:
+        assert "vradix 0.1.0 active" in s.logs() and "RustUnifiedTreeCore" in s.logs()
+        o = stale_prefix_publication(s, models[1])
+        assert o.warm_cached == 0
+        assert o.cached_after == 0, o  # no stale reuse right after publication
+        assert o.output_after == oracle["B"]["probe"]  # identical to a fresh server on the new weights
+        assert o.inflight_retractions == 0 and o.inflight_tokens == 300  # in-flight request kept its KV
+        assert o.cached_again == 200  # prefix sharing resumes under the new epoch
+        v = o.vradix
+        assert v["epoch"] == 1 and v["label"] == "v2" and v["publications"] == 1
+        assert v["crossing_requests"] == 0 and v["stale_tokens_pinned"] == 0  # drained: stale KV all freed
+        assert v["stale_tokens_freed_at_release"] > 0
+        assert "epoch 0->1" in o.update_message
+        # strict idle memory check: a flush when idle resets the pool to full
+        assert s.post("/flush_cache").status_code == 200
+        assert "Traceback" not in s.logs()
+
+
+def test_lock_aware_flush_and_update_weight_version(models, oracle):
+    with CpuServer(models[0]) as s:
+        base = s.generate(PROBE, 4)
+        inflight = StreamingRequest(s.url, LONG_PROMPT, 300)
+        assert inflight.started.wait(120)
+        assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+        r = s.post("/flush_cache")
+        assert r.status_code == 200, r.text  # performed, not refused
+        v = s.vradix_info()
+        assert v["lock_aware_flushes"] == 1 and v["epoch"] == 1
+        assert v["crossing_requests"] == 1 and v["stale_tokens_pinned"] >= len(LONG_PROMPT) - 1
+        assert s.post("/continue_generation").status_code == 200
+        after = s.generate(PROBE, 4)
+        assert after["meta_info"]["cached_tokens"] == 0 and after["output_ids"] == base["output_ids"]
+        final = inflight.result()
+        assert final["meta_info"]["num_retractions"] == 0
+        assert s.vradix_info()["stale_tokens_pinned"] == 0
+        # /update_weight_version alone is a publication
+        assert s.generate(PROBE, 4)["meta_info"]["cached_tokens"] == 200
+        assert s.post("/update_weight_version", {"new_version": "v9"}).status_code == 200
+        r = s.generate(PROBE, 4)
+        assert r["meta_info"]["cached_tokens"] == 0 and r["meta_info"]["weight_version"] == "v9"
+        v = s.vradix_info()
+        assert v["label"] == "v9" and v["publications"] == 1 and v["epoch"] == 2
+
+
+def test_chunked_prefill_crossing_a_publication(models, oracle):
+    with CpuServer(models[0], chunked_prefill_size=64) as s:
+        for attempt in range(3):
+            long = StreamingRequest(s.url, CHUNKED_PROMPT, 4)
+            s.post("/pause_generation", {"mode": "in_place"})
+            upd = s.post("/update_weights_from_disk", {"model_path": models[1 - attempt % 2],
+                                                       "flush_cache": False, "weight_version": f"c{attempt}"}).json()
+            s.post("/continue_generation")
+            final = long.result()
+            assert final["meta_info"]["num_retractions"] == 0
+            if "(1 mid-prefill)" in upd["message"]:
+                break
+        else:
+            pytest.fail(f"publication never landed mid-prefill: {upd['message']}")
+        weights = "B" if attempt % 2 == 0 else "A"
+        probe = s.generate(CHUNKED_PROMPT, 4, timeout=300)
+        assert probe["meta_info"]["cached_tokens"] == 0  # the crossing chunks were not inserted anywhere
+        assert probe["output_ids"] == oracle[weights]["chunked"]
+        assert s.vradix_info()["stale_tokens_pinned"] == 0
+
+
+def test_overlap_batch_in_flight_at_pause_is_labelled_with_its_weights(models, oracle):
+    """27 concurrent one-token requests, then an in_place pause + publication: each response's label must name the
+    weights that computed its token (stock with the overlap scheduler mislabels some)."""
+    with CpuServer(models[0]) as s:
+        import concurrent.futures as cf
+
+        with cf.ThreadPoolExecutor(len(BURST)) as pool:
+            futs = [pool.submit(s.generate, p, 1) for p in BURST]
+            s.post("/pause_generation", {"mode": "in_place"})
+            assert s.post("/update_weights_from_disk", {"model_path": models[1], "flush_cache": False,
+                                                        "weight_version": "v2"}).json()["success"]
+            s.post("/continue_generation")
+            results = [f.result(timeout=300) for f in futs]
+        checked = 0
+        for i, r in enumerate(results):
+            a, b = oracle["A"]["burst"][i], oracle["B"]["burst"][i]
+            if a == b:
+                continue
+            checked += 1
+            expected = b if r["meta_info"]["weight_version"] == "v2" else a
+            assert r["output_ids"][0] == expected, (i, r["meta_info"]["weight_version"], r["output_ids"], a, b)
+        assert checked >= 10
+
+
+def test_fail_closed_when_a_hook_cannot_be_installed(models):
+    with pytest.raises(Exception) as e:
+        CpuServer(models[0], env={"VRADIX_FAULT_MISSING_HOOK": ".flush_cache"}, startup_timeout=120)
+    assert "could not install hook(s) sglang.srt.managers.scheduler.Scheduler.flush_cache" in str(e.value)
+
+
+def test_disable_radix_cache_is_a_loud_no_op(models):
+    with CpuServer(models[0], extra_args=["--disable-radix-cache"]) as s:
+        assert "radix cache is disabled; vradix is a no-op" in s.logs()
+        assert s.generate(PROBE, 4)["meta_info"]["cached_tokens"] == 0
+        assert s.vradix_info()["active"] is False
