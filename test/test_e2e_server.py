@@ -61,6 +61,12 @@ def test_vradix_publication_never_reuses_stale_prefix(models, oracle):
         assert v["crossing_requests"] == 0 and v["stale_tokens_pinned"] == 0  # drained: stale KV all freed
         assert v["stale_tokens_freed_at_release"] > 0
         assert "epoch 0->1" in o.update_message
+        # a forged epoch namespace in a user extra_key is rejected with a clear error; the engine keeps serving
+        forged = requests.post(s.url + "/generate", json={"input_ids": PROBE, "extra_key": "\x1evradix:e1\x1f",
+                                                         "sampling_params": {"max_new_tokens": 2}}, timeout=60)
+        assert forged.status_code == 400 and "reserved vradix epoch marker" in forged.text
+        assert s.generate(PROBE, 4)["meta_info"]["cached_tokens"] == 200
+        assert s.vradix_info()["forged_keys_rejected"] == 1
         # strict idle memory check: a flush when idle resets the pool to full
         assert s.post("/flush_cache").status_code == 200
         assert "Traceback" not in s.logs()

@@ -6,7 +6,8 @@
    tree (`skip_radix_cache_insert`), because its KV is now mixed-version; its lock on stale nodes is remembered so
    those nodes are freed when it releases;
 3. re-bind every queued request that holds no KV to the new epoch;
-4. free every unlocked stale node in one batched eviction (`reclaim.free_all_unlocked`).
+4. free every unlocked stale node in one batched eviction (`reclaim.free_all_unlocked`), or, when no request holds
+   KV and nothing is locked, drop the whole tree at once (`reclaim.free_all_by_reset`).
 Between 1 and 4 nothing can be inserted under the new epoch, so "evictable" is exactly "unlocked and stale".
 """
 from __future__ import annotations
@@ -30,13 +31,18 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
         state.publications += 1
     else:
         state.flushes += 1
+    holders = 0
     for req in live_reqs:
         if admission.holds_kv(req):
+            holders += 1
             mark_crossing(state, req)
             inv.crossing_mid_prefill += req.kv.kv_committed_len < len(req.origin_input_ids)
     for req in queued_reqs:
         inv.requeued_rebound += admission.rebind_if_unheld(state, req)
-    inv.tokens_freed = reclaim.free_all_unlocked(cache)
+    if holders == 0 and cache.protected_size() == 0:
+        inv.tokens_freed = reclaim.free_all_by_reset(cache)
+    else:
+        inv.tokens_freed = reclaim.free_all_unlocked(cache)
     state.stale_tokens_freed_total += inv.tokens_freed
     inv.crossing_requests = len(state.crossing)
     inv.tokens_pinned = reclaim.stale_tokens_pinned(cache, holder_nodes(state))

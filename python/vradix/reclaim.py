@@ -1,9 +1,11 @@
 """Step 3 — reclaim: free stale KV, lock-aware.
 
-Two entry points, both against SGLang's real tree cache API (identical on the Rust and Python TreeCores):
+Three entry points, all against SGLang's real tree cache API (identical on the Rust and Python TreeCores):
 - `free_all_unlocked(cache)`: at a bump the new namespace is still empty, so every evictable node is stale. One
   `evict(evictable_size)` call frees them all (cascading up to locked paths) inside one allocator free group, i.e. one
   batched `free` of the slot tensors.
+- `free_all_by_reset(cache)`: the same result when no request holds KV at all (nothing can be locked), at the cost
+  of a stock flush: drop the tree and free all its slots in one call.
 - `free_released_path(cache, node)`: when a crossing request releases its lock on a stale node, walk its path from
   the node towards the root and evict each node that is now an unlocked leaf. Stops at the first node another holder
   still locks or that still has children.
@@ -34,6 +36,17 @@ def free_all_unlocked(cache) -> int:
             mamba_num=cache.mamba_evictable_size() if cache.supports_mamba() else 0,
         ))
     return result.num_tokens_evicted
+
+
+def free_all_by_reset(cache) -> int:
+    """Fast path when no request holds KV and nothing is locked: drop the whole tree at once (what stock
+    `flush_cache` does) and give its slots back in one `free`. Returns tokens freed."""
+    values = cache.tree_core.all_values_flatten()
+    freed = cache.evictable_size()
+    cache.reset()
+    if len(values):
+        cache.token_to_kv_pool_allocator.free(values)
+    return freed
 
 
 @contextmanager

@@ -50,6 +50,7 @@ class StreamingRequest:
 @dataclass
 class PublicationOutcome:
     warm_cached: int = 0
+    warm_repeat_cached: int = 0
     cached_after: int = 0
     label_after: str = ""
     output_after: list = field(default_factory=list)
@@ -64,6 +65,7 @@ def stale_prefix_publication(server, new_model: str, version: str = "v2") -> Pub
     """Warm PREFIX, start a long request, in_place pause, update weights (no flush), continue, probe PREFIX."""
     out = PublicationOutcome()
     out.warm_cached = server.generate(PROBE, 4)["meta_info"]["cached_tokens"]
+    out.warm_repeat_cached = server.generate(PROBE, 4)["meta_info"]["cached_tokens"]
     inflight = StreamingRequest(server.url, LONG_PROMPT, 300)
     assert inflight.started.wait(120), "in-flight request never started"
     assert server.post("/pause_generation", {"mode": "in_place"}).status_code == 200

@@ -1,0 +1,160 @@
+"""Publication cost on SGLang's real UnifiedRadixCache (CPU), vradix vs stock, and steady-state hook overhead.
+
+    python benchmark/bench_publication.py [--sizes 10000,100000,1000000] [--repeats 5] [--cores rust,python]
+
+Table 1 (per tree core, per cached size): the cache is filled with GRPO-shaped traffic (groups of 8 sequences of
+256 tokens sharing a 128-token prompt, so ~9 nodes per 1k tokens), 1% of the sequences are held locked by live
+requests, then one publication is timed (median of repeats, refill not timed):
+  - vradix bump: epoch bump + lock-aware bulk free of every unlocked stale node (what runs on a publication);
+  - stock reset: `tree_cache.reset()` + allocator/req-pool clear, what `flush_cache` does (stock can only run it
+    when *nothing* is locked, i.e. with retract; it would free the locked KV of live requests);
+  - no-op: a vradix bump on an empty cache (fixed cost of a publication).
+Table 2: steady-state admit → match → prefill → checkpoint → release loop, requests/s with the vradix hooks vs
+stock (a child process with VRADIX_DISABLE=1), same traffic.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from array import array
+
+import torch
+
+
+def fill(fx, tokens: int, lock_frac: float = 0.01):
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from vradix import namespace
+
+    ek = namespace.namespace(fx.cache._vradix.epoch) if getattr(fx.cache, "_vradix", None) else None
+    seqs, n = [], 0
+    group = 0
+    while n + 256 <= tokens:
+        base = [(group * 131 + j) % 30000 + 2 for j in range(128)]
+        for k in range(8):
+            if n + 256 > tokens:
+                break
+            seqs.append(base + [(group * 977 + k * 131 + j) % 30000 + 2 for j in range(128)])
+            n += 256
+        group += 1
+    for s in seqs:
+        v = fx.allocator.alloc(len(s))
+        fx.cache.insert(InsertParams(key=RadixKey(array("q", s), extra_key=ek), value=v))
+    locks = []
+    for s in (seqs[:: max(1, int(1 / lock_frac))] if lock_frac else []):
+        m = fx.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", s), extra_key=ek)))
+        locks.append(fx.cache.lock(m.last_device_node))
+    return len(seqs), locks
+
+
+def bench_publication(core: str, sizes, repeats: int):
+    from vradix import publication
+    from vradix.state import attach
+    from vradix.testing.cache_fixture import build_cache
+
+    rows = []
+    for size in sizes:
+        res = {"vradix bump": [], "vradix bump, nothing locked": [], "stock reset": [], "no-op": []}
+        nodes = freed = 0
+        for _ in range(repeats):
+            fx = build_cache(core, 1, kv_tokens=size + 4096, max_reqs=8)
+            state = attach(fx.cache)
+            nseq, locks = fill(fx, size)
+            cached = fx.cache.evictable_size() + fx.cache.protected_size()
+            t = time.perf_counter()
+            inv = publication.bump(state, fx.cache, [], [], reason="bench")
+            res["vradix bump"].append(time.perf_counter() - t)
+            freed = inv.tokens_freed
+            for lk in locks:
+                fx.cache.unlock(lk)
+            fill(fx, size, lock_frac=0)
+            t = time.perf_counter()
+            publication.bump(state, fx.cache, [], [], reason="bench")
+            res["vradix bump, nothing locked"].append(time.perf_counter() - t)
+            _, locks = fill(fx, size)
+            for lk in locks:  # stock can only reset an idle cache
+                fx.cache.unlock(lk)
+            t = time.perf_counter()
+            fx.cache.reset()
+            fx.req_pool.clear()
+            fx.allocator.clear()
+            res["stock reset"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            publication.bump(state, fx.cache, [], [], reason="bench")
+            res["no-op"].append(time.perf_counter() - t)
+            nodes = nseq
+        med = {k: statistics.median(v) * 1e3 for k, v in res.items()}
+        rows.append({"core": core, "inserted_tokens": size, "cached_tokens": cached, "sequences": nodes,
+                     "freed": freed,
+                     **{k: round(v, 3) for k, v in med.items()},
+                     "vradix ms/100k tok": round(med["vradix bump"] / (cached / 1e5), 3)})
+    return rows
+
+
+def bench_steady(core: str, nreq: int) -> float:
+    from vradix.admission import stamp
+    from vradix.state import attach
+    from vradix.testing.cache_fixture import build_cache
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    fx = build_cache(core, 1, kv_tokens=1 << 17, max_reqs=64)
+    state = attach(fx.cache) if not os.environ.get("VRADIX_DISABLE") else None
+    reqs = [[(i // 8 * 131 + j) % 30000 + 2 for j in range(512)] + [i % 8 + 7, i] for i in range(nreq)]
+    t = time.perf_counter()
+    for toks in reqs:
+        r = fx.make_req(toks)
+        if state is not None:
+            stamp(state, r)
+        fx.admit(r)
+        fx.prefill(r)
+        fx.finish(r)
+    return nreq / (time.perf_counter() - t)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="10000,100000,1000000")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--cores", default="rust,python")
+    p.add_argument("--steady-requests", type=int, default=3000)
+    p.add_argument("--steady-child", default=None, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.steady_child:
+        print(json.dumps(bench_steady(a.steady_child, a.steady_requests)))
+        return
+    torch.set_num_threads(1)
+    sizes = [int(x) for x in a.sizes.split(",")]
+    print(f"# publication cost, median of {a.repeats} (CPU: {os.cpu_count()} cores, torch {torch.__version__})")
+    hdr = ["core", "inserted_tokens", "cached_tokens", "sequences", "freed", "vradix bump",
+           "vradix bump, nothing locked", "stock reset", "no-op", "vradix ms/100k tok"]
+    print("| " + " | ".join(hdr) + " |")
+    print("|" + "---|" * len(hdr))
+    for core in a.cores.split(","):
+        for row in bench_publication(core, sizes, a.repeats):
+            print("| " + " | ".join(str(row[h]) for h in hdr) + " |", flush=True)
+    print("\n# steady state: admit+match+prefill+checkpoint+release, requests/s (median of 3 child runs)")
+    print("| core | stock (VRADIX_DISABLE=1) | vradix | overhead |")
+    print("|---|---|---|---|")
+    for core in a.cores.split(","):
+        rates = {}
+        for mode in ("stock", "vradix"):
+            env = dict(os.environ)
+            env.pop("VRADIX_DISABLE", None)
+            if mode == "stock":
+                env["VRADIX_DISABLE"] = "1"
+            runs = [float(subprocess.run([sys.executable, __file__, "--steady-child", core, "--steady-requests",
+                                          str(a.steady_requests)], env=env, check=True, capture_output=True,
+                                         text=True).stdout.strip().splitlines()[-1]) for _ in range(3)]
+            rates[mode] = statistics.median(runs)
+        over = (rates["stock"] - rates["vradix"]) / rates["stock"] * 100
+        print(f"| {core} | {rates['stock']:.0f} | {rates['vradix']:.0f} | {over:+.1f}% |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
