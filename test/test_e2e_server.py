@@ -1,5 +1,7 @@
 """E2E on a real SGLang CPU server with tiny float32 models (peaky logits): stock SGLang (VRADIX_DISABLE=1) shows the
 stale-prefix bug; vradix fixes it. The oracle is a fresh server started on the new weights."""
+import time
+
 import pytest
 import requests
 
@@ -99,9 +101,12 @@ def test_lock_aware_flush_and_update_weight_version(models, oracle):
 
 
 def test_chunked_prefill_crossing_a_publication(models, oracle):
-    with CpuServer(models[0], chunked_prefill_size=64) as s:
+    with CpuServer(models[0], chunked_prefill_size=32) as s:
         for attempt in range(3):
             long = StreamingRequest(s.url, CHUNKED_PROMPT, 4)
+            deadline = time.monotonic() + 60  # poll the scheduler's own state until the prefill is chunking
+            while not s.vradix_info()["chunked_prefill_in_progress"] and not long.started.is_set():
+                assert time.monotonic() < deadline, "chunked prefill never observed"
             s.post("/pause_generation", {"mode": "in_place"})
             upd = s.post("/update_weights_from_disk", {"model_path": models[1 - attempt % 2],
                                                        "flush_cache": False, "weight_version": f"c{attempt}"}).json()

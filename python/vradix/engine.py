@@ -203,11 +203,13 @@ def report_flush(result, wrapper, *args, **kwargs):
 # ---- report ------------------------------------------------------------------------------------------------------------
 def report_server_info(result, internal_state, *args, **kwargs):
     """AFTER InternalState.get_internal_state: a `vradix` block in /get_server_info."""
-    cache = internal_state.scheduler.tree_cache
+    scheduler = internal_state.scheduler
+    cache = scheduler.tree_cache
     state = state_of(cache)
     if state is None:
         block = {"active": False, "version": __version__, "reason": "radix cache disabled"}
     else:
         block = state.as_dict(reclaim.stale_tokens_pinned(cache, publication.holder_nodes(state)))
+        block["chunked_prefill_in_progress"] = scheduler.chunked_req is not None
     result.internal_state["vradix"] = block
     return result
