@@ -103,7 +103,7 @@ def bench_steady(core: str, nreq: int) -> float:
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
-    fx = build_cache(core, 1, kv_tokens=1 << 17, max_reqs=64)
+    fx = build_cache(core, 1, kv_tokens=1 << 19, max_reqs=64)
     state = attach(fx.cache) if not os.environ.get("VRADIX_DISABLE") else None
     reqs = [[(i // 8 * 131 + j) % 30000 + 2 for j in range(512)] + [i % 8 + 7, i] for i in range(nreq)]
     t = time.perf_counter()
