@@ -109,7 +109,7 @@ class CacheFixture:
 
     def retract(self, req: Req) -> None:
         common.release_kv_cache(req, self.cache, checkpoint=False)
-        req.reset_for_retract() if hasattr(req, "reset_for_retract") else None
+        req.reset_for_retract()
 
     def _page_ceil(self, n: int) -> int:
         return -(-n // self.page_size) * self.page_size
@@ -123,7 +123,7 @@ class CacheFixture:
         out, pos = [], start
         while pos < start + n:
             if pos % self.page_size:
-                prev = int(row[pos - 1]) if pos - 1 >= start - 1 and not out else int(out[-1][-1])
+                prev = int(out[-1][-1]) if out else int(row[pos - 1])
                 take = min(self.page_size - pos % self.page_size, start + n - pos)
                 out.append(torch.arange(prev + 1, prev + 1 + take, dtype=torch.int64))
             else:
