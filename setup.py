@@ -1,11 +1,51 @@
+"""sglang-vradix: pure-Python package, plus the `vradix._C` CUDA kernels when CUDA torch and nvcc are present.
+
+VRADIX_BUILD_CUDA=0 skips the extension (CPU installs, CI's venv); =1 requires it (fails if it cannot be built);
+unset builds it when possible. TORCH_CUDA_ARCH_LIST picks the targets (e.g. "9.0" for H100/H200).
+"""
+import glob
 import os
-from setuptools import setup, find_packages
+import shutil
+
+from setuptools import find_packages, setup
+
+
+def cuda_extension():
+    """(ext_modules, cmdclass) for csrc/, or ([], {}) when it should not or cannot be built."""
+    want = os.environ.get("VRADIX_BUILD_CUDA", "auto").strip().lower()
+    if want in ("0", "false", "no", "off"):
+        return [], {}
+    try:
+        import torch
+        from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CUDAExtension
+    except ImportError:
+        torch = None
+    nvcc = CUDA_HOME and os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc")) if torch else shutil.which("nvcc")
+    if torch is None or torch.version.cuda is None or not nvcc:
+        if want in ("1", "true", "yes", "on"):
+            raise RuntimeError("VRADIX_BUILD_CUDA=1 but CUDA torch and nvcc (CUDA_HOME) are not both available")
+        return [], {}
+    include_dirs = [os.path.abspath("csrc")]
+    # pip's CUDA torch ships some CUDA headers (cusparse, cublas, ...) only in its nvidia/* wheels.
+    include_dirs += glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "*", "include"))
+    ext = CUDAExtension(
+        name="vradix._C",
+        sources=["csrc/vradix_kernels.cu"],
+        include_dirs=include_dirs,
+        extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "--use_fast_math"]},
+    )
+    return [ext], {"build_ext": BuildExtension.with_options(use_ninja=bool(shutil.which("ninja")))}
+
+
+ext_modules, cmdclass = cuda_extension()
 
 setup(
     name="sglang-vradix",
     version="0.1.0",
     package_dir={"": "python"},
     packages=find_packages("python"),
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
     entry_points={"sglang.srt.plugins": ["vradix = vradix.plugin:register"]},
     install_requires=["sglang==0.5.23", "torch==2.14.1"],
     python_requires=">=3.10",

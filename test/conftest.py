@@ -6,6 +6,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.pop("VRADIX_DISABLE", None)
+# The Triton kernels run on CPU only under the interpreter, which must be on before triton.language is first imported
+# (SGLang imports it during load_plugins). CpuServer does not pass it on to the servers it starts.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from sglang.srt.plugins import load_plugins  # noqa: E402
 

@@ -7,7 +7,7 @@ import torch
 from vradix import namespace, publication
 from vradix.admission import stamp
 from vradix.namespace import ReservedNamespaceError
-from vradix.state import attach
+from vradix.state import attach, state_of
 from vradix.testing.cache_fixture import build_cache
 
 CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
@@ -41,6 +41,8 @@ def check(fx, live=()):
         if r.kv.holds_kv:
             owned.update(fx.req_pool.req_to_token[r.kv.req_pool_idx, : r.kv.kv_committed_len].tolist())
     assert not owned & set(free), "a slot is both free and owned by a live request"
+    stats = state_of(fx.cache).guard_stats
+    assert stats.violations_caught == 0, stats.last_violation  # the strict ledger guard never fires on correct use
 
 
 def free_slots(fx):

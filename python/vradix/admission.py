@@ -8,6 +8,8 @@ Invariants:
 """
 from __future__ import annotations
 
+import os
+
 from vradix import namespace
 from vradix.state import EpochState
 
@@ -39,4 +41,6 @@ def rebind_if_unheld(state: EpochState, req) -> bool:
 
 def _bind(state: EpochState, req) -> None:
     req._vradix_epoch = state.epoch
+    if os.environ.get("VRADIX_FAULT_NO_NAMESPACE") == "1":
+        return  # test-only fault: the namespace is lost, so only the KV page ledger's guard stands between
     req.extra_key = namespace.stamped(state.epoch, req._vradix_user_key)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from vradix import __version__, admission, overlap, publication, reclaim
+from vradix import __version__, admission, guard, overlap, publication, reclaim
 from vradix.namespace import ReservedNamespaceError
 from vradix.state import Invalidation, UpdateScope, attach, state_of
 
@@ -29,8 +29,9 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
             "Refusing to serve an unversioned prefix cache: use the default radix backend, pass "
             "--disable-radix-cache, or set VRADIX_DISABLE=1 for stock behaviour.")
     state = attach(cache)
-    logger.info("vradix %s active: epoch-namespaced radix cache (%s, tree core %s), epoch %d",
-                __version__, type(cache).__name__, state.tree_core, state.epoch)
+    logger.info("vradix %s active: epoch-namespaced radix cache (%s, tree core %s), epoch %d; KV page ledger %s "
+                "(verify=%s, audit=%s)", __version__, type(cache).__name__, state.tree_core, state.epoch,
+                "on" if state.ledger is not None else "off", state.guard.verify, state.guard.audit)
 
 
 # ---- admission ------------------------------------------------------------------------------------------------------
@@ -53,6 +54,56 @@ def rebind_before_match(req, tree_cache, *args, **kwargs):
         admission.rebind_if_unheld(state, req)
 
 
+def verify_match(original, req, tree_cache, *args, **kwargs):
+    """AROUND mem_cache.common.match_kv_cache (strict guard): a tree match whose pages were not written under the
+    request's epoch is redone as a miss, before anything is locked or allocated for it."""
+    result = original(req, tree_cache, *args, **kwargs)
+    state = state_of(tree_cache)
+    if (state is None or state.ledger is None or state.guard.verify != "strict" or req.prefix_len == 0
+            or req.kv.holds_kv):
+        return result
+    expected = getattr(req, "_vradix_epoch", state.epoch)
+    found = guard.matched_prefix_violations(state.ledger, tree_cache.prefix_device_indices(req), expected)
+    state.guard_stats.prefixes_verified += 1
+    if found.count == 0:
+        return result
+    guard.record_violation(state.guard_stats, (
+        f"request {req.rid}: {found.count} of {req.prefix_len} matched prefix positions were not written under "
+        f"epoch {expected} (first at position {found.first_pos}); recomputing it as a cache miss"))
+    # Inserting would de-duplicate the recomputed KV onto the corrupt entry and point the request's row back at it.
+    req.skip_radix_cache_insert = True
+    return original(req, tree_cache, *args, **{**kwargs, "max_prefix_len": 0})
+
+
+# ---- forward: what the ledger records ------------------------------------------------------------------------------
+def stamp_forward_batch(scheduler, batch, *args, **kwargs):
+    """BEFORE Scheduler.run_batch: the pages this forward writes are written under the current epoch's weights
+    (publications drain in-flight batches first, so no forward straddles a weight change)."""
+    state = state_of(scheduler.tree_cache)
+    if state is not None and state.ledger is not None and batch is not None:
+        state.ledger.stamp_written(getattr(batch, "out_cache_loc", None), state.epoch)
+
+
+def sample_verify_prefill_batch(_result, batch, *args, **kwargs):
+    """AFTER mem_cache.allocation.alloc_for_extend (sample guard): one fused check of the batch's reused prefixes,
+    rows already written. Requests that crossed a publication hold older KV by contract and are not checked."""
+    state = state_of(batch.tree_cache) if batch.tree_cache is not None else None
+    if state is None or state.ledger is None or not guard.should_sample_batch(state.guard, state.guard_stats):
+        return
+    picked = [(r.kv.req_pool_idx, r.prefix_len, getattr(r, "_vradix_epoch", state.epoch)) for r in batch.reqs
+              if r.prefix_len > 0 and not getattr(r, "_vradix_crossed", False)]
+    if not picked:
+        return
+    rows, lens, epochs = map(list, zip(*picked))
+    found = guard.batch_violations(state.ledger, batch.req_to_token_pool.req_to_token, rows, lens, epochs)
+    state.guard_stats.batches_verified += 1
+    if found.count:
+        guard.record_violation(state.guard_stats, (
+            f"prefill batch: {found.count} reused prefix positions not written under their request's epoch (first: "
+            f"request {batch.reqs[found.first_index].rid} position {found.first_pos}) — detected after the fact "
+            "(sample mode)"))
+
+
 # ---- publication ----------------------------------------------------------------------------------------------------
 def live_requests(scheduler) -> set:
     reqs = {*scheduler.collect_inflight_reqs(), *scheduler.waiting_queue}
@@ -66,8 +117,12 @@ def live_requests(scheduler) -> set:
 
 def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool = True) -> Invalidation:
     state = state_of(scheduler.tree_cache)
-    inv = publication.bump(state, scheduler.tree_cache, live_requests(scheduler), list(scheduler.waiting_queue),
+    live = live_requests(scheduler)
+    inv = publication.bump(state, scheduler.tree_cache, live, list(scheduler.waiting_queue),
                            reason=reason, label=label, is_publication=is_publication)
+    if state.ledger is not None:
+        guard.audit(state.guard, state.guard_stats, state.ledger, scheduler.req_to_token_pool.req_to_token, live,
+                    state.epoch)
     logger.info(inv.summary() + " in %.3f ms", inv.latency_ms)
     return inv
 

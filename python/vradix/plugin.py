@@ -16,7 +16,8 @@ import os
 import pkgutil
 from importlib.metadata import version as dist_version
 
-from vradix import __version__, engine, overlap
+from vradix import __version__, engine, ledger, overlap
+from vradix.guard import GuardConfig, GuardConfigError
 
 logger = logging.getLogger("vradix")
 
@@ -24,6 +25,8 @@ SUPPORTED_SGLANG = "0.5.23"
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
 _COMMON = "sglang.srt.mem_cache.common"
+_TOKEN_ALLOC = "sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator"
+_PAGED_ALLOC = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator"
 
 #: (target, hook type, hook) — the complete list of places vradix attaches, in data-path order.
 HOOKS = [
@@ -32,6 +35,15 @@ HOOKS = [
     # 1. admission: stamp, and re-bind queued requests before they match
     (f"{_SCHED}._maybe_namespace_elastic_radix_cache", "AFTER", engine.stamp_request),
     (f"{_COMMON}.match_kv_cache", "BEFORE", engine.rebind_before_match),
+    (f"{_COMMON}.match_kv_cache", "AROUND", engine.verify_match),
+    ("sglang.srt.mem_cache.allocation.alloc_for_extend", "AFTER", engine.sample_verify_prefill_batch),
+    # forward: the KV page ledger records which epoch wrote each page, and which pages are free
+    (f"{_SCHED}.run_batch", "BEFORE", engine.stamp_forward_batch),
+    (f"{_TOKEN_ALLOC}.free", "BEFORE", ledger.on_free_slots),
+    (f"{_PAGED_ALLOC}.free", "BEFORE", ledger.on_free_slots),
+    (f"{_PAGED_ALLOC}.free_page_ids", "BEFORE", ledger.on_free_pages),
+    (f"{_TOKEN_ALLOC}.clear", "AFTER", ledger.on_clear),
+    (f"{_PAGED_ALLOC}.clear", "AFTER", ledger.on_clear),
     # 2. publication: every way the weights (or their label) change bumps the epoch once
     (f"{_UPDATER}.update_weights_from_disk", "AROUND", engine.publish_update_from_disk),
     (f"{_UPDATER}.update_weights_from_distributed", "AROUND", engine.publish_update_from_distributed),
@@ -75,6 +87,10 @@ def register() -> None:
         raise VradixInstallError(
             f"vradix {__version__} supports sglang=={SUPPORTED_SGLANG}, found {sglang_version}; refusing to start "
             "(set VRADIX_DISABLE=1 for stock behaviour)")
+    try:
+        GuardConfig.from_env()
+    except GuardConfigError as e:
+        raise VradixInstallError(f"vradix {__version__}: {e}") from None
     hooks = [(_fault_injected(target), getattr(HookType, kind), hook) for target, kind, hook in HOOKS]
     for target, kind, hook in hooks:
         HookRegistry.register(target, hook, kind)

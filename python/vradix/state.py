@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from vradix import __version__
+from vradix.guard import GuardConfig, GuardStats
+from vradix.ledger import PageLedger
+from vradix import ledger as kv_ledger
 
 
 @dataclass
@@ -51,6 +54,10 @@ class EpochState:
     last: Optional[Invalidation] = None
     #: set while a weight-update handler runs, so the publication bumps exactly once
     update_scope: Optional["UpdateScope"] = None
+    #: device-side record of which epoch wrote each KV page (None for allocators vradix cannot observe)
+    ledger: Optional[PageLedger] = None
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    guard_stats: GuardStats = field(default_factory=GuardStats)
 
     def as_dict(self, pinned_tokens: int) -> dict:
         """The `vradix` block of server info (plain JSON types)."""
@@ -71,6 +78,26 @@ class EpochState:
             "last_publication_latency_ms": round(last.latency_ms, 3) if last else None,
             "last_invalidation": last.summary() if last else None,
             "forged_keys_rejected": self.forged_keys_rejected,
+            "kv_ledger": self.ledger_dict(),
+        }
+
+    def ledger_dict(self) -> dict:
+        """The KV page ledger's guard and audit counters."""
+        from vradix import kernels
+        g, st = self.guard, self.guard_stats
+        return {
+            "enabled": self.ledger is not None,
+            "kernels": kernels.impl_for(self.ledger.page_epoch) if self.ledger is not None else None,
+            "verify_mode": g.verify,
+            "audit_mode": g.audit,
+            "prefixes_verified": st.prefixes_verified,
+            "batches_verified": st.batches_verified,
+            "violations_caught": st.violations_caught,
+            "last_violation": st.last_violation or None,
+            "audits": st.audits,
+            "leaked_pages_total": st.leaked_pages_total,
+            "leaked_pages_last": st.leaked_pages_last,
+            "leaked_pages_repaired": st.leaked_pages_repaired,
         }
 
 
@@ -83,8 +110,10 @@ class UpdateScope:
 
 
 def attach(tree_cache) -> EpochState:
-    """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0."""
-    state = EpochState(tree_core=type(tree_cache.tree_core).__name__)
+    """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0, with a KV page ledger on its allocator.
+    Raises `GuardConfigError` for an invalid VRADIX_VERIFY / VRADIX_AUDIT setting."""
+    state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardConfig.from_env())
+    state.ledger = kv_ledger.attach(tree_cache.token_to_kv_pool_allocator)
     tree_cache._vradix = state
     return state
 

@@ -92,6 +92,7 @@ class CacheFixture:
             row = self.req_pool.req_to_token[req.kv.req_pool_idx]
             locs = self._alloc(req.extend_end, n, row)
             self.req_pool.write((req.kv.req_pool_idx, slice(req.extend_end, upto)), locs.to(torch.int32))
+            self._forward_writes(locs)
             req.kv.kv_committed_len = upto
             req.kv.kv_allocated_len = upto
             req.extend_end = upto
@@ -110,6 +111,13 @@ class CacheFixture:
     def retract(self, req: Req) -> None:
         common.release_kv_cache(req, self.cache, checkpoint=False)
         req.reset_for_retract()
+
+    def _forward_writes(self, locs: torch.Tensor) -> None:
+        """The 'forward pass' writing `locs`: what Scheduler.run_batch's ledger hook records in a server."""
+        from vradix.state import state_of
+        state = state_of(self.cache)
+        if state is not None and state.ledger is not None:
+            state.ledger.stamp_written(locs, state.epoch)
 
     def _page_ceil(self, n: int) -> int:
         return -(-n // self.page_size) * self.page_size

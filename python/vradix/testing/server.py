@@ -44,6 +44,7 @@ class CpuServer:
         e.update({"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                   "PYTHONUNBUFFERED": "1"})
         e.pop("VRADIX_DISABLE", None)
+        e.pop("TRITON_INTERPRET", None)  # a test process's Triton interpreter is not a server setting
         if not vradix:
             e["VRADIX_DISABLE"] = "1"
         e.update(env or {})

@@ -1,0 +1,143 @@
+"""Run-time checks on the KV page ledger: the prefix verify guard and the post-publication audit.
+
+Verify guard (`VRADIX_VERIFY=off|sample|strict`, default `strict`):
+* strict — every tree match a request adopts is checked before anything is allocated for it: each matched position's
+  page must carry the request's epoch. On a violation the match is redone as a miss (SGLang itself records an empty
+  match), so the corrupt KV never reaches the model and the request recomputes its prompt; `violations_caught`
+  counts it. Nothing is locked at match time, so nothing has to be undone.
+* sample — every Nth prefill batch (`VRADIX_VERIFY_SAMPLE_EVERY`, default 16) that reuses cached prefix KV is checked
+  after its rows are written, with one fused kernel over the batch. Detection only: a violation is counted and logged.
+* off — no check.
+
+Audit (`VRADIX_AUDIT=off|report|repair`, default `report`), after every publication: pages stamped with an older
+epoch that no live request's row references are stale pages nobody owns any more (the bump already freed every
+unlocked stale node, and a locked one is in its holder's row) — leaks. They are counted in `leaked_pages_*`; in
+`repair` mode they are also returned to the allocator.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from vradix import kernels
+from vradix.ledger import PageLedger
+
+logger = logging.getLogger("vradix")
+
+VERIFY_MODES = ("off", "sample", "strict")
+AUDIT_MODES = ("off", "report", "repair")
+
+
+class GuardConfigError(ValueError):
+    """A VRADIX_VERIFY / VRADIX_AUDIT setting that vradix does not understand."""
+
+
+@dataclass
+class GuardConfig:
+    verify: str = "strict"
+    sample_every: int = 16
+    audit: str = "report"
+
+    @classmethod
+    def from_env(cls) -> "GuardConfig":
+        verify = os.environ.get("VRADIX_VERIFY", "strict").strip().lower()
+        audit = os.environ.get("VRADIX_AUDIT", "report").strip().lower()
+        every = os.environ.get("VRADIX_VERIFY_SAMPLE_EVERY", "16").strip()
+        if verify not in VERIFY_MODES:
+            raise GuardConfigError(f"VRADIX_VERIFY={verify!r}: expected one of {', '.join(VERIFY_MODES)}")
+        if audit not in AUDIT_MODES:
+            raise GuardConfigError(f"VRADIX_AUDIT={audit!r}: expected one of {', '.join(AUDIT_MODES)}")
+        if not every.isdigit() or int(every) < 1:
+            raise GuardConfigError(f"VRADIX_VERIFY_SAMPLE_EVERY={every!r}: expected a positive integer")
+        return cls(verify=verify, sample_every=int(every), audit=audit)
+
+
+@dataclass
+class GuardStats:
+    prefixes_verified: int = 0
+    batches_verified: int = 0
+    violations_caught: int = 0
+    last_violation: str = ""
+    leaked_pages_total: int = 0
+    leaked_pages_last: int = 0
+    leaked_pages_repaired: int = 0
+    audits: int = 0
+    _prefill_batches_seen: int = 0
+
+
+# ---- strict: at match time -------------------------------------------------------------------------------------------
+def matched_prefix_violations(ledger: PageLedger, slots: torch.Tensor, expected_epoch: int) -> kernels.Violations:
+    """Verify one adopted match: its slots as a one-row table."""
+    n = slots.numel()
+    table = slots.reshape(1, n)
+    dev = ledger.page_epoch.device
+    return kernels.verify(ledger.page_epoch, table, torch.zeros(1, dtype=torch.int64, device=dev),
+                          torch.full((1,), n, dtype=torch.int64, device=dev),
+                          torch.full((1,), expected_epoch, dtype=torch.int32, device=dev), ledger.page_size,
+                          max_prefix_len=n)
+
+
+def record_violation(stats: GuardStats, what: str) -> None:
+    stats.violations_caught += 1
+    stats.last_violation = what
+    logger.error("vradix verify guard: %s", what)
+
+
+# ---- sample: one fused check per prefill batch -----------------------------------------------------------------------
+def should_sample_batch(config: GuardConfig, stats: GuardStats) -> bool:
+    if config.verify != "sample":
+        return False
+    stats._prefill_batches_seen += 1
+    return (stats._prefill_batches_seen - 1) % config.sample_every == 0
+
+
+def batch_violations(ledger: PageLedger, req_to_token: torch.Tensor, rows: list[int], prefix_lens: list[int],
+                     epochs: list[int]) -> kernels.Violations:
+    dev = ledger.page_epoch.device
+    return kernels.verify(ledger.page_epoch, req_to_token, torch.tensor(rows, dtype=torch.int64, device=dev),
+                          torch.tensor(prefix_lens, dtype=torch.int64, device=dev),
+                          torch.tensor(epochs, dtype=torch.int32, device=dev), ledger.page_size,
+                          max_prefix_len=max(prefix_lens))
+
+
+# ---- audit: after every publication ----------------------------------------------------------------------------------
+def pinned_pages(ledger: PageLedger, req_to_token: torch.Tensor, live) -> torch.Tensor:
+    """Bool mask of pages referenced by a live request's row (its allocated length), plus the padding page 0."""
+    mask = torch.zeros_like(ledger.page_epoch, dtype=torch.bool)
+    mask[0] = True
+    for req in live:
+        kv = req.kv
+        if kv.holds_kv and kv.kv_allocated_len > 0:
+            slots = req_to_token[kv.req_pool_idx, : kv.kv_allocated_len].to(torch.int64)
+            mask[slots // ledger.page_size] = True
+    return mask
+
+
+def audit(config: GuardConfig, stats: GuardStats, ledger: PageLedger, req_to_token: torch.Tensor, live,
+          epoch: int) -> int:
+    """Find stale pages no live request owns; count them and, in repair mode, free them. Returns the count."""
+    if config.audit == "off":
+        return 0
+    leaked = kernels.invalidate(ledger.page_epoch, epoch, pinned_pages(ledger, req_to_token, live))
+    n = int(leaked.numel())
+    stats.audits += 1
+    stats.leaked_pages_last = n
+    stats.leaked_pages_total += n
+    if n:
+        logger.error("vradix audit: %d stale KV page(s) owned by neither the tree nor a live request (first %s)%s",
+                     n, leaked[:8].tolist(), "; freeing them" if config.audit == "repair" else "")
+        if config.audit == "repair":
+            free_pages(ledger, leaked)
+            stats.leaked_pages_repaired += n
+    return n
+
+
+def free_pages(ledger: PageLedger, page_ids: torch.Tensor) -> None:
+    allocator = ledger.allocator
+    if ledger.page_size == 1:
+        allocator.free(page_ids)
+    else:
+        allocator.free_page_ids(page_ids)

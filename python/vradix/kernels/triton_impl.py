@@ -1,0 +1,138 @@
+"""Triton implementations of the four KV page-epoch kernels (semantics: `vradix.kernels.reference`).
+
+On CPU they run only under `TRITON_INTERPRET=1`, which must be set before this module is imported; the dispatch never
+picks them for CPU tensors on its own. Under the interpreter each program is a numpy step, so block sizes are large.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from vradix.kernels.reference import NO_VIOLATION, runs_of
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_BLOCK = 1 << 16 if _INTERPRET else 1024
+_ROW_BLOCK = 1 << 14 if _INTERPRET else 1024
+_NO_KEY = 2 ** 62
+
+
+@triton.jit
+def _stamp_kernel(page_epoch_ptr, loc_ptr, n, epoch, page_size, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    loc = tl.load(loc_ptr + offs, mask=m, other=0).to(tl.int64)
+    tl.store(page_epoch_ptr + loc // page_size, tl.full((BLOCK,), epoch, tl.int32), mask=m)
+
+
+@triton.jit
+def _verify_kernel(page_epoch_ptr, r2t_ptr, r2t_stride, rows_ptr, prefix_lens_ptr, expected_ptr, out_ptr, width,
+                   page_size, NO_KEY: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    plen = tl.load(prefix_lens_ptr + i).to(tl.int64)
+    m = offs < plen
+    row = tl.load(rows_ptr + i).to(tl.int64)
+    expected = tl.load(expected_ptr + i).to(tl.int32)
+    slots = tl.load(r2t_ptr + row * r2t_stride + offs, mask=m, other=0).to(tl.int64)
+    epochs = tl.load(page_epoch_ptr + slots // page_size, mask=m, other=0)
+    bad = m & (epochs != expected)
+    count = tl.sum(bad.to(tl.int64), axis=0)
+    key = tl.min(tl.where(bad, i * width + offs, NO_KEY), axis=0)
+    tl.atomic_add(out_ptr, count, mask=count > 0)
+    tl.atomic_min(out_ptr + 1, key, mask=count > 0)
+
+
+@triton.jit
+def _row_epochs_kernel(page_epoch_ptr, r2t_ptr, r2t_stride, row, length, page_size, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < length
+    slots = tl.load(r2t_ptr + row * r2t_stride + offs, mask=m, other=0).to(tl.int64)
+    tl.store(out_ptr + offs, tl.load(page_epoch_ptr + slots // page_size, mask=m, other=0), mask=m)
+
+
+@triton.jit
+def _stale_mask(page_epoch_ptr, pinned_ptr, offs, n, epoch, HAS_PIN: tl.constexpr):
+    m = offs < n
+    e = tl.load(page_epoch_ptr + offs, mask=m, other=-1)
+    stale = m & (e >= 0) & (e < epoch)
+    if HAS_PIN:
+        stale = stale & (tl.load(pinned_ptr + offs, mask=m, other=1) == 0)
+    return stale
+
+
+@triton.jit
+def _count_stale_kernel(page_epoch_ptr, pinned_ptr, n, epoch, counts_ptr, HAS_PIN: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    stale = _stale_mask(page_epoch_ptr, pinned_ptr, offs, n, epoch, HAS_PIN)
+    tl.store(counts_ptr + tl.program_id(0), tl.sum(stale.to(tl.int64), axis=0))
+
+
+@triton.jit
+def _scatter_stale_kernel(page_epoch_ptr, pinned_ptr, n, epoch, starts_ptr, out_ptr, HAS_PIN: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    stale = _stale_mask(page_epoch_ptr, pinned_ptr, offs, n, epoch, HAS_PIN).to(tl.int64)
+    dest = tl.load(starts_ptr + tl.program_id(0)) + tl.cumsum(stale, axis=0) - stale
+    tl.store(out_ptr + dest, offs.to(tl.int64), mask=stale > 0)
+
+
+def stamp(page_epoch: torch.Tensor, loc: torch.Tensor, epoch: int, page_size: int) -> None:
+    n = loc.numel()
+    if n:
+        _stamp_kernel[(triton.cdiv(n, _BLOCK),)](page_epoch, loc.contiguous(), n, epoch, page_size, BLOCK=_BLOCK)
+
+
+def verify(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_size, max_prefix_len=None):
+    out = torch.tensor([0, _NO_KEY], dtype=torch.int64, device=page_epoch.device)
+    n = rows.numel()
+    width = int(prefix_lens.max().item()) if (n and max_prefix_len is None) else (max_prefix_len or 0)
+    if n and width:
+        grid = (n, triton.cdiv(width, _ROW_BLOCK))
+        _verify_kernel[grid](page_epoch, req_to_token, req_to_token.stride(0), rows.contiguous(),
+                             prefix_lens.contiguous(), expected_epochs.contiguous(), out, req_to_token.shape[1],
+                             page_size, NO_KEY=_NO_KEY, BLOCK=_ROW_BLOCK)
+    return _decode_first(out, req_to_token.shape[1])
+
+
+def _decode_first(out: torch.Tensor, width: int) -> torch.Tensor:
+    """[count, key] -> [count, i, pos] without a host sync."""
+    key = out[1]
+    found = key != _NO_KEY
+    i = torch.where(found, key // width, NO_VIOLATION)
+    pos = torch.where(found, key % width, NO_VIOLATION)
+    return torch.stack([out[0], i, pos])
+
+
+def row_epochs(page_epoch, req_to_token, row, length, page_size) -> torch.Tensor:
+    out = torch.empty(length, dtype=page_epoch.dtype, device=page_epoch.device)
+    if length > 0:
+        _row_epochs_kernel[(triton.cdiv(length, _ROW_BLOCK),)](page_epoch, req_to_token, req_to_token.stride(0), row,
+                                                                length, page_size, out, BLOCK=_ROW_BLOCK)
+    return out
+
+
+def spans(page_epoch, req_to_token, row, length, page_size):
+    if length <= 0:
+        return []
+    return runs_of(row_epochs(page_epoch, req_to_token, row, length, page_size))
+
+
+def invalidate(page_epoch: torch.Tensor, epoch: int, pinned_mask: torch.Tensor | None) -> torch.Tensor:
+    n = page_epoch.numel()
+    blocks = triton.cdiv(n, _BLOCK) if n else 0
+    if blocks == 0:
+        return torch.empty(0, dtype=torch.int64, device=page_epoch.device)
+    has_pin = pinned_mask is not None
+    pinned = pinned_mask.contiguous().view(torch.uint8) if has_pin else page_epoch
+    counts = torch.empty(blocks, dtype=torch.int64, device=page_epoch.device)
+    _count_stale_kernel[(blocks,)](page_epoch, pinned, n, epoch, counts, HAS_PIN=has_pin, BLOCK=_BLOCK)
+    ends = torch.cumsum(counts, 0)
+    total = int(ends[-1].item())
+    out = torch.empty(total, dtype=torch.int64, device=page_epoch.device)
+    if total:
+        _scatter_stale_kernel[(blocks,)](page_epoch, pinned, n, epoch, ends - counts, out, HAS_PIN=has_pin,
+                                         BLOCK=_BLOCK)
+    return out

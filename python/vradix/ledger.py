@@ -1,0 +1,104 @@
+"""The KV page ledger: a device tensor recording which weight epoch wrote every KV page of the token pool.
+
+The tree-level namespace (`admission`/`publication`) is what keeps requests off stale KV; the ledger is an
+independent record used to *check* that (`guard`), to report provenance (`spans`) and to find stale pages in bulk
+without walking the tree (`guard.audit`).
+
+Invariants (for the allocators vradix supports: SGLang's token and paged allocators):
+* `page_epoch[p] == FREE` once page p has been freed (or never written since the pool was cleared);
+* otherwise `page_epoch[p]` is the epoch of the weights whose forward pass last wrote a slot of page p.
+
+Kept in step with the allocator at the cheapest points that see every write and every free:
+* writes: once per forward batch, on `batch.out_cache_loc` (one scatter per batch, on the scheduler's stream, which
+  orders it after the alloc and before the next free of those slots);
+* frees: on the allocator's `free` / `free_page_ids` (a free group marks at `free` time and again at group end;
+  marking twice is harmless), and `clear` marks everything free.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from vradix import kernels
+from vradix.kernels import FREE
+
+logger = logging.getLogger("vradix")
+
+#: allocator classes whose every free goes through the hooked methods
+SUPPORTED_ALLOCATORS = ("TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator")
+
+
+class PageLedger:
+    """`page_epoch` (int32, one entry per page incl. the padding page 0) on the allocator's device."""
+
+    def __init__(self, allocator):
+        self.allocator = allocator
+        self.page_size = int(allocator.page_size)
+        self.device = torch.device(allocator.device)
+        self.page_epoch = torch.full((self.num_pages_of(allocator),), FREE, dtype=torch.int32, device=self.device)
+
+    @staticmethod
+    def num_pages_of(allocator) -> int:
+        return int(allocator.size) // int(allocator.page_size) + 2
+
+    def stamp_written(self, loc: Optional[torch.Tensor], epoch: int) -> None:
+        """The forward pass about to run under `epoch` writes the KV slots `loc`."""
+        if loc is not None and loc.numel():
+            kernels.stamp(self.page_epoch, loc, epoch, self.page_size)
+
+    def mark_freed_slots(self, loc: torch.Tensor) -> None:
+        if loc.numel():
+            kernels.stamp(self.page_epoch, loc, FREE, self.page_size)
+
+    def mark_freed_pages(self, page_ids: torch.Tensor) -> None:
+        if page_ids.numel():
+            kernels.stamp(self.page_epoch, page_ids, FREE, 1)
+
+    def mark_all_free(self) -> None:
+        n = self.num_pages_of(self.allocator)
+        if n != self.page_epoch.numel():  # the allocator was resized
+            self.page_epoch = torch.full((n,), FREE, dtype=torch.int32, device=self.device)
+        else:
+            self.page_epoch.fill_(FREE)
+
+    def epoch_of_slot(self, slot: int) -> int:
+        return int(self.page_epoch[int(slot) // self.page_size].item())
+
+
+def attach(allocator) -> Optional[PageLedger]:
+    """Give `allocator` a ledger, or None (logged) for allocator kinds whose frees vradix does not observe."""
+    if type(allocator).__name__ not in SUPPORTED_ALLOCATORS:
+        logger.warning("vradix: KV page ledger disabled for %s (supported: %s); the epoch namespace still applies",
+                       type(allocator).__name__, ", ".join(SUPPORTED_ALLOCATORS))
+        return None
+    ledger = PageLedger(allocator)
+    allocator._vradix_ledger = ledger
+    return ledger
+
+
+def ledger_of(allocator) -> Optional[PageLedger]:
+    return getattr(allocator, "_vradix_ledger", None)
+
+
+# ---- allocator hooks (registered in vradix.plugin.HOOKS) -------------------------------------------------------------
+def on_free_slots(allocator, free_index, *args, **kwargs):
+    """BEFORE <allocator>.free: the slots' pages go back to the allocator."""
+    ledger = ledger_of(allocator)
+    if ledger is not None and free_index is not None:
+        ledger.mark_freed_slots(free_index)
+
+
+def on_free_pages(allocator, page_ids, *args, **kwargs):
+    """BEFORE PagedTokenToKVPoolAllocator.free_page_ids."""
+    ledger = ledger_of(allocator)
+    if ledger is not None and page_ids is not None:
+        ledger.mark_freed_pages(page_ids)
+
+
+def on_clear(_result, allocator, *args, **kwargs):
+    """AFTER <allocator>.clear: every page is free."""
+    ledger = ledger_of(allocator)
+    if ledger is not None:
+        ledger.mark_all_free()
