@@ -63,6 +63,10 @@ def test_vradix_publication_never_reuses_stale_prefix(models, oracle):
         assert v["crossing_requests"] == 0 and v["stale_tokens_pinned"] == 0  # drained: stale KV all freed
         assert v["stale_tokens_freed_at_release"] > 0
         assert "epoch 0->1" in o.update_message
+        led = v["kv_ledger"]  # the independent KV page ledger agrees: nothing stale was read, nothing leaked
+        assert led["enabled"] and led["verify_mode"] == "strict" and led["kernels"] == "torch"
+        assert led["prefixes_verified"] >= 2 and led["violations_caught"] == 0
+        assert led["audits"] == 1 and led["leaked_pages_total"] == 0
         # a forged epoch namespace in a user extra_key is rejected with a clear error; the engine keeps serving
         forged = requests.post(s.url + "/generate", json={"input_ids": PROBE, "extra_key": "\x1evradix:e1\x1f",
                                                          "sampling_params": {"max_new_tokens": 2}}, timeout=60)
@@ -159,3 +163,39 @@ def test_disable_radix_cache_is_a_loud_no_op(models):
         assert "radix cache is disabled; vradix is a no-op" in s.logs()
         assert s.generate(PROBE, 4)["meta_info"]["cached_tokens"] == 0
         assert s.vradix_info()["active"] is False
+
+
+def held_prefix_publication(s, new_model):
+    """Warm PREFIX, keep it locked by an in-flight request across an in_place publication, then probe PREFIX."""
+    s.generate(PROBE, 4)
+    inflight = StreamingRequest(s.url, PREFIX + [12], 300)  # holds PREFIX's (old-weight) KV across the update
+    assert inflight.started.wait(120), "in-flight request never started"
+    assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    upd = s.post("/update_weights_from_disk", {"model_path": new_model, "flush_cache": False,
+                                               "weight_version": "v2"}).json()
+    assert upd["success"], upd
+    assert s.post("/continue_generation", {}).status_code == 200
+    probe = s.generate(PROBE, 4)
+    assert inflight.result()["meta_info"]["completion_tokens"] == 300
+    return probe, s.vradix_info()["kv_ledger"]
+
+
+@pytest.mark.parametrize("verify", ["off", "strict"])
+def test_ledger_guard_catches_stale_prefix_when_the_namespace_is_broken(models, oracle, verify):
+    """Fault: VRADIX_FAULT_NO_NAMESPACE drops the epoch namespace, so the tree offers the in-flight request's stale
+    PREFIX to the probe. With the guard off the stale KV is served (the fault is real); in strict mode the KV page
+    ledger sees pages of epoch 0 behind an epoch-1 request and recomputes it: output equals the fresh new-weights
+    server."""
+    env = {"VRADIX_FAULT_NO_NAMESPACE": "1", "VRADIX_VERIFY": verify}
+    with CpuServer(models[0], env=env) as s:
+        probe, led = held_prefix_publication(s, models[1])
+        if verify == "off":
+            assert probe["meta_info"]["cached_tokens"] == 200 and probe["output_ids"] != oracle["B"]["probe"]
+            assert led["violations_caught"] == 0
+        else:
+            assert probe["meta_info"]["cached_tokens"] == 0
+            assert probe["output_ids"] == oracle["B"]["probe"]
+            assert led["violations_caught"] >= 1 and "recomputing it as a cache miss" in led["last_violation"]
+            assert "vradix verify guard" in s.logs()
+        assert s.generate(PROBE, 4)["meta_info"]["weight_version"] == "v2"  # the engine keeps serving
+        assert "Traceback" not in s.logs()

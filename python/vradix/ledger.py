@@ -102,3 +102,13 @@ def on_clear(_result, allocator, *args, **kwargs):
     ledger = ledger_of(allocator)
     if ledger is not None:
         ledger.mark_all_free()
+
+
+def kv_spans(ledger: PageLedger, req_to_token: torch.Tensor, req) -> list[tuple[int, int, int]]:
+    """Run-length provenance of a live request's KV: [(epoch, start, end)] over its allocated positions, end
+    exclusive, from the `spans` kernel. Page granularity: with page_size > 1 the page a crossing request was on when
+    the weights changed reports the later epoch for its earlier positions too."""
+    kv = req.kv
+    if not kv.holds_kv or kv.kv_allocated_len <= 0:
+        return []
+    return kernels.spans(ledger.page_epoch, req_to_token, kv.req_pool_idx, kv.kv_allocated_len, ledger.page_size)

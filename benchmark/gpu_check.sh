@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One prepared GPU check for the KV page-epoch kernels (run on a CUDA machine, e.g. through the device tool):
+#   1. build vradix._C in place for the local GPU (sm_90 by default) with that machine's CUDA torch;
+#   2. run the kernel tests on CUDA: the CUDA extension, Triton and the torch reference must agree;
+#   3. run benchmark/bench_kernels.py (bandwidth vs peak, verify vs attention).
+# Needs only torch + triton + nvcc + pytest (no sglang). Writes logs to ${OUT:-build/gpu_check}.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-build/gpu_check}"; mkdir -p "$OUT"
+PY="${PY:-python3}"
+export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" TRITON_INTERPRET=0 PYTHONPATH="$PWD/python"
+[ -n "${CUDA_HOME:-}" ] || for c in /usr/local/cuda "$(dirname "$(dirname "$(command -v nvcc)")")"; do
+  [ -f "$c/include/cuda_runtime.h" ] && export CUDA_HOME="$c" && break; done
+{
+  date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+  "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+  START=$(date +%s)
+  VRADIX_BUILD_CUDA=1 MAX_JOBS=16 "$PY" setup.py -q build_ext --inplace
+  echo "[gpu_check] extension built in $(( $(date +%s) - START )) s"
+  "$PY" -c "from vradix import kernels; import torch; print('[gpu_check] cuda ext:', kernels.cuda_ext() is not None, 'impl for cuda tensors:', kernels.impl_for(torch.zeros(1, device='cuda')))"
+  "$PY" -m pytest --noconftest -q -p no:cacheprovider test/test_kernels.py
+  "$PY" benchmark/bench_kernels.py --json "$OUT/bench_kernels.json"
+} 2>&1 | tee "$OUT/gpu_check.log"
