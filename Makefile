@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast bench bench-kernels csrc clean
 
 setup:  ## build .venv from nothing (idempotent; reruns are fast)
 	bash scripts/setup_env.sh
@@ -19,6 +19,12 @@ test-fast: setup  ## everything except the E2E server tests
 
 bench: setup  ## publication cost on the real UnifiedRadixCache (prints a table)
 	$(PY) benchmark/bench_publication.py
+
+bench-kernels: setup  ## KV page-epoch kernels (torch reference on CPU; all implementations on CUDA)
+	$(PY) benchmark/bench_kernels.py
+
+csrc: setup  ## compile csrc/ into vradix._C for sm_90 (build/csrc-sm90; compile check on CPU machines)
+	PY=$(PY) bash scripts/build_csrc.sh
 
 clean:
 	rm -rf $(VENV) build python/*.egg-info

@@ -32,23 +32,21 @@ def verify(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: torch.Ten
     the lexicographically first offender (batch index i, position), or -1, -1 when there is none. `max_prefix_len`
     (>= every prefix_lens[i]) lets a caller that knows it on the host avoid a device sync.
     """
-    out = torch.tensor([0, NO_VIOLATION, NO_VIOLATION], dtype=torch.int64, device=page_epoch.device)
+    dev = page_epoch.device
     n = rows.numel()
-    if n == 0:
-        return out
-    width = int(prefix_lens.max().item()) if max_prefix_len is None else max_prefix_len
-    if width == 0:
-        return out
-    pos = torch.arange(width, device=page_epoch.device)
-    in_prefix = pos[None, :] < prefix_lens.to(torch.int64)[:, None]
-    slots = req_to_token[rows.to(torch.int64)][:, :width].to(torch.int64)
+    width = (int(prefix_lens.max().item()) if n else 0) if max_prefix_len is None else max_prefix_len
+    if n == 0 or width == 0:
+        return torch.tensor([0, NO_VIOLATION, NO_VIOLATION], dtype=torch.int64, device=dev)
+    slots = req_to_token[rows.to(torch.int64), :width].to(torch.int64)
+    in_prefix = torch.arange(width, device=dev)[None, :] < prefix_lens.to(torch.int64)[:, None]
     epochs = page_epoch[torch.where(in_prefix, slots, 0) // page_size]
-    bad = in_prefix & (epochs != expected_epochs.to(page_epoch.dtype)[:, None])
-    count = int(bad.sum().item())
-    if count:
-        flat = int(torch.nonzero(bad.flatten())[0].item())
-        out[0], out[1], out[2] = count, flat // width, flat % width
-    return out
+    bad = (in_prefix & (epochs != expected_epochs.to(page_epoch.dtype)[:, None])).flatten()
+    count = bad.sum()
+    first = torch.argmax(bad.to(torch.uint8))  # index of the first True (0 when none; masked below)
+    found = count > 0
+    none = torch.tensor(NO_VIOLATION, device=dev)
+    return torch.stack([count.to(torch.int64), torch.where(found, first // width, none),
+                        torch.where(found, first % width, none)])
 
 
 def row_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, row: int, length: int,
