@@ -29,9 +29,30 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
             "Refusing to serve an unversioned prefix cache: use the default radix backend, pass "
             "--disable-radix-cache, or set VRADIX_DISABLE=1 for stock behaviour.")
     state = attach(cache)
+    unobserved = ledger_blind_spots(scheduler)
+    if unobserved and state.ledger is not None:
+        # KV written by these paths bypasses run_batch's stamp; a strict guard would reject every such prefix.
+        state.ledger = None
+        logger.warning("vradix: KV page ledger disabled (KV also arrives via %s); the epoch namespace still applies",
+                       ", ".join(unobserved))
     logger.info("vradix %s active: epoch-namespaced radix cache (%s, tree core %s), epoch %d; KV page ledger %s "
                 "(verify=%s, audit=%s)", __version__, type(cache).__name__, state.tree_core, state.epoch,
                 "on" if state.ledger is not None else "off", state.guard.verify, state.guard.audit)
+
+
+def ledger_blind_spots(scheduler) -> list[str]:
+    """KV write paths the ledger does not observe in this engine (HiCache load-back, P/D transfer, speculative
+    drafts)."""
+    spots = []
+    if getattr(scheduler, "enable_hierarchical_cache", False):
+        spots.append("HiCache load-back")
+    mode = getattr(getattr(scheduler, "disaggregation_mode", None), "value", "null")
+    if mode not in ("null", None):
+        spots.append(f"P/D disaggregation ({mode})")
+    spec = getattr(scheduler, "spec_algorithm", None)
+    if spec is not None and not getattr(spec, "is_none", lambda: True)():
+        spots.append("speculative decoding")
+    return spots
 
 
 # ---- admission ------------------------------------------------------------------------------------------------------
