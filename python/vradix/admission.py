@@ -8,7 +8,7 @@ Invariants:
 """
 from __future__ import annotations
 
-from vradix import namespace
+from vradix import namespace, provenance
 from vradix.state import EpochState
 
 
@@ -40,3 +40,4 @@ def rebind_if_unheld(state: EpochState, req) -> bool:
 def _bind(state: EpochState, req) -> None:
     req._vradix_epoch = state.epoch
     req.extra_key = namespace.stamped(state.epoch, req._vradix_user_key)
+    provenance.record_bind(req, state.epoch, state.label)
