@@ -114,9 +114,9 @@ def deployment_of(info: dict, blocks: List[Optional[dict]], *, colocated: bool =
     disable = info.get("disable_radix_cache")
     pd = str(info.get("disaggregation_mode") or "null").lower() not in ("null", "none", "")
     lora = bool(info.get("enable_lora")) or bool(info.get("lora_paths"))
+    # a running engine's radix state is a fact, not a preference: anything but an explicit "disabled" is "enabled"
     return predicate.Deployment(colocated=colocated, pd_disaggregated=pd, lora=lora, vradix=vradix,
-                                disable_radix_cache=True if disable is True else None,
-                                prefer_sharing=prefer_sharing or disable is False)
+                                disable_radix_cache=disable is True, prefer_sharing=prefer_sharing)
 
 
 def probe_ids(rng: random.Random, n: int = 64, vocab: int = 400) -> List[int]:

@@ -41,7 +41,8 @@ def record_crossing(req, epoch: int, label: Optional[str]) -> None:
 def kv_weight_versions(req) -> List[dict]:
     """Run-length spans `{version, epoch, start, end}` over positions `[0, len(prompt) + len(output))`.
 
-    Adjacent entries with the same label are merged (a lock-aware flush bumps the epoch but keeps the weights).
+    Adjacent entries with the same label are merged (a lock-aware flush bumps the epoch but keeps the weights); a merged
+    span reports the epoch it started under.
     """
     history = getattr(req, "_vradix_kv_history", None) or []
     total = len(req.origin_input_ids) + len(req.output_ids)
@@ -52,8 +53,7 @@ def kv_weight_versions(req) -> List[dict]:
         if end <= start:
             continue
         if spans and spans[-1]["version"] == label:
-            spans[-1]["end"] = end
-            spans[-1]["epoch"] = epoch
+            spans[-1]["end"] = end  # the span keeps the epoch it started under
             continue
         spans.append({"version": label, "epoch": epoch, "start": start, "end": end})
     return spans

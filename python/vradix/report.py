@@ -77,23 +77,44 @@ async def remember_flush_message(original, tm, *args, **kwargs):
 
 def add_flush_report_middleware(*args, **kwargs):
     """BEFORE http_server.launch_server: append the vradix flush report to the body of a successful /flush_cache."""
-    from starlette.responses import Response
-
     from sglang.srt.entrypoints.http_server import app
 
-    @app.middleware("http")
-    async def vradix_flush_report(request, call_next):
+    app.add_middleware(FlushReportMiddleware)
+
+
+class FlushReportMiddleware:
+    """Pure ASGI middleware (SGLang's own http middleware sends responses itself, so a BaseHTTPMiddleware-style body
+    rewrite cannot work): buffers the /flush_cache response and appends the scheduler's report line."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
         global _last_flush_message
-        if request.url.path != "/flush_cache" or request.method != "POST":
-            return await call_next(request)
+        if scope["type"] != "http" or scope["path"] != "/flush_cache" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
         _last_flush_message = None
-        response = await call_next(request)
-        if response.status_code != 200 or _last_flush_message is None:
-            return response
-        body = b"".join([chunk async for chunk in response.body_iterator])
-        body += (_last_flush_message + "\n").encode()
-        headers = {k: v for k, v in response.headers.items() if k.lower() != "content-length"}
-        return Response(content=body, status_code=response.status_code, headers=headers)
+        start, body = None, []
+
+        async def buffer(message):
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+                return
+            if message["type"] != "http.response.body":
+                return await send(message)
+            body.append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            content = b"".join(body)
+            if start["status"] == 200 and _last_flush_message:
+                content += (_last_flush_message + "\n").encode()
+            headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+            headers.append((b"content-length", str(len(content)).encode()))
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": content})
+
+        await self.app(scope, receive, buffer)
 
 
 # ---- Prometheus ----------------------------------------------------------------------------------------------------
