@@ -5,7 +5,7 @@ Prefix reuse is safe exactly where no KV computed under old weights can be match
 - without vradix, only a `retract` pause followed by a flush guarantees it (nothing may hold KV at the flush).
 
 Rules (first match decides; `UnsafeDeployment` names the rule it violates):
-1. P/D disaggregation cannot retract (the prefill and decode groups cannot re-prefill a migrated request): pause
+1. P/D disaggregation cannot retract (so it cannot be colocated either, see 2) (the prefill and decode groups cannot re-prefill a migrated request): pause
    `in_place`. Radix sharing on a P/D deployment is only safe with vradix on both roles *and* a shared epoch, which
    the PD protocol does not carry in SGLang 0.5.23, so it is off; an explicit `disable_radix_cache=False` is rejected.
 2. A colocated engine releases its KV memory at every publication, so in-flight requests cannot keep their KV:
@@ -66,6 +66,9 @@ def derive(d: Deployment) -> Plan:
     explicit_radix = d.disable_radix_cache is False
 
     if d.pd_disaggregated:
+        if d.colocated:
+            raise UnsafeDeployment("rules 1+2: a colocated P/D deployment must release KV memory at publication "
+                                   "(retract) but P/D requests cannot be retracted; run P/D engines disjoint")
         if d.pause_mode == "retract":
             raise UnsafeDeployment("rule 1: retract is not supported with P/D (prefill/decode) groups: a "
                                    "disaggregated request cannot be retracted; use pause_mode='in_place'")
