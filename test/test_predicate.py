@@ -93,3 +93,18 @@ def test_every_accepted_plan_is_safe(combo):
         assert p.pause_mode == "retract" and p.flush  # stock sharing needs retract + flush
     if disable is False and not p.radix_enabled:
         pytest.fail(f"explicit disable_radix_cache=False silently turned off: {d} -> {p}")
+
+
+def test_client_reads_unknown_radix_state_as_enabled():
+    """XoRL's bug: an endpoint that does not report its radix state must not skip invalidation."""
+    from vradix.client import deployment_of
+
+    stock_unknown = deployment_of({}, [None])
+    assert stock_unknown.disable_radix_cache is False and not stock_unknown.vradix
+    assert derive(stock_unknown).pause_mode == "retract" and derive(stock_unknown).flush
+    assert derive(deployment_of({"disable_radix_cache": True}, [None])).flush is False
+    on_vradix = deployment_of({"disable_radix_cache": False}, [{"active": True, "epoch": 3}])
+    assert on_vradix.vradix and derive(on_vradix).pause_mode == "in_place"
+    # one DP rank without an active vradix block makes the whole engine "not vradix"
+    assert not deployment_of({}, [{"active": True}, None]).vradix
+    assert deployment_of({"disaggregation_mode": "prefill"}, [None]).pd_disaggregated

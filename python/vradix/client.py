@@ -156,6 +156,8 @@ def publish(urls: Union[str, Sequence[str]], update: Update, version: Optional[s
         for e, res, probe in zip(engines, results, probes):
             current = res
             _verify(e, res, version, probe)
+    except predicate.UnsafeDeployment:
+        raise  # raised while planning, before any engine was paused
     except Exception as exc:  # noqa: BLE001 - every failure is reported with the evidence, then re-raised
         current.error = f"{type(exc).__name__}: {exc}"
         if on_failure == "continue":
