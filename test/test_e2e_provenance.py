@@ -89,6 +89,11 @@ def test_provenance_in_meta_info_across_two_publications(server, models):
     r = s.post("/v1/completions", {"model": "m", "prompt": PROBE, "max_tokens": 2, "temperature": 0})
     assert r.status_code == 200, r.text
     assert r.json()["metadata"]["prefix_cache"] == {"cached_tokens": 200, "epoch": e0 + 2, "weight_version": "v3"}
+    chat = {"model": "m", "messages": [{"role": "user", "content": " ".join(f"t{i}" for i in PROBE)}],
+            "max_tokens": 2, "temperature": 0}
+    r = s.post("/v1/chat/completions", chat)
+    assert r.status_code == 200, r.text
+    assert r.json()["metadata"]["prefix_cache"] == {"cached_tokens": 200, "epoch": e0 + 2, "weight_version": "v3"}
 
 
 def test_server_info_metrics_and_flush_report(server):

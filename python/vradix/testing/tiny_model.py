@@ -33,6 +33,7 @@ def generate(out: str, seed: int, dtype: str = "bfloat16", init_range: float = 0
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="t0", eos_token="t1", pad_token="t2",
                                    unk_token="t3")
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"  # for OpenAI chat tests
     fast.save_pretrained(out)
     with open(os.path.join(out, "vradix_tiny_model.json"), "w") as f:
         json.dump({"seed": seed, "dtype": dtype, "init_range": init_range}, f)
