@@ -18,7 +18,6 @@ HTTP goes through `requests` (installed with SGLang).
 from __future__ import annotations
 
 import random
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Union
@@ -119,8 +118,8 @@ def deployment_of(info: dict, blocks: List[Optional[dict]], *, colocated: bool =
                                 disable_radix_cache=disable is True, prefer_sharing=prefer_sharing)
 
 
-def probe_ids(rng: random.Random, n: int = 64, vocab: int = 400) -> List[int]:
-    """A prompt no other traffic shares (random ids well inside any vocabulary)."""
+def probe_ids(rng: random.Random, n: int = 256, vocab: int = 400) -> List[int]:
+    """A prompt no other traffic shares (random ids well inside any vocabulary), long enough to span whole pages."""
     return [rng.randrange(10, vocab) for _ in range(n)]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from vradix import __version__, admission, lora, overlap, publication, reclaim, report
+from vradix import __version__, admission, lora, overlap, publication, report
 from vradix.namespace import ReservedNamespaceError
 from vradix.state import Invalidation, UpdateScope, attach, state_of
 

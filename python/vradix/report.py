@@ -12,13 +12,10 @@ in the one per-request field `BatchTokenIDOutput` already carries for plugins, `
 """
 from __future__ import annotations
 
-import logging
 from typing import Optional
 
 from vradix import provenance
 from vradix.state import state_of
-
-logger = logging.getLogger("vradix")
 
 META_KEYS = ("prefix_cache", "kv_weight_versions")
 
