@@ -157,7 +157,7 @@ def test_publish_client_on_vradix_engine_in_place_and_fail_closed(server, models
     assert s.generate(PROBE, 2)["meta_info"]["weight_version"] == "c2"  # still serving the last verified label
 
 
-def test_publish_client_on_stock_engine_retracts_flushes_and_verifies_with_a_probe(models):
+def test_publish_client_on_stock_engine_retracts_flushes_and_verifies_with_a_probe(server, models):
     with CpuServer(models[0], vradix=False) as s:
         assert s.vradix_info() is None
         with pytest.raises(UnsafeDeployment, match="in_place pause on an engine without vradix"):
@@ -178,3 +178,23 @@ def test_publish_client_on_stock_engine_retracts_flushes_and_verifies_with_a_pro
         assert "left paused(retract)" in str(e.value) and e.value.results[0].state == "paused(retract)"
         assert s.post("/continue_generation").status_code == 200
         assert s.generate(PROBE, 2)["meta_info"]["weight_version"] == "s1"
+
+        # a mixed fleet (vradix + stock): each engine gets its own plan, and the result is all-or-nothing
+        fleet = [server.url, s.url]
+        ok = publish(fleet, models[0], "m1", seed=3)
+        assert [r.verified for r in ok] == [True, True]
+        assert [r.plan.pause_mode for r in ok] == ["in_place", "retract"] and ok[1].probe_cached_after == 0
+
+        def transfer(engine, version):  # a framework's own transfer, failing on the second engine
+            if engine.url == s.url:
+                raise RuntimeError("simulated transfer failure on the stock engine")
+            engine.post_ok("/update_weights_from_disk", {"model_path": models[1], "weight_version": version,
+                                                         "flush_cache": False})
+
+        with pytest.raises(PublishError) as e:
+            publish(fleet, transfer, "m2")
+        assert [r.state for r in e.value.results] == ["paused(in_place)", "paused(retract)"]
+        assert not any(r.verified for r in e.value.results)  # the updated vradix engine is not reported published
+        assert "simulated transfer failure" in str(e.value) and "engines left paused" in str(e.value)
+        for url in fleet:
+            assert requests.post(url + "/continue_generation", timeout=60).status_code == 200
