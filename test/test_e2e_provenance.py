@@ -197,4 +197,4 @@ def test_publish_client_on_stock_engine_retracts_flushes_and_verifies_with_a_pro
         assert not any(r.verified for r in e.value.results)  # the updated vradix engine is not reported published
         assert "simulated transfer failure" in str(e.value) and "engines left paused" in str(e.value)
         for url in fleet:
-            assert requests.post(url + "/continue_generation", timeout=60).status_code == 200
+            assert requests.post(url + "/continue_generation", json={}, timeout=60).status_code == 200
