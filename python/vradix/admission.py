@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from vradix import namespace
+from vradix import namespace, provenance
 from vradix.state import EpochState
 
 
@@ -44,3 +44,4 @@ def _bind(state: EpochState, req) -> None:
     if os.environ.get("VRADIX_FAULT_NO_NAMESPACE") == "1":
         return  # test-only fault: the namespace is lost, so only the KV page ledger's guard stands between
     req.extra_key = namespace.stamped(state.epoch, req._vradix_user_key)
+    provenance.record_bind(req, state.epoch, state.label)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from vradix import __version__, admission, guard, overlap, publication, reclaim
+from vradix import __version__, admission, guard, lora, overlap, publication, reclaim, report
 from vradix.namespace import ReservedNamespaceError
 from vradix.state import Invalidation, UpdateScope, attach, state_of
 
@@ -29,6 +29,9 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
             "Refusing to serve an unversioned prefix cache: use the default radix backend, pass "
             "--disable-radix-cache, or set VRADIX_DISABLE=1 for stock behaviour.")
     state = attach(cache)
+    state.label = current_label()
+    state.metrics = report.metrics_for(scheduler)
+    report.export_metrics(scheduler)
     unobserved = ledger_blind_spots(scheduler)
     if unobserved and state.ledger is not None:
         # KV written by these paths bypasses run_batch's stamp; a strict guard would reject every such prefix.
@@ -145,6 +148,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
         guard.audit(state.guard, state.guard_stats, state.ledger, scheduler.req_to_token_pool.req_to_token, live,
                     state.epoch)
     logger.info(inv.summary() + " in %.3f ms", inv.latency_ms)
+    report.export_metrics(scheduler)
     return inv
 
 
@@ -258,6 +262,7 @@ def lock_aware_flush(original, scheduler, *args, **kwargs):
             state.flushes += 1
             state.stale_tokens_freed_total += cached
             state.last = Invalidation(state.epoch, state.epoch, state.label, "flush (idle reset)", tokens_freed=cached)
+            report.export_metrics(scheduler)
         return ok
     scope = state.update_scope
     if scope is not None and scope.bumped is not None:
@@ -285,7 +290,39 @@ def report_server_info(result, internal_state, *args, **kwargs):
     if state is None:
         block = {"active": False, "version": __version__, "reason": "radix cache disabled"}
     else:
-        block = state.as_dict(reclaim.stale_tokens_pinned(cache, publication.holder_nodes(state)))
+        block = report.state_block(scheduler)
         block["chunked_prefill_in_progress"] = scheduler.chunked_req is not None
+        if state.metrics is not None:
+            state.metrics.export(block)
     result.internal_state["vradix"] = block
     return result
+
+
+# ---- LoRA-scoped invalidation -------------------------------------------------------------------------------------------
+def remember_adapter_insert(_result, cache, req, *args, **kwargs):
+    """AFTER UnifiedRadixCache.checkpoint_into_tree: remember which adapter's namespace the insert went into."""
+    state = state_of(cache)
+    if state is not None:
+        lora.remember_adapter_node(state, cache, req)
+
+
+def count_adapter_load(result, scheduler, recv_req, *args, **kwargs):
+    """AFTER Scheduler.load_lora_adapter(_from_tensors): a load mints a new lora_id, i.e. a fresh namespace."""
+    state = state_of(scheduler.tree_cache)
+    if state is not None and result.success:
+        state.lora_events += 1
+        logger.info("vradix: adapter %r loaded as lora_id %s: its requests match only KV of this load",
+                    recv_req.lora_name, recv_req.lora_id)
+
+
+def free_unloaded_adapter(result, scheduler, recv_req, *args, **kwargs):
+    """AFTER Scheduler.unload_lora_adapter: free the entries of the unloaded adapter, and only those."""
+    state = state_of(scheduler.tree_cache)
+    if state is None or not result.success:
+        return
+    state.lora_events += 1
+    freed = lora.free_adapter_entries(state, scheduler.tree_cache, recv_req.lora_id)
+    state.lora_tokens_freed += freed
+    logger.info("vradix: adapter %r (lora_id %s) unloaded: freed %d of its cached tokens; other namespaces untouched",
+                recv_req.lora_name, recv_req.lora_id, freed)
+    report.export_metrics(scheduler)

@@ -16,7 +16,7 @@ import os
 import pkgutil
 from importlib.metadata import version as dist_version
 
-from vradix import __version__, engine, ledger, overlap
+from vradix import __version__, engine, ledger, overlap, report
 from vradix.guard import GuardConfig, GuardConfigError
 
 logger = logging.getLogger("vradix")
@@ -27,6 +27,8 @@ _UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWei
 _COMMON = "sglang.srt.mem_cache.common"
 _TOKEN_ALLOC = "sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator"
 _PAGED_ALLOC = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator"
+_OUT = "sglang.srt.managers.scheduler_components.output_streamer"
+_TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
 
 #: (target, hook type, hook) — the complete list of places vradix attaches, in data-path order.
 HOOKS = [
@@ -64,6 +66,21 @@ HOOKS = [
      engine.report_flush),
     ("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
      "AFTER", engine.report_server_info),
+    # 5. provenance: scheduler -> customized_info -> tokenizer manager meta_info -> OpenAI metadata
+    (f"{_OUT}._GenerationStreamAccumulator.accept", "AROUND", report.attach_provenance),
+    (f"{_TM}.update_request_meta_info", "AROUND", report.provenance_to_meta_info),
+    ("sglang.srt.utils.weight_versions.build_endpoint_weight_version_metadata", "AFTER",
+     report.provenance_to_openai_metadata),
+    # the /flush_cache HTTP body says what the invalidation did (launcher process)
+    ("sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.flush_cache", "AROUND",
+     report.remember_flush_message),
+    ("sglang.srt.entrypoints.http_server.launch_server", "BEFORE", report.add_flush_report_middleware),
+    # 6. LoRA-scoped invalidation: an adapter's entries are freed when it is unloaded
+    ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint_into_tree", "AFTER",
+     engine.remember_adapter_insert),
+    (f"{_SCHED}.load_lora_adapter", "AFTER", engine.count_adapter_load),
+    (f"{_SCHED}.load_lora_adapter_from_tensors", "AFTER", engine.count_adapter_load),
+    (f"{_SCHED}.unload_lora_adapter", "AFTER", engine.free_unloaded_adapter),
 ]
 
 

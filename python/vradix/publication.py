@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Iterable, Optional
 
-from vradix import admission, reclaim
+from vradix import admission, provenance, reclaim
 from vradix.state import EpochState, Invalidation
 
 
@@ -48,11 +48,15 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
     inv.tokens_pinned = reclaim.stale_tokens_pinned(cache, holder_nodes(state))
     inv.latency_ms = (time.perf_counter() - t0) * 1e3
     state.last = inv
+    if is_publication:
+        state.last_publication = inv
     return inv
 
 
 def mark_crossing(state: EpochState, req) -> None:
-    """A request that holds KV across a bump: keep its KV, never insert it, free its stale locks at release."""
+    """A request that holds KV across a bump: keep its KV, never insert it, free its stale locks at release.
+    Its KV history gets the new epoch from its committed position on (`provenance.record_crossing`)."""
+    provenance.record_crossing(req, state.epoch, state.label)
     if not getattr(req, "_vradix_crossed", False):
         req._vradix_crossed = True
         req._vradix_skip_before = req.skip_radix_cache_insert

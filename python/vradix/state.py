@@ -6,7 +6,7 @@ control messages in the same order, so every rank computes the same epoch sequen
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional
 
 from vradix import __version__
@@ -36,6 +36,11 @@ class Invalidation:
                 f"{self.crossing_requests} crossing request(s) ({self.crossing_mid_prefill} mid-prefill), "
                 f"{self.requeued_rebound} queued request(s) re-bound")
 
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["latency_ms"] = round(self.latency_ms, 3)
+        return d
+
 
 @dataclass
 class EpochState:
@@ -58,6 +63,15 @@ class EpochState:
     ledger: Optional[PageLedger] = None
     guard: GuardConfig = field(default_factory=GuardConfig)
     guard_stats: GuardStats = field(default_factory=GuardStats)
+    #: the last bump that was a publication (not a lock-aware flush)
+    last_publication: Optional[Invalidation] = None
+    #: LoRA adapter loads/unloads seen (each scoped to its adapter's own namespace)
+    lora_events: int = 0
+    #: lora_id -> tree nodes its requests inserted (freed when the adapter is unloaded, see `vradix.lora`)
+    adapter_nodes: Dict[str, set] = field(default_factory=dict)
+    lora_tokens_freed: int = 0
+    #: `report.Metrics` when SGLang runs with --enable-metrics, else None
+    metrics: Any = None
 
     def as_dict(self, pinned_tokens: int) -> dict:
         """The `vradix` block of server info (plain JSON types)."""
@@ -75,9 +89,14 @@ class EpochState:
             "stale_tokens_freed_total": self.stale_tokens_freed_total,
             "stale_tokens_freed_at_release": self.stale_tokens_freed_at_release,
             "stale_tokens_freed_last": last.tokens_freed if last else 0,
-            "last_publication_latency_ms": round(last.latency_ms, 3) if last else None,
+            "last_publication_latency_ms": (round(self.last_publication.latency_ms, 3)
+                                            if self.last_publication else None),
             "last_invalidation": last.summary() if last else None,
             "forged_keys_rejected": self.forged_keys_rejected,
+            "last_invalidation_detail": last.as_dict() if last else None,
+            "last_publication": self.last_publication.as_dict() if self.last_publication else None,
+            "lora_adapter_events": self.lora_events,
+            "lora_stale_tokens_freed": self.lora_tokens_freed,
             "kv_ledger": self.ledger_dict(),
         }
 

@@ -36,7 +36,7 @@ class ServerDied(RuntimeError):
 class CpuServer:
     def __init__(self, model_path: str, *, vradix: bool = True, extra_args: Sequence[str] = (),
                  env: Optional[dict] = None, max_total_tokens: int = 8192, chunked_prefill_size: int = 1024,
-                 startup_timeout: float = 240.0):
+                 startup_timeout: float = 240.0, skip_tokenizer_init: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="sglang-", suffix=".log", delete=False)
@@ -50,7 +50,8 @@ class CpuServer:
         e.update(env or {})
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--port", str(self.port),
                "--max-total-tokens", str(max_total_tokens), "--chunked-prefill-size", str(chunked_prefill_size),
-               "--context-length", "4096", "--max-running-requests", "32", *CPU_FLAGS, *extra_args]
+               "--context-length", "4096", "--max-running-requests", "32",
+               *(f for f in CPU_FLAGS if skip_tokenizer_init or f != "--skip-tokenizer-init"), *extra_args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=e, start_new_session=True)
         self._wait_ready(startup_timeout)
 

@@ -1,0 +1,259 @@
+"""A fail-closed publish client: pause, update, verify, continue — for one engine or a list of them.
+
+Verification is positive, never "HTTP 200":
+- **vradix engine** (server info has an active `vradix` block on every DP rank): pause `in_place`, update without a
+  flush, then every rank's epoch must have advanced and every rank, and `/model_info`, must report the new label.
+- **engine without vradix** (stock SGLang; radix state unknown counts as enabled): the predicate picks `retract` +
+  flush. Before pausing, a fresh random probe prompt is sent twice; after the update and the flush, the probe's
+  prefix must report `cached_tokens == 0`. A second probe before pausing that reports a hit proves the check is not
+  vacuous (with the radix cache really disabled there is nothing to flush, and the probe stays at 0).
+- Radix disabled: nothing to invalidate; only the label is verified.
+
+All-or-nothing: every engine is paused before any is updated, every engine is verified before any is continued. If
+anything fails, `PublishError` carries each engine's evidence and the state it was left in: by default engines stay
+paused (fail closed: a half-published fleet must not serve), which the message names with the command to resume.
+
+HTTP goes through `requests` (installed with SGLang).
+"""
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence, Union
+
+import requests
+
+from vradix import predicate
+
+Update = Union[str, Callable[["EngineHandle", str], None]]
+
+
+class PublishError(RuntimeError):
+    """A publication could not be verified; `results` holds every engine's evidence and final state."""
+
+    def __init__(self, message: str, results: List["EngineResult"]):
+        super().__init__(message)
+        self.results = results
+
+
+@dataclass
+class EngineResult:
+    url: str
+    plan: Optional[predicate.Plan] = None
+    vradix: bool = False
+    epochs_before: List[Optional[int]] = field(default_factory=list)
+    epochs_after: List[Optional[int]] = field(default_factory=list)
+    label_after: Optional[str] = None
+    probe_cached_before: Optional[int] = None
+    probe_cached_after: Optional[int] = None
+    update_message: str = ""
+    flush_message: str = ""
+    verified: bool = False
+    state: str = "running"  # running | paused(<mode>)
+    error: Optional[str] = None
+
+    def evidence(self) -> str:
+        parts = [f"{self.url}: {'verified' if self.verified else 'NOT verified'}, left {self.state}"]
+        if self.plan is not None:
+            parts.append(f"plan={self.plan.pause_mode}/radix={'on' if self.plan.radix_enabled else 'off'}"
+                         f"/flush={self.plan.flush}")
+        if self.vradix:
+            parts.append(f"epochs {self.epochs_before}->{self.epochs_after}, label={self.label_after!r}")
+        if self.probe_cached_after is not None:
+            parts.append(f"probe cached_tokens {self.probe_cached_before}->{self.probe_cached_after}")
+        if self.update_message:
+            parts.append(f"update: {self.update_message!r}")
+        if self.error:
+            parts.append(f"error: {self.error}")
+        return "; ".join(parts)
+
+
+class EngineHandle:
+    """HTTP access to one SGLang server."""
+
+    def __init__(self, url: str, timeout: float = 600.0):
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def get(self, path: str) -> dict:
+        r = requests.get(self.url + path, timeout=self.timeout)
+        r.raise_for_status()
+        return r.json()
+
+    def post(self, path: str, payload: Optional[dict] = None) -> requests.Response:
+        return requests.post(self.url + path, json=payload or {}, timeout=self.timeout)
+
+    def post_ok(self, path: str, payload: Optional[dict] = None) -> requests.Response:
+        r = self.post(path, payload)
+        if r.status_code != 200:
+            raise RuntimeError(f"POST {path} -> HTTP {r.status_code}: {r.text.strip()[:500]}")
+        return r
+
+    def server_info(self) -> dict:
+        return self.get("/get_server_info")
+
+    def vradix_blocks(self, info: Optional[dict] = None) -> List[Optional[dict]]:
+        info = info if info is not None else self.server_info()
+        return [(s or {}).get("vradix") for s in (info.get("internal_states") or [{}])]
+
+    def label(self) -> Optional[str]:
+        return self.get("/model_info").get("weight_version")
+
+    def generate_ids(self, input_ids: Sequence[int], max_new_tokens: int = 1) -> dict:
+        r = self.post_ok("/generate", {"input_ids": list(input_ids),
+                                       "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}})
+        return r.json()
+
+
+def deployment_of(info: dict, blocks: List[Optional[dict]], *, colocated: bool = False,
+                  prefer_sharing: bool = False) -> predicate.Deployment:
+    """What the predicate needs, read from server info. A radix state the server does not report counts as enabled."""
+    vradix = bool(blocks) and all(b is not None and b.get("active") for b in blocks)
+    disable = info.get("disable_radix_cache")
+    pd = str(info.get("disaggregation_mode") or "null").lower() not in ("null", "none", "")
+    lora = bool(info.get("enable_lora")) or bool(info.get("lora_paths"))
+    # a running engine's radix state is a fact, not a preference: anything but an explicit "disabled" is "enabled"
+    return predicate.Deployment(colocated=colocated, pd_disaggregated=pd, lora=lora, vradix=vradix,
+                                disable_radix_cache=disable is True, prefer_sharing=prefer_sharing)
+
+
+def probe_ids(rng: random.Random, n: int = 256, vocab: int = 400) -> List[int]:
+    """A prompt no other traffic shares (random ids well inside any vocabulary), long enough to span whole pages."""
+    return [rng.randrange(10, vocab) for _ in range(n)]
+
+
+def publish(urls: Union[str, Sequence[str]], update: Update, version: Optional[str] = None, *,
+            colocated: bool = False, prefer_sharing: bool = False, pause_mode: Optional[str] = None,
+            on_failure: str = "stay_paused", timeout: float = 600.0, probe_vocab: int = 400,
+            seed: Optional[int] = None) -> List[EngineResult]:
+    """Publish `update` to every engine and verify it. Returns per-engine results or raises `PublishError`.
+
+    `update` is a model path (`/update_weights_from_disk`) or a callable `(engine, version) -> None` that performs the
+    transfer (e.g. NCCL `update_weights_from_distributed`) and raises on failure. `on_failure` is `stay_paused`
+    (default, fail closed) or `continue`.
+    """
+    if on_failure not in ("stay_paused", "continue"):
+        raise ValueError("on_failure must be 'stay_paused' or 'continue'")
+    engines = [EngineHandle(u, timeout) for u in ([urls] if isinstance(urls, str) else list(urls))]
+    version = version or f"pub-{uuid.uuid4().hex[:12]}"
+    rng = random.Random(seed)
+    results = [EngineResult(e.url) for e in engines]
+    probes: List[Optional[List[int]]] = [None] * len(engines)
+    current = results[0]
+    try:
+        for i, (e, res) in enumerate(zip(engines, results)):
+            current = res
+            probes[i] = _plan_and_arm(e, res, colocated, prefer_sharing, pause_mode, rng, probe_vocab)
+        for e, res in zip(engines, results):
+            current = res
+            e.post_ok("/pause_generation", {"mode": res.plan.pause_mode})
+            res.state = f"paused({res.plan.pause_mode})"
+        for e, res in zip(engines, results):
+            current = res
+            _update(e, res, update, version)
+        for e, res, probe in zip(engines, results, probes):
+            current = res
+            _verify(e, res, version, probe)
+    except predicate.UnsafeDeployment:
+        raise  # raised while planning, before any engine was paused
+    except Exception as exc:  # noqa: BLE001 - every failure is reported with the evidence, then re-raised
+        current.error = f"{type(exc).__name__}: {exc}"
+        if on_failure == "continue":
+            _continue_all(engines, results)
+        raise PublishError(_failure_message(results, version), results) from exc
+    _continue_all(engines, results)
+    return results
+
+
+def _plan_and_arm(e: EngineHandle, res: EngineResult, colocated, prefer_sharing, pause_mode, rng, vocab):
+    info = e.server_info()
+    blocks = e.vradix_blocks(info)
+    d = deployment_of(info, blocks, colocated=colocated, prefer_sharing=prefer_sharing)
+    if pause_mode is not None:
+        d = predicate.Deployment(**{**d.__dict__, "pause_mode": pause_mode})
+    res.plan = predicate.derive(d)
+    res.vradix = d.vradix
+    if res.vradix:
+        res.epochs_before = [b["epoch"] for b in blocks]
+        return None
+    if not res.plan.radix_enabled:
+        return None
+    probe = probe_ids(rng, vocab=vocab)
+    e.generate_ids(probe)
+    res.probe_cached_before = e.generate_ids(probe)["meta_info"].get("cached_tokens", 0)
+    return probe
+
+
+def _update(e: EngineHandle, res: EngineResult, update: Update, version: str) -> None:
+    if callable(update):
+        update(e, version)
+        res.update_message = "callable transfer"
+    else:
+        out = e.post("/update_weights_from_disk",
+                     {"model_path": update, "weight_version": version, "flush_cache": res.plan.flush})
+        body = out.json() if out.headers.get("content-type", "").startswith("application/json") else {}
+        res.update_message = str(body.get("message", out.text))[:2000]
+        if out.status_code != 200 or not body.get("success"):
+            raise RuntimeError(f"update_weights_from_disk failed (HTTP {out.status_code}): {res.update_message}")
+    if res.plan.flush:
+        res.flush_message = e.post_ok("/flush_cache").text.strip()
+
+
+def _verify(e: EngineHandle, res: EngineResult, version: str, probe) -> None:
+    res.label_after = e.label()
+    if res.vradix:
+        blocks = e.vradix_blocks()
+        res.epochs_after = [b.get("epoch") if b else None for b in blocks]
+        if res.label_after != version or any(b is None or b.get("label") != version for b in blocks):
+            # a callable transfer that did not set the label: set it (a label change is itself a publication)
+            e.post_ok("/update_weight_version", {"new_version": version})
+            res.label_after = e.label()
+            blocks = e.vradix_blocks()
+            res.epochs_after = [b.get("epoch") if b else None for b in blocks]
+        labels = [b.get("label") if b else None for b in blocks]
+        if len(res.epochs_after) != len(res.epochs_before) or any(
+                a is None or a <= b for a, b in zip(res.epochs_after, res.epochs_before)):
+            raise RuntimeError(f"epoch did not advance on every rank: {res.epochs_before} -> {res.epochs_after}")
+        if res.label_after != version or any(lbl != version for lbl in labels):
+            raise RuntimeError(f"server reports label {res.label_after!r} (ranks {labels}), expected {version!r}")
+    else:
+        if res.label_after != version:
+            raise RuntimeError(f"server reports weight_version {res.label_after!r}, expected {version!r}")
+    if probe is not None:
+        # a paused engine serves no generation, so this engine is resumed for its probe (and re-paused if it fails)
+        e.post_ok("/continue_generation")
+        res.state = "running"
+        res.probe_cached_after = e.generate_ids(probe)["meta_info"].get("cached_tokens", 0)
+        if res.probe_cached_after != 0:
+            res.state = _repause(e, res)
+            raise RuntimeError(f"probe prefix still cached after the flush: cached_tokens="
+                               f"{res.probe_cached_after} (before: {res.probe_cached_before})")
+    res.verified = True
+
+
+def _repause(e: EngineHandle, res: EngineResult) -> str:
+    try:
+        e.post_ok("/pause_generation", {"mode": res.plan.pause_mode})
+        return f"paused({res.plan.pause_mode})"
+    except Exception:  # noqa: BLE001
+        return "running (re-pause failed)"
+
+
+def _continue_all(engines, results) -> None:
+    for e, res in zip(engines, results):
+        if res.state.startswith("paused"):
+            try:
+                e.post_ok("/continue_generation")
+                res.state = "running"
+            except Exception as exc:  # noqa: BLE001
+                res.error = (res.error or "") + f"; continue_generation failed: {exc}"
+
+
+def _failure_message(results: List[EngineResult], version: str) -> str:
+    lines = [f"publication {version!r} NOT verified on all {len(results)} engine(s); nothing is reported published:"]
+    lines += [f"  - {r.evidence()}" for r in results]
+    paused = [r.url for r in results if r.state.startswith("paused")]
+    if paused:
+        lines.append(f"engines left paused: {paused}; resume with POST <url>/continue_generation once resolved")
+    return "\n".join(lines)

@@ -1,0 +1,83 @@
+"""Step 5 — provenance: under which weights each position's KV was computed, per request.
+
+Every request carries `_vradix_kv_history`, a list of `(start_position, epoch, label)` entries:
+- `record_bind` starts it at admission and at every re-bind: a request that holds no KV will compute (or match) all
+  of its KV under the epoch it is bound to, so its history is one entry from position 0.
+- `record_crossing` appends one entry each time the request crosses a publication while holding KV: positions
+  `[0, committed)` keep the KV they were computed with, positions from `committed` on are computed under the new
+  epoch. Several crossings append several entries.
+
+Invariants: start positions are non-decreasing; the first entry starts at 0 and names the epoch of the namespace the
+request matched its prefix in (so it is also the provenance of its cached prefix). A retracted request gives back
+all its KV and is re-bound before it runs again, which resets the history.
+
+`kv_weight_versions` turns the history into run-length spans over prompt+output positions. It is the one function
+a device-side `spans` kernel (KV page epoch table) would replace.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+PROVENANCE_KEY = "vradix_provenance"  # the customized_info key that carries it from scheduler to tokenizer manager
+
+
+def record_bind(req, epoch: int, label: Optional[str]) -> None:
+    req._vradix_kv_history = [(0, epoch, label)]
+
+
+def record_crossing(req, epoch: int, label: Optional[str]) -> None:
+    """The request holds KV across a bump to `epoch`: KV computed from now on is computed under `label`."""
+    history = getattr(req, "_vradix_kv_history", None)
+    if history is None:
+        return
+    committed = max(req.kv.kv_committed_len, getattr(req, "prefix_len", 0) or 0)
+    if history[-1][0] >= committed:
+        # nothing was computed under the previous entry's epoch since it started: it owns no positions
+        history[-1] = (history[-1][0], epoch, label)
+    else:
+        history.append((committed, epoch, label))
+
+
+def kv_weight_versions(req) -> List[dict]:
+    """Run-length spans `{version, epoch, start, end}` over positions `[0, len(prompt) + len(output))`.
+
+    Adjacent entries with the same label are merged (a lock-aware flush bumps the epoch but keeps the weights); a merged
+    span reports the epoch it started under.
+    """
+    history = getattr(req, "_vradix_kv_history", None) or []
+    total = len(req.origin_input_ids) + len(req.output_ids)
+    spans: List[dict] = []
+    for i, (start, epoch, label) in enumerate(history):
+        end = history[i + 1][0] if i + 1 < len(history) else total
+        end = min(end, total)
+        if end <= start:
+            continue
+        if spans and spans[-1]["version"] == label:
+            spans[-1]["end"] = end  # the span keeps the epoch it started under
+            continue
+        spans.append({"version": label, "epoch": epoch, "start": start, "end": end})
+    return spans
+
+
+def crossed(req) -> bool:
+    return len(getattr(req, "_vradix_kv_history", None) or ()) > 1
+
+
+def prefix_cache(req) -> Optional[dict]:
+    """`{cached_tokens, epoch, weight_version}` of the prefix KV the request reused (its bind epoch)."""
+    history = getattr(req, "_vradix_kv_history", None)
+    if not history:
+        return None
+    _, epoch, label = history[0]
+    return {"cached_tokens": req.cached_tokens, "epoch": epoch, "weight_version": label}
+
+
+def response_provenance(req) -> Optional[dict]:
+    """The meta_info fields vradix adds to a finished request's response, or None for an unstamped request."""
+    prefix = prefix_cache(req)
+    if prefix is None:
+        return None
+    out = {"prefix_cache": prefix}
+    if crossed(req):
+        out["kv_weight_versions"] = kv_weight_versions(req)
+    return out

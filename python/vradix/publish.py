@@ -1,0 +1,49 @@
+"""`python -m vradix.publish`: publish weights from disk to one or more SGLang engines, fail closed.
+
+    python -m vradix.publish --url http://h1:30000 --url http://h2:30000 --model-path /ckpt/step_42 --version step42
+
+Exit status 0 when every engine verified the publication (one JSON line per engine on stdout), 2 when the
+publication failed verification (the evidence and the state each engine was left in go to stderr), 1 on bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from vradix.client import PublishError, publish
+from vradix.predicate import UnsafeDeployment
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m vradix.publish", description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", action="append", required=True, help="engine base URL (repeat for several engines)")
+    p.add_argument("--model-path", required=True, help="weights to load with /update_weights_from_disk")
+    p.add_argument("--version", help="weight_version label to publish (default: a fresh unique label)")
+    p.add_argument("--colocated", action="store_true", help="engines share GPUs with the trainer")
+    p.add_argument("--prefer-sharing", action="store_true",
+                   help="engines without vradix: retract + flush to keep prefix sharing on")
+    p.add_argument("--pause-mode", choices=("in_place", "retract"), help="override the derived pause mode")
+    p.add_argument("--on-failure", choices=("stay_paused", "continue"), default="stay_paused")
+    p.add_argument("--timeout", type=float, default=600.0, help="per HTTP call, seconds")
+    args = p.parse_args(argv)
+    try:
+        results = publish(args.url, args.model_path, args.version, colocated=args.colocated,
+                          prefer_sharing=args.prefer_sharing, pause_mode=args.pause_mode,
+                          on_failure=args.on_failure, timeout=args.timeout)
+    except UnsafeDeployment as e:
+        print(f"vradix.publish: unsafe deployment: {e}", file=sys.stderr)
+        return 1
+    except PublishError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    for r in results:
+        d = asdict(r)
+        d["plan"] = asdict(r.plan) if r.plan else None
+        print(json.dumps(d))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

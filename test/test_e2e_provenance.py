@@ -1,0 +1,200 @@
+"""E2E on real SGLang CPU servers: per-response provenance, verifiable state (server info, metrics, invalidation
+reports) and the fail-closed publish client, against vradix and against stock SGLang (VRADIX_DISABLE=1).
+
+One vradix server (with its tokenizer, for the OpenAI endpoint, and --enable-metrics) serves the whole module; the
+tests run in file order on it and each reads the epoch it starts from."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+import vradix
+from vradix.client import PublishError, publish
+from vradix.predicate import UnsafeDeployment
+from vradix.testing.scenario import LONG_PROMPT, PROBE, StreamingRequest
+from vradix.testing.server import CpuServer
+from vradix.testing.tiny_model import generate
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    return (generate(str(d / "A"), seed=1, dtype="float32", init_range=0.2),
+            generate(str(d / "B"), seed=2, dtype="float32", init_range=0.2))
+
+
+@pytest.fixture(scope="module")
+def server(models):
+    with CpuServer(models[0], skip_tokenizer_init=False, extra_args=["--enable-metrics"]) as s:
+        yield s
+        assert "Traceback" not in s.logs()
+
+
+def wait_for_progress(stream: StreamingRequest, tokens: int, timeout: float = 120.0) -> None:
+    """Block until the streaming request produced `tokens` more output tokens (polls its own chunks)."""
+    start = stream.final["meta_info"]["completion_tokens"]
+    deadline = time.monotonic() + timeout
+    while stream.final["meta_info"]["completion_tokens"] < start + tokens:
+        assert stream.error is None and time.monotonic() < deadline, "streaming request made no progress"
+        time.sleep(0.05)
+
+
+def publish_in_place(s, model, version):
+    assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    upd = s.post("/update_weights_from_disk", {"model_path": model, "flush_cache": False,
+                                               "weight_version": version}).json()
+    assert upd["success"], upd
+    assert s.post("/continue_generation").status_code == 200
+    return upd["message"]
+
+
+def test_provenance_in_meta_info_across_two_publications(server, models):
+    s = server
+    e0 = s.vradix_info()["epoch"]
+    first = s.generate(PROBE, 4)["meta_info"]
+    assert first["prefix_cache"] == {"cached_tokens": 0, "epoch": e0, "weight_version": "default"}
+    assert "kv_weight_versions" not in first  # never crossed a publication
+    assert s.generate(PROBE, 4)["meta_info"]["prefix_cache"]["cached_tokens"] == 200
+
+    stream = StreamingRequest(s.url, LONG_PROMPT, 300)
+    assert stream.started.wait(120)
+    msg = publish_in_place(s, models[1], "v2")
+    assert f"epoch {e0}->{e0 + 1}" in msg and "freed" in msg and "stale tokens pinned by 1 crossing" in msg
+    wait_for_progress(stream, 5)  # some KV computed under v2 before the next publication
+    publish_in_place(s, models[0], "v3")
+    final = stream.result()["meta_info"]
+    assert final["num_retractions"] == 0 and final["completion_tokens"] == 300
+
+    spans = final["kv_weight_versions"]  # on the final streaming chunk
+    total = len(LONG_PROMPT) + 300
+    assert [x["version"] for x in spans] == ["default", "v2", "v3"], spans
+    assert [x["epoch"] for x in spans] == [e0, e0 + 1, e0 + 2]
+    assert spans[0]["start"] == 0 and spans[-1]["end"] == total
+    assert all(a["end"] == b["start"] for a, b in zip(spans, spans[1:]))
+    assert len(LONG_PROMPT) <= spans[1]["start"] < spans[2]["start"] < total
+    # cross-check with SGLang's own per-output-token version spans: the token sampled last under the old weights is
+    # the first position whose KV is computed under the new ones
+    sglang_starts = [x["start"] for x in final["weight_versions"]]
+    assert [x["version"] for x in final["weight_versions"]] == ["default", "v2", "v3"]
+    assert [len(LONG_PROMPT) + k - 1 for k in sglang_starts[1:]] == [spans[1]["start"], spans[2]["start"]]
+    assert final["prefix_cache"]["epoch"] == e0  # the prompt matched (nothing) in the namespace of epoch e0
+
+    after = s.generate(PROBE, 4)["meta_info"]
+    assert after["prefix_cache"] == {"cached_tokens": 0, "epoch": e0 + 2, "weight_version": "v3"}
+    r = s.post("/v1/completions", {"model": "m", "prompt": PROBE, "max_tokens": 2, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["metadata"]["prefix_cache"] == {"cached_tokens": 200, "epoch": e0 + 2, "weight_version": "v3"}
+    chat = {"model": "m", "messages": [{"role": "user", "content": " ".join(f"t{i}" for i in PROBE)}],
+            "max_tokens": 2, "temperature": 0}
+    r = s.post("/v1/chat/completions", chat)
+    assert r.status_code == 200, r.text
+    chat_prefix = r.json()["metadata"]["prefix_cache"]
+    assert (chat_prefix["epoch"], chat_prefix["weight_version"]) == (e0 + 2, "v3") and chat_prefix["cached_tokens"] > 0
+
+
+def test_server_info_metrics_and_flush_report(server):
+    s = server
+    v = s.vradix_info()
+    for key in ("active", "version", "tree_core", "epoch", "label", "publications", "stale_tokens_pinned",
+                "stale_tokens_freed_total", "stale_tokens_freed_last", "last_publication_latency_ms",
+                "last_publication"):
+        assert key in v, key
+    assert v["active"] and v["version"] == vradix.__version__ and v["tree_core"] == "RustUnifiedTreeCore"
+    assert v["publications"] >= 2 and v["stale_tokens_freed_total"] > 0 and v["last_publication_latency_ms"] > 0
+    assert v["last_publication"]["epoch_after"] == v["epoch"] and v["last_publication"]["label"] == v["label"]
+    metrics = requests.get(s.url + "/metrics", timeout=30).text
+    epoch_line = next(l for l in metrics.splitlines() if l.startswith("sglang:vradix_epoch{"))
+    assert float(epoch_line.rsplit(" ", 1)[1]) == v["epoch"]
+    assert "sglang:vradix_stale_tokens_pinned{" in metrics and "sglang:vradix_publications{" in metrics
+
+    stream = StreamingRequest(s.url, LONG_PROMPT, 100)
+    assert stream.started.wait(120)
+    assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    r = s.post("/flush_cache")
+    assert r.status_code == 200
+    assert f"vradix: epoch {v['epoch']}->{v['epoch'] + 1} (lock-aware flush" in r.text
+    assert "stale tokens pinned by 1 crossing request(s)" in r.text and " 0 stale tokens pinned" not in r.text
+    assert s.post("/continue_generation").status_code == 200
+    assert stream.result()["meta_info"]["num_retractions"] == 0
+    r = s.post("/flush_cache")  # idle: the stock full reset, still reported
+    assert r.status_code == 200 and "flush (idle reset)" in r.text
+
+
+def test_publish_client_on_vradix_engine_in_place_and_fail_closed(server, models):
+    s = server
+    before = s.vradix_info()["epoch"]
+    stream = StreamingRequest(s.url, LONG_PROMPT, 200)
+    assert stream.started.wait(120)
+    (res,) = publish(s.url, models[1], "c1")
+    assert res.verified and res.vradix and res.state == "running"
+    assert res.plan.pause_mode == "in_place" and not res.plan.flush
+    assert res.epochs_before == [before] and res.epochs_after == [before + 1] and res.label_after == "c1"
+    assert stream.result()["meta_info"]["num_retractions"] == 0  # in_place: the in-flight request kept its KV
+    assert s.generate(PROBE, 2)["meta_info"]["prefix_cache"]["weight_version"] == "c1"
+
+    cli = [sys.executable, "-m", "vradix.publish", "--url", s.url]
+    ok = subprocess.run(cli + ["--model-path", models[0], "--version", "c2"], capture_output=True, text=True,
+                        timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    line = json.loads(ok.stdout.strip().splitlines()[-1])
+    assert line["verified"] and line["label_after"] == "c2" and line["epochs_after"] == [before + 2]
+
+    bad = subprocess.run(cli + ["--model-path", "/nonexistent/weights", "--version", "c3"], capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 2
+    assert "NOT verified" in bad.stderr and "left paused(in_place)" in bad.stderr
+    assert "update_weights_from_disk failed" in bad.stderr
+    # it really is paused: a generation does not complete until the operator continues the engine
+    with pytest.raises(requests.Timeout):
+        requests.post(s.url + "/generate", json={"input_ids": PROBE, "sampling_params": {"max_new_tokens": 1}},
+                      timeout=5)
+    assert s.post("/continue_generation").status_code == 200
+    assert s.generate(PROBE, 2)["meta_info"]["weight_version"] == "c2"  # still serving the last verified label
+
+
+def test_publish_client_on_stock_engine_retracts_flushes_and_verifies_with_a_probe(server, models):
+    with CpuServer(models[0], vradix=False) as s:
+        assert s.vradix_info() is None
+        with pytest.raises(UnsafeDeployment, match="in_place pause on an engine without vradix"):
+            publish(s.url, models[1], "s0", pause_mode="in_place")  # rejected before touching the engine
+        stream = StreamingRequest(s.url, LONG_PROMPT, 200)
+        assert stream.started.wait(120)
+        (res,) = publish(s.url, models[1], "s1", seed=7)
+        assert res.verified and not res.vradix and res.state == "running"
+        assert (res.plan.pause_mode, res.plan.radix_enabled, res.plan.flush) == ("retract", True, True)
+        assert res.probe_cached_before > 0  # the probe was really cached before the publication...
+        assert res.probe_cached_after == 0  # ...and really gone after it
+        assert res.label_after == "s1"
+        final = stream.result()["meta_info"]
+        assert final["num_retractions"] >= 1 and final["completion_tokens"] == 200
+        # fail closed on stock too: a failed update leaves the engine paused and says so
+        with pytest.raises(PublishError) as e:
+            publish(s.url, "/nonexistent/weights", "s2")
+        assert "left paused(retract)" in str(e.value) and e.value.results[0].state == "paused(retract)"
+        assert s.post("/continue_generation").status_code == 200
+        assert s.generate(PROBE, 2)["meta_info"]["weight_version"] == "s1"
+
+        # a mixed fleet (vradix + stock): each engine gets its own plan, and the result is all-or-nothing
+        fleet = [server.url, s.url]
+        ok = publish(fleet, models[0], "m1", seed=3)
+        assert [r.verified for r in ok] == [True, True]
+        assert [r.plan.pause_mode for r in ok] == ["in_place", "retract"] and ok[1].probe_cached_after == 0
+
+        def transfer(engine, version):  # a framework's own transfer, failing on the second engine
+            if engine.url == s.url:
+                raise RuntimeError("simulated transfer failure on the stock engine")
+            engine.post_ok("/update_weights_from_disk", {"model_path": models[1], "weight_version": version,
+                                                         "flush_cache": False})
+
+        with pytest.raises(PublishError) as e:
+            publish(fleet, transfer, "m2")
+        assert [r.state for r in e.value.results] == ["paused(in_place)", "paused(retract)"]
+        assert not any(r.verified for r in e.value.results)  # the updated vradix engine is not reported published
+        assert "simulated transfer failure" in str(e.value) and "engines left paused" in str(e.value)
+        for url in fleet:
+            assert requests.post(url + "/continue_generation", json={}, timeout=60).status_code == 200
