@@ -83,6 +83,10 @@ def test_provenance_in_meta_info_across_two_publications(server, models):
     assert [x["version"] for x in final["weight_versions"]] == ["default", "v2", "v3"]
     assert [len(LONG_PROMPT) + k - 1 for k in sglang_starts[1:]] == [spans[1]["start"], spans[2]["start"]]
     assert final["prefix_cache"]["epoch"] == e0  # the prompt matched (nothing) in the namespace of epoch e0
+    # the KV page ledger's `spans` kernel, read off the row at release, agrees (page size 1 here: exact starts)
+    ledger = final["kv_ledger_spans"]
+    assert [x["epoch"] for x in ledger] == [e0, e0 + 1, e0 + 2], ledger
+    assert [x["start"] for x in ledger] == [0, spans[1]["start"], spans[2]["start"]], (ledger, spans)
 
     after = s.generate(PROBE, 4)["meta_info"]
     assert after["prefix_cache"] == {"cached_tokens": 0, "epoch": e0 + 2, "weight_version": "v3"}

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 
-from vradix import __version__, admission, guard, lora, overlap, publication, reclaim, report
+from vradix import __version__, admission, guard, lora, overlap, provenance, publication, reclaim, report
+from vradix import ledger as kv_ledger
 from vradix.namespace import ReservedNamespaceError
 from vradix.state import Invalidation, UpdateScope, attach, state_of
 
@@ -243,8 +244,11 @@ def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
     """AROUND mem_cache.common.release_kv_cache: free the stale path a crossing request just unlocked."""
     lock = getattr(req, "lock", None)
     node = lock.node if lock is not None else None
-    result = original(req, tree_cache, *args, **kwargs)
     state = state_of(tree_cache)
+    if state is not None and state.ledger is not None and req.kv.holds_kv and provenance.crossed(req):
+        # the row is freed by the release: read the device-side provenance witness first
+        req._vradix_ledger_spans = kv_ledger.kv_spans(state.ledger, tree_cache.req_to_token_pool.req_to_token, req)
+    result = original(req, tree_cache, *args, **kwargs)
     if state is not None:
         publication.on_release(state, tree_cache, req, node)
     return result

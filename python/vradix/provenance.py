@@ -11,8 +11,10 @@ Invariants: start positions are non-decreasing; the first entry starts at 0 and 
 request matched its prefix in (so it is also the provenance of its cached prefix). A retracted request gives back
 all its KV and is re-bound before it runs again, which resets the history.
 
-`kv_weight_versions` turns the history into run-length spans over prompt+output positions. It is the one function
-a device-side `spans` kernel (KV page epoch table) would replace.
+`kv_weight_versions` turns the history into run-length spans over prompt+output positions (exact per token). For a
+crossing request the response also carries `kv_ledger_spans`: what the KV page ledger's `spans` kernel read off the
+request's row just before its release — an independent, device-side record at page granularity (with page_size > 1 the
+page a crossing happened on reports the later epoch). Both must show the same sequence of epochs.
 """
 from __future__ import annotations
 
@@ -80,4 +82,8 @@ def response_provenance(req) -> Optional[dict]:
     out = {"prefix_cache": prefix}
     if crossed(req):
         out["kv_weight_versions"] = kv_weight_versions(req)
+        ledger_spans = getattr(req, "_vradix_ledger_spans", None)
+        if ledger_spans:
+            # the KV page ledger's independent record (the `spans` kernel, page granularity) as a cross-check
+            out["kv_ledger_spans"] = [{"epoch": e, "start": s, "end": t} for e, s, t in ledger_spans]
     return out
