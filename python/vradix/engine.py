@@ -122,8 +122,9 @@ def _update_handler(source: str, needs_session: bool, failure_output=None):
             except Exception as e:
                 if failure_output is None:
                     raise
-                logger.exception("vradix: %s raised; reporting a failed update instead of stopping the engine", source)
-                out = failure_output(f"{source} failed: {type(e).__name__}: {e}")
+                message = f"{source} failed: {type(e).__name__}: {e}"
+                logger.error("vradix: %s (reported as a failed update instead of stopping the engine)", message)
+                out = failure_output(message)
             if scope.bumped is None and may_touch_weights and not out.success:
                 scope.bumped = bump_scheduler(scheduler, reason=f"failed {source} (conservative)",
                                               label=current_label())

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
 import time
 from typing import Dict, Iterable, Sequence
 
@@ -63,6 +64,13 @@ def oracle_outputs(model_path: str, prompts: Dict[str, Sequence[Sequence[int]]],
     with CpuServer(model_path, vradix=False, **server_kw) as s:
         return {name: [s.generate(p, max_new_tokens, timeout=300)["output_ids"] for p in group]
                 for name, group in prompts.items()}
+
+
+def oracles(models: Dict[str, str], prompts: Dict[str, Sequence[Sequence[int]]], max_new_tokens: int = 4) -> dict:
+    """`oracle_outputs` for every named model, the fresh servers started concurrently."""
+    with cf.ThreadPoolExecutor(len(models)) as pool:
+        futs = {name: pool.submit(oracle_outputs, path, prompts, max_new_tokens) for name, path in models.items()}
+        return {name: f.result() for name, f in futs.items()}
 
 
 def publish(server: CpuServer, model_path: str, version: str, timeout: float = 120.0) -> dict:
