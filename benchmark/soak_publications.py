@@ -1,11 +1,12 @@
 """Publication soak: many publications on a real CPU server under a concurrent request load with shared prefixes.
 
-    python benchmark/soak_publications.py --publications 1000 [--concurrency 4] [--leak-check-every 50]
+    python benchmark/soak_publications.py --publications 1000 [--concurrency 4] [--requests-between 4]
 
 Two tiny float32 models A and B (peaky logits) are generated; the vradix server starts on A and every publication
 alternates the weights (`pause_generation(in_place)` -> `update_weights_from_disk` without flush -> `continue`; every
 `--unpaused-every`-th publication is an update without a pause, which SGLang serializes against in-flight requests).
-Load workers send greedy requests drawn from a pool of prompts that share a few prefixes. Each response carries the
+Load workers send greedy requests drawn from a pool of prompts that share a few prefixes; the next publication starts
+once `--requests-between` requests sent after the previous one have completed. Each response carries the
 label (`weight_version`) it was served under. A response whose request did not overlap any publication window must
 equal the greedy output of a fresh server on the weights its label names (the oracle, computed up front for the whole
 prompt pool on fresh stock servers); a mismatch is a stale hit. Every `--leak-check-every` publications the load is
@@ -87,6 +88,12 @@ class Soak:
                 with self.lock:
                     self.inflight -= 1
 
+    def completed_since(self, t: float, first: int) -> int:
+        """Responses to requests sent after time t; they complete after t, so they sit at index >= `first`, the
+        number of responses at time t."""
+        with self.lock:
+            return sum(r.t0 > t for r in self.responses[first:])
+
     def quiesce(self, timeout: float = 300.0) -> None:
         self.hold.set()
         deadline = time.monotonic() + timeout
@@ -115,7 +122,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     p.add_argument("--max-new-tokens", type=int, default=6)
     p.add_argument("--leak-check-every", type=int, default=50)
     p.add_argument("--unpaused-every", type=int, default=10)
-    p.add_argument("--gap-ms", type=float, default=150.0, help="load-only time between publications")
+    p.add_argument("--requests-between", type=int, default=4,
+                   help="publish again once this many requests sent after the last publication have completed")
     p.add_argument("--workdir", default=None)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
@@ -138,8 +146,13 @@ def main(argv: Optional[List[str]] = None) -> dict:
             w.start()
         weights = "A"
         try:
+            last_end, first = time.monotonic(), 0
             for n in range(1, a.publications + 1):
-                time.sleep(a.gap_ms / 1e3)
+                deadline = time.monotonic() + 300
+                while soak.completed_since(last_end, first) < a.requests_between and not soak.errors:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("the load made no progress for 300 s")
+                    time.sleep(0.01)
                 weights = "B" if weights == "A" else "A"
                 paused = n % a.unpaused_every != 0
                 w0 = time.monotonic()
@@ -152,7 +165,9 @@ def main(argv: Optional[List[str]] = None) -> dict:
                 assert r.status_code == 200 and r.json()["success"], r.text
                 if paused:
                     assert server.post("/continue_generation").status_code == 200
-                soak.windows.append((w0, time.monotonic()))
+                with soak.lock:
+                    last_end, first = time.monotonic(), len(soak.responses)
+                soak.windows.append((w0, last_end))
                 bump_ms.append(server.vradix_info()["last_publication_latency_ms"])
                 if n % a.leak_check_every == 0 or n == a.publications:
                     soak.quiesce()
