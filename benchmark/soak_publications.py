@@ -174,6 +174,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
                     strict_idle_check(server)
                     leak_checks += 1
                     soak.hold.clear()
+                    print(f"[soak] {n} publications, {len(soak.responses)} responses, {leak_checks} leak checks passed, "
+                          f"{time.monotonic() - t_start:.0f} s", file=sys.stderr, flush=True)
                 if soak.errors:
                     break
         finally:
