@@ -168,20 +168,25 @@ def test_failed_update_from_bad_path_while_requests_in_flight(engine, oracle):
 
 
 def test_publication_while_the_waiting_queue_holds_many_requests(engine, oracle):
-    # MAX_RUNNING long requests fill the running batch, so every waiter stays in the scheduler's waiting queue
-    blockers = [engine.stream(LONG + [i], 4000, rid=f"blocker-{i}") for i in range(MAX_RUNNING)]
-    with cf.ThreadPoolExecutor(len(WAITERS)) as pool:
-        futs = [pool.submit(engine.s.generate, p, 4, 300) for p in WAITERS]
-        wait_until(lambda: engine.s.vradix_info()["pool"]["waiting_requests"] == len(WAITERS), 120,
-                   "the waiting queue to fill")
-        engine.pause()
-        body = engine.update()
-        assert f"{len(WAITERS)} queued request(s) re-bound" in body["message"], body["message"]
-        assert f"{MAX_RUNNING} crossing request(s)" in body["message"], body["message"]
-        engine.resume()
-        for i in range(MAX_RUNNING):  # free the running slots; the crossing blockers end without retraction
-            engine.s.post("/abort_request", {"rid": f"blocker-{i}"})
-        outs = [f.result(300) for f in futs]
+    # MAX_RUNNING long requests fill the running batch, so every waiter stays in the scheduler's waiting queue (their
+    # max_new_tokens is small enough that all of them fit the KV budget the scheduler reserves)
+    blockers = [engine.stream(LONG + [i], 1000, rid=f"blocker-{i}") for i in range(MAX_RUNNING)]
+    try:
+        with cf.ThreadPoolExecutor(len(WAITERS)) as pool:
+            futs = [pool.submit(engine.s.generate, p, 4, 300) for p in WAITERS]
+            wait_until(lambda: engine.s.vradix_info()["pool"]["waiting_requests"] == len(WAITERS), 120,
+                       "the waiting queue to fill")
+            engine.pause()
+            body = engine.update()
+            assert f"{len(WAITERS)} queued request(s) re-bound" in body["message"], body["message"]
+            assert f"{MAX_RUNNING} crossing request(s)" in body["message"], body["message"]
+            engine.resume()
+            for i in range(MAX_RUNNING):  # free the running slots; the crossing blockers end without retraction
+                engine.s.post("/abort_request", {"rid": f"blocker-{i}"})
+            outs = [f.result(300) for f in futs]
+    finally:
+        engine.s.post("/continue_generation")
+        engine.s.post("/abort_request", {"abort_all": True})
     # every queued request was prefilled under the new weights: it equals the oracle, whatever it shares
     assert [o["output_ids"] for o in outs] == oracle[engine.weights]["waiters"]
     for b in blockers:
