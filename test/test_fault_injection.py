@@ -220,7 +220,7 @@ def test_in_place_pauses_under_decode_load_lose_no_request(engine, oracle):
             engine.resume()
         outs = [f.result(180) for f in futs]  # a lost request raises here (timeout) instead of hanging the suite
     assert [o["meta_info"]["completion_tokens"] for o in outs] == lengths
-    engine.check(oracle, expect_cached=0)
+    engine.check(oracle)  # (requests served after the last publication legitimately share PROBE's prefix)
 
 
 # ---- bad input ------------------------------------------------------------------------------------------------------
