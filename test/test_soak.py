@@ -2,6 +2,7 @@
 shared prefixes; every response that did not cross a publication must equal the oracle of its label's weights."""
 import importlib.util
 import os
+import sys
 
 import pytest
 
@@ -12,6 +13,7 @@ def load_soak():
     path = os.path.join(os.path.dirname(__file__), "..", "benchmark", "soak_publications.py")
     spec = importlib.util.spec_from_file_location("soak_publications", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolve their module through sys.modules
     spec.loader.exec_module(mod)
     return mod
 
