@@ -18,6 +18,7 @@ def stamp(state: EpochState, req) -> None:
     """Bind a newly admitted request to the current epoch. Raises ReservedNamespaceError on a forged key."""
     user_key = req.extra_key
     namespace.check_user_key(user_key)
+    namespace.check_user_key(getattr(req, "cache_salt", None))
     req._vradix_user_key = user_key
     _bind(state, req)
 

@@ -185,7 +185,10 @@ def publish_on_version_change(original, scheduler, new_version, *args, **kwargs)
     return result
 
 
-def _update_handler(source: str, needs_session: bool):
+def _update_handler(source: str, needs_session: bool, failure_output=None):
+    """`failure_output(message)` builds the failed response of this update path; when given, an exception raised by
+    the update (e.g. a malformed `load_format`, which stock SGLang lets kill the scheduler) becomes a failed update
+    with a clear message and a conservative bump, and the engine keeps serving."""
     def around_update(original, updater, recv_req, *args, **kwargs):
         scheduler = updater.scheduler
         overlap.drain_inflight_batch(scheduler)
@@ -195,7 +198,14 @@ def _update_handler(source: str, needs_session: bool):
         may_touch_weights = not needs_session or updater._session is not None
         state.update_scope = scope = UpdateScope(source=source)
         try:
-            out = original(updater, recv_req, *args, **kwargs)
+            try:
+                out = original(updater, recv_req, *args, **kwargs)
+            except Exception as e:
+                if failure_output is None:
+                    raise
+                message = f"{source} failed: {type(e).__name__}: {e}"
+                logger.error("vradix: %s (reported as a failed update instead of stopping the engine)", message)
+                out = failure_output(message)
             if scope.bumped is None and may_touch_weights and not out.success:
                 scope.bumped = bump_scheduler(scheduler, reason=f"failed {source} (conservative)",
                                               label=current_label())
@@ -209,7 +219,13 @@ def _update_handler(source: str, needs_session: bool):
     return around_update
 
 
-publish_update_from_disk = _update_handler("update_weights_from_disk", needs_session=False)
+def _failed_disk_update(message: str):
+    from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqOutput
+    return UpdateWeightFromDiskReqOutput(success=False, message=message, num_paused_requests=0)
+
+
+publish_update_from_disk = _update_handler("update_weights_from_disk", needs_session=False,
+                                           failure_output=_failed_disk_update)
 publish_update_from_distributed = _update_handler("update_weights_from_distributed", needs_session=True)
 publish_update_from_tensor = _update_handler("update_weights_from_tensor", needs_session=True)
 publish_update_from_ipc = _update_handler("update_weights_from_ipc", needs_session=False)
@@ -237,6 +253,23 @@ def drain_before_in_place_pause(scheduler, recv_req, *args, **kwargs):
     """BEFORE Scheduler.pause_generation: an in_place pause first finishes the batch already launched."""
     if recv_req.mode == "in_place":
         overlap.drain_inflight_batch(scheduler)
+
+
+# ---- bad input: publication labels (launcher process, before anything is sent to the scheduler) -----------------
+def reject_bad_version_label(tokenizer_manager, obj, *args, **kwargs):
+    """BEFORE TokenizerControlMixin.update_weight_version: an invalid label raises InvalidLabelError, which
+    `/update_weight_version` answers with HTTP 400; the epoch and the label stay as they were."""
+    publication.check_label(obj.new_version)
+
+
+async def reject_bad_update_label(original, tokenizer_manager, obj, *args, **kwargs):
+    """AROUND TokenizerManager.update_weights_from_disk: refuse an invalid `weight_version` before the weights are
+    touched (and before `abort_all_requests` aborts anything). The endpoint answers HTTP 400."""
+    try:
+        publication.check_label(obj.weight_version)
+    except publication.InvalidLabelError as e:
+        return False, str(e), 0
+    return await original(tokenizer_manager, obj, *args, **kwargs)
 
 
 # ---- reclaim ----------------------------------------------------------------------------------------------------------
@@ -296,6 +329,7 @@ def report_server_info(result, internal_state, *args, **kwargs):
     else:
         block = report.state_block(scheduler)
         block["chunked_prefill_in_progress"] = scheduler.chunked_req is not None
+        block["pool"] = pool_accounting(scheduler)
         if state.metrics is not None:
             state.metrics.export(block)
     result.internal_state["vradix"] = block
@@ -330,3 +364,23 @@ def free_unloaded_adapter(result, scheduler, recv_req, *args, **kwargs):
     logger.info("vradix: adapter %r (lora_id %s) unloaded: freed %d of its cached tokens; other namespaces untouched",
                 recv_req.lora_name, recv_req.lora_id, freed)
     report.export_metrics(scheduler)
+
+
+def pool_accounting(scheduler) -> dict:
+    """The terms of SGLang's idle memory check, read on the scheduler thread (one consistent snapshot).
+
+    When `idle` is true, no request holds KV, so `available + evictable + protected == total` and
+    `req_slots_free == req_slots_total` must hold exactly (clients use this as a strict leak check)."""
+    cache = scheduler.tree_cache
+    return {
+        "total": scheduler.max_total_num_tokens,
+        "available": scheduler.token_to_kv_pool_allocator.available_size(),
+        "evictable": cache.evictable_size(),
+        "protected": cache.protected_size(),
+        "req_slots_free": len(scheduler.req_to_token_pool.free_slots),
+        "req_slots_total": scheduler.req_to_token_pool.size,
+        "waiting_requests": len(scheduler.waiting_queue),
+        "running_requests": len(scheduler.running_batch.reqs),
+        "paused": bool(scheduler._engine_paused),
+        "idle": bool(scheduler.is_fully_idle()),
+    }

@@ -7,8 +7,9 @@ HiCache page-hash chain. vradix stamps the epoch as a *prefix* of `extra_key`:
     extra_key = "\x1evradix:e<epoch>\x1f" + (user extra_key + LoRA suffix, or "")
 
 Invariants:
-- The prefix is the only place the marker `\x1evradix:` may appear; a user value containing it is rejected, so a user
-  `extra_key` can never forge or collide with an epoch namespace.
+- The prefix is the only place the marker `\x1evradix:` may appear; a user `extra_key` or `cache_salt` containing it
+  (or its control character) is rejected, so a user key can never forge or collide with an epoch namespace, in the
+  tree or in the HiCache storage seed, which hashes `extra_key` and `cache_salt` together.
 - Prefix, never suffix: SGLang reads the LoRA id from the *end* of `extra_key` (`LoRANameTable.resolve`).
 - Two epochs never share a namespace string, so no key built under epoch e can match a node inserted under e' != e.
 """
@@ -33,7 +34,7 @@ def check_user_key(user_key: Optional[str]) -> None:
     """Raise ReservedNamespaceError if `user_key` contains the reserved marker (or its control characters)."""
     if user_key and (MARKER in user_key or "\x1e" in user_key):
         raise ReservedNamespaceError(
-            "extra_key/cache key contains the reserved vradix epoch marker (\\x1evradix:); "
+            "extra_key/cache_salt contains the reserved vradix epoch marker (\\x1evradix:); "
             "this namespace is owned by the engine and cannot be set by a request"
         )
 

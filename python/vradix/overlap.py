@@ -8,8 +8,16 @@ processed after the update (labelled with the new version although computed with
 `drain_inflight_batch` processes every queued result *now*, exactly as the overlap loop would (`process_batch_result`),
 then synchronizes the device. To keep the loop's one-pop-per-launched-batch bookkeeping intact, each drained entry is
 replaced by a `DRAINED` placeholder whose later processing is a no-op (`skip_drained_result`).
+
+The placeholder's batch names no requests. The scheduler reads the queued batch's requests as "their next token is
+still in flight" (`Scheduler._reqs_finishing_inflight` drops a request whose queued result will finish it by length
+from the next decode batch). After a drain that token is already committed, so a request one token short of its
+limit must be decoded once more; were it held back, nothing would ever finish or release it (a hang and a leak,
+found by the publication soak).
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 
@@ -27,9 +35,16 @@ def drain_inflight_batch(scheduler) -> int:
         if result is not DRAINED:
             scheduler.process_batch_result(batch, result)
             drained += 1
-        queue.append((batch, DRAINED))
+        queue.append((drained_placeholder(batch), DRAINED))
     synchronize_device()
     return drained
+
+
+def drained_placeholder(batch):
+    """A shallow copy of `batch` with no requests: nothing of it is in flight any more."""
+    placeholder = copy.copy(batch)
+    placeholder.reqs = []
+    return placeholder
 
 
 def synchronize_device() -> None:

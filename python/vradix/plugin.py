@@ -55,6 +55,11 @@ HOOKS = [
     (f"{_UPDATER}.begin_weight_update", "BEFORE", engine.drain_before_weight_session),
     (f"{_UPDATER}.end_weight_update", "AROUND", engine.publish_on_session_end),
     (f"{_SCHED}.record_weight_version_change", "AROUND", engine.publish_on_version_change),
+    # bad input: an invalid publication label is refused in the launcher before anything changes
+    ("sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.update_weight_version", "BEFORE",
+     engine.reject_bad_version_label),
+    ("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_weights_from_disk", "AROUND",
+     engine.reject_bad_update_label),
     # overlap safety: nothing in flight while weights change
     (f"{_SCHED}.pause_generation", "BEFORE", engine.drain_before_in_place_pause),
     (f"{_SCHED}.process_batch_result", "AROUND", overlap.skip_drained_result),

@@ -18,6 +18,29 @@ from typing import Iterable, Optional
 from vradix import admission, provenance, reclaim
 from vradix.state import EpochState, Invalidation
 
+#: longest accepted publication label (SGLang `weight_version`); labels travel in every response's meta_info
+MAX_LABEL_CHARS = 256
+
+
+class InvalidLabelError(ValueError):
+    """A publication label that vradix refuses to publish under."""
+
+
+def check_label(label) -> None:
+    """A label is None (keep the current one) or a non-empty string of at most MAX_LABEL_CHARS printable
+    characters. Anything else raises InvalidLabelError before the publication starts, so nothing changes."""
+    if label is None:
+        return
+    if not isinstance(label, str):
+        raise InvalidLabelError(f"invalid weight_version label: expected a string, got {type(label).__name__}")
+    if not label:
+        raise InvalidLabelError("invalid weight_version label: empty string (omit it to keep the current label)")
+    if len(label) > MAX_LABEL_CHARS:
+        raise InvalidLabelError(f"invalid weight_version label: {len(label)} characters, "
+                                f"at most {MAX_LABEL_CHARS} allowed")
+    if not label.isprintable():
+        raise InvalidLabelError("invalid weight_version label: contains control characters")
+
 
 def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *, reason: str,
          label: Optional[str] = None, is_publication: bool = True) -> Invalidation:

@@ -16,12 +16,13 @@ LONG_PROMPT = [9, 8, 7] * 20
 class StreamingRequest:
     """A /generate stream in a thread; `started` is set once the first chunk arrived, i.e. it is running."""
 
-    def __init__(self, url: str, input_ids, max_new_tokens: int, timeout: float = 300.0):
+    def __init__(self, url: str, input_ids, max_new_tokens: int, timeout: float = 300.0, **extra):
         self.started = threading.Event()
         self.final: Optional[dict] = None
         self.error: Optional[BaseException] = None
         payload = {"input_ids": list(input_ids), "stream": True,
-                   "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
+                   "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
+                   **extra}
         self._thread = threading.Thread(target=self._run, args=(url, payload, timeout), daemon=True)
         self._thread.start()
 

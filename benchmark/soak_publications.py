@@ -1,0 +1,226 @@
+"""Publication soak: many publications on a real CPU server under a concurrent request load with shared prefixes.
+
+    python benchmark/soak_publications.py --publications 1000 [--concurrency 4] [--requests-between 4]
+
+Two tiny float32 models A and B (peaky logits) are generated; the vradix server starts on A and every publication
+alternates the weights (`pause_generation(in_place)` -> `update_weights_from_disk` without flush -> `continue`; every
+`--unpaused-every`-th publication is an update without a pause, which SGLang serializes against in-flight requests).
+Load workers send greedy requests drawn from a pool of prompts that share a few prefixes; the next publication starts
+once `--requests-between` requests sent after the previous one have completed. Each response carries the
+label (`weight_version`) it was served under. A response whose request did not overlap any publication window must
+equal the greedy output of a fresh server on the weights its label names (the oracle, computed up front for the whole
+prompt pool on fresh stock servers); a mismatch is a stale hit. Every `--leak-check-every` publications the load is
+paused, and SGLang's strict idle memory check is read from the scheduler (`vradix.testing.reliability`).
+The server runs with SGLang's busy-time memory and KV page checks on, so a leak or use-after-free stops it.
+
+Prints: publications, requests, responses checked against the oracle, stale hits (must be 0), leak checks, and the
+p50/p99 of the publication latency (client-side update call, and vradix's server-side bump).
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+from vradix.testing.reliability import STRICT_CHECK_ENV, oracles, strict_idle_check
+from vradix.testing.server import CpuServer
+from vradix.testing.tiny_model import generate
+
+
+def prompt_pool(n_suffixes: int) -> List[List[int]]:
+    """Prompts that share prefixes: 4 prefixes of 96 tokens (two of them share their first 48), then 2 tokens."""
+    base = [[(i * 7 + k * 101) % 450 + 20 for i in range(96)] for k in range(4)]
+    base[1] = base[0][:48] + base[1][48:]
+    return [p + [(j * 7) % 400 + 50, (j * 13) % 400 + 60] for p in base for j in range(n_suffixes)]
+
+
+@dataclass
+class Response:
+    prompt: int
+    t0: float
+    t1: float
+    label: str
+    output: list
+    cached: int
+
+
+@dataclass
+class Soak:
+    server: CpuServer
+    prompts: List[List[int]]
+    max_new_tokens: int
+    responses: List[Response] = field(default_factory=list)
+    windows: List[Tuple[float, float]] = field(default_factory=list)
+    errors: List[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    hold: threading.Event = field(default_factory=threading.Event)  # set: workers idle (leak check)
+    inflight: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def worker(self, seed: int) -> None:
+        rng = random.Random(seed)
+        while not self.stop.is_set():
+            if self.hold.is_set():
+                time.sleep(0.01)
+                continue
+            with self.lock:
+                self.inflight += 1
+            try:
+                i = rng.randrange(len(self.prompts))
+                t0 = time.monotonic()
+                r = self.server.generate(self.prompts[i], self.max_new_tokens, timeout=300)
+                t1 = time.monotonic()
+                meta = r["meta_info"]
+                with self.lock:
+                    self.responses.append(Response(i, t0, t1, meta["weight_version"], r["output_ids"],
+                                                   meta["cached_tokens"]))
+            except Exception as e:  # recorded and reported; the soak fails on any error
+                self.errors.append(repr(e))
+            finally:
+                with self.lock:
+                    self.inflight -= 1
+
+    def completed_since(self, t: float, first: int) -> int:
+        """Responses to requests sent after time t; they complete after t, so they sit at index >= `first`, the
+        number of responses at time t."""
+        with self.lock:
+            return sum(r.t0 > t for r in self.responses[first:])
+
+    def quiesce(self, timeout: float = 300.0) -> None:
+        self.hold.set()
+        deadline = time.monotonic() + timeout
+        while self.inflight:
+            if time.monotonic() > deadline:
+                raise TimeoutError("load did not drain")
+            time.sleep(0.01)
+
+
+def percentile(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))] if xs else float("nan")
+
+
+def crossed(resp: Response, starts: List[float], ends: List[float]) -> bool:
+    """Whether [t0, t1] overlaps a publication window (windows are sorted and disjoint)."""
+    i = bisect.bisect_right(starts, resp.t1) - 1
+    return i >= 0 and ends[i] >= resp.t0
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--publications", type=int, default=1000)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--suffixes", type=int, default=40, help="prompts per shared prefix")
+    p.add_argument("--max-new-tokens", type=int, default=6)
+    p.add_argument("--leak-check-every", type=int, default=50)
+    p.add_argument("--unpaused-every", type=int, default=10)
+    p.add_argument("--requests-between", type=int, default=4,
+                   help="publish again once this many requests sent after the last publication have completed")
+    p.add_argument("--workdir", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+
+    workdir = a.workdir or tempfile.mkdtemp(prefix="vradix-soak-")
+    models = {"A": generate(os.path.join(workdir, "A"), seed=1, dtype="float32", init_range=0.2),
+              "B": generate(os.path.join(workdir, "B"), seed=2, dtype="float32", init_range=0.2)}
+    prompts = prompt_pool(a.suffixes)
+    t_oracle = time.monotonic()
+    oracle = {w: out["pool"] for w, out in oracles(models, {"pool": prompts}, a.max_new_tokens).items()}
+    t_oracle = time.monotonic() - t_oracle
+
+    update_ms, bump_ms, leak_checks = [], [], 0
+    t_start = time.monotonic()
+    with CpuServer(models["A"], env=STRICT_CHECK_ENV) as server:
+        soak = Soak(server, prompts, a.max_new_tokens)
+        workers = [threading.Thread(target=soak.worker, args=(a.seed * 1000 + k,), daemon=True)
+                   for k in range(a.concurrency)]
+        for w in workers:
+            w.start()
+        weights = "A"
+        try:
+            last_end, first = time.monotonic(), 0
+            for n in range(1, a.publications + 1):
+                deadline = time.monotonic() + 300
+                while soak.completed_since(last_end, first) < a.requests_between and not soak.errors:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("the load made no progress for 300 s")
+                    time.sleep(0.01)
+                weights = "B" if weights == "A" else "A"
+                paused = n % a.unpaused_every != 0
+                w0 = time.monotonic()
+                if paused:
+                    assert server.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+                u0 = time.monotonic()
+                r = server.post("/update_weights_from_disk", {"model_path": models[weights], "flush_cache": False,
+                                                              "weight_version": f"{weights}{n}"}, timeout=300)
+                update_ms.append((time.monotonic() - u0) * 1e3)
+                assert r.status_code == 200 and r.json()["success"], r.text
+                if paused:
+                    assert server.post("/continue_generation").status_code == 200
+                with soak.lock:
+                    last_end, first = time.monotonic(), len(soak.responses)
+                soak.windows.append((w0, last_end))
+                bump_ms.append(server.vradix_info()["last_publication_latency_ms"])
+                if n % a.leak_check_every == 0 or n == a.publications:
+                    soak.quiesce()
+                    strict_idle_check(server)
+                    leak_checks += 1
+                    soak.hold.clear()
+                    print(f"[soak] {n} publications, {len(soak.responses)} responses, {leak_checks} leak checks passed, "
+                          f"{time.monotonic() - t_start:.0f} s", file=sys.stderr, flush=True)
+                if soak.errors:
+                    break
+        finally:
+            soak.stop.set()
+            for w in workers:
+                w.join(timeout=300)
+        info = server.vradix_info()
+        if "Traceback" in server.logs():
+            soak.errors.append("Traceback in server log:\n" + server.tail(60))
+    elapsed = time.monotonic() - t_start
+
+    checked = stale = crossing = 0
+    stale_examples = []
+    starts, ends = [w[0] for w in soak.windows], [w[1] for w in soak.windows]
+    for resp in soak.responses:
+        if crossed(resp, starts, ends):
+            crossing += 1
+            continue
+        weights_of_label = "A" if resp.label in ("default",) or resp.label.startswith("A") else "B"
+        checked += 1
+        if resp.output != oracle[weights_of_label][resp.prompt]:
+            stale += 1
+            stale_examples.append((resp.prompt, resp.label, resp.cached, resp.output))
+    cached_share = statistics.mean(r.cached > 0 for r in soak.responses) if soak.responses else 0.0
+    summary = {
+        "publications": len(soak.windows), "requests": len(soak.responses), "checked_vs_oracle": checked,
+        "crossing_not_checked": crossing, "stale_hits": stale, "leak_checks_passed": leak_checks,
+        "errors": len(soak.errors), "prefix_hit_share": round(cached_share, 3),
+        "update_call_ms_p50": round(percentile(update_ms, 50), 1), "update_call_ms_p99": round(percentile(update_ms, 99), 1),
+        "vradix_bump_ms_p50": round(percentile(bump_ms, 50), 3), "vradix_bump_ms_p99": round(percentile(bump_ms, 99), 3),
+        "server_epoch": info["epoch"], "server_publications": info["publications"],
+        "stale_tokens_freed_total": info["stale_tokens_freed_total"],
+        "soak_s": round(elapsed, 1), "oracle_s": round(t_oracle, 1),
+    }
+    print("| " + " | ".join(summary) + " |")
+    print("|" + "---|" * len(summary))
+    print("| " + " | ".join(str(v) for v in summary.values()) + " |")
+    for e in soak.errors[:5]:
+        print("error:", e, file=sys.stderr)
+    for ex in stale_examples[:5]:
+        print("stale hit (prompt, label, cached, output):", ex, file=sys.stderr)
+    summary["error_list"] = soak.errors
+    return summary
+
+
+if __name__ == "__main__":
+    s = main()
+    sys.exit(0 if s["stale_hits"] == 0 and not s["errors"] and s["leak_checks_passed"] > 0 else 1)

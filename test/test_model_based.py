@@ -1,0 +1,343 @@
+"""Model-based randomized test of the versioned radix cache (hypothesis `RuleBasedStateMachine`).
+
+The system under test is SGLang's real `UnifiedRadixCache` (Rust and Python TreeCores, page sizes 1 and 16) with its
+real allocator and `ReqToTokenPool`, driven through the scheduler's own `mem_cache.common` functions with the vradix
+hooks installed (conftest's `load_plugins()`); publications are `vradix.publication.bump`, the function the engine's
+hooks call.
+
+The reference model is a map `slot -> (epoch that computed it, user key, hash of the token prefix it encodes)`,
+written whenever a request computes KV. Invariants checked after every rule:
+- a match only ever returns slots computed under the request's (= the engine's current) epoch, for the same user key
+  and the same token prefix (so: no stale KV, no foreign namespace, no wrong tokens);
+- allocator accounting: available + evictable + protected + request-owned == total;
+- no slot is free twice, and no slot is both free and owned (by the tree or by a request row);
+- every tree slot of an older epoch is on the locked path of a live crossing request;
+- crossing bookkeeping matches the model, and after draining everything and publishing, the pool is full.
+
+Profiles (env `VRADIX_MBT_PROFILE`): `ci` (default; derandomized, a few hundred examples over the 4 configurations,
+about a minute on 2 cores) and `long` (>= 100k rule executions in total, random). `VRADIX_MBT_EXAMPLES` overrides
+the examples per configuration. The executed-rule counts are printed at the end of the module (run with `-s`).
+"""
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+from sglang.srt.managers.schedule_batch import FINISH_ABORT
+from sglang.srt.mem_cache import common
+
+from vradix import namespace, publication
+from vradix.admission import stamp
+from vradix.state import attach
+from vradix.testing.cache_fixture import build_cache
+
+CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
+PROFILES = {  # examples per configuration, steps per example
+    "ci": dict(max_examples=120, stateful_step_count=50, derandomize=True),
+    "long": dict(max_examples=3000, stateful_step_count=100, derandomize=False),
+}
+PROFILE = os.environ.get("VRADIX_MBT_PROFILE", "ci")
+RULES_RUN: Counter = Counter()
+
+#: a small vocabulary of shared prefixes so that prompts collide (paged: multiples of and across page boundaries)
+PREFIXES = [[], [5] * 16, [5] * 16 + [6] * 16, [7, 8] * 12, [5] * 16 + [6] * 8 + [9] * 17]
+USER_KEYS = [None, None, "tenantA", "tenantB"]
+MAX_PROMPT = 64
+
+
+def prefix_hash(tokens, n):
+    return hash(tuple(tokens[:n]))
+
+
+class VersionedCacheMachine(RuleBasedStateMachine):
+    core, page_size = "rust", 1
+
+    def __init__(self):
+        super().__init__()
+        kv = 256 if self.page_size == 1 else 512
+        self.fx = build_cache(self.core, self.page_size, kv_tokens=kv, max_reqs=6, max_context_len=256)
+        self.state = attach(self.fx.cache)
+        self.queued = []  # stamped, hold no KV
+        self.held = []  # hold a row and a tree lock
+        self.paused = False
+        self.slot_meta = {}  # slot -> (epoch, user key, prefix hash): what the KV in the slot was computed from
+        self.crossed = set()  # rids the model says hold KV across a bump
+
+    # ---- helpers --------------------------------------------------------------------------------------------------
+    def count(self, name):
+        RULES_RUN[name] += 1
+
+    def row(self, req, end):
+        return self.fx.req_pool.req_to_token[req.kv.req_pool_idx, :end].tolist()
+
+    def pick(self, reqs, i):
+        return reqs[i % len(reqs)]
+
+    def tokens(self, req):
+        return list(req.origin_input_ids) + list(req.output_ids)
+
+    def can_allocate(self, start, end):
+        ps = self.page_size
+        need = (-(-end // ps) - (-(-start // ps))) * ps
+        if need > self.fx.allocator.available_size():
+            common.evict_from_tree_cache(self.fx.cache, need)  # the scheduler's eviction under pressure
+        return need <= self.fx.allocator.available_size()
+
+    def compute(self, req, upto, *, decode_token=None):
+        """Allocate + 'compute' KV for [extend_end, upto) and record what each new slot now holds."""
+        start = req.extend_end
+        if decode_token is not None:
+            self.fx.decode(req, decode_token)
+        else:
+            self.fx.prefill(req, upto=upto)
+        toks = self.tokens(req)
+        key = req._vradix_user_key
+        for pos, slot in enumerate(self.row(req, req.extend_end)[start:], start):
+            self.slot_meta[slot] = (self.state.epoch, key, prefix_hash(toks, pos + 1))
+
+    def release(self, req):
+        self.held.remove(req)
+        self.crossed.discard(req.rid)
+
+    def bump(self, is_publication=True):
+        live = self.held + self.queued
+        # the scheduler walks its waiting queue; sometimes leave requests out to exercise the lazy re-bind at match
+        publication.bump(self.state, self.fx.cache, live, self.queued[::2] if self.state.epoch % 2 else self.queued,
+                         reason="mbt", label=f"v{self.state.epoch + 1}", is_publication=is_publication)
+        self.crossed.update(r.rid for r in self.held)
+
+    # ---- rules ----------------------------------------------------------------------------------------------------
+    @precondition(lambda self: len(self.queued) + len(self.held) < 12)
+    @rule(p=st.integers(0, len(PREFIXES) - 1), suffix=st.lists(st.integers(1, 3), min_size=1, max_size=24),
+          k=st.integers(0, len(USER_KEYS) - 1))
+    def new_request(self, p, suffix, k):
+        req = self.fx.make_req((PREFIXES[p] + suffix)[:MAX_PROMPT], extra_key=USER_KEYS[k])
+        stamp(self.state, req)
+        self.queued.append(req)
+        self.count("new_request")
+
+    @precondition(lambda self: self.queued and not self.paused)
+    @rule(i=st.integers(0, 100), n=st.integers(1, 40))
+    def admit_match_lock_prefill(self, i, n):
+        """PrefillAdder + prepare_for_extend: match, lock, take a row and compute the first chunk of n tokens."""
+        ps = self.page_size
+        if self.fx.req_pool.available_size() == 0 or not self.can_allocate(0, -(-n // ps) * ps):
+            return
+        req = self.pick(self.queued, i)
+        self.fx.admit(req)
+        self.queued.remove(req)
+        self.held.append(req)
+        assert namespace.epoch_of(req.extra_key) == self.state.epoch, "admitted under an old epoch"
+        toks, key = self.tokens(req), req._vradix_user_key
+        for pos, slot in enumerate(self.row(req, req.prefix_len)):
+            got = self.slot_meta.get(slot)
+            assert got == (self.state.epoch, key, prefix_hash(toks, pos + 1)), (
+                f"match returned slot {slot} at position {pos} holding {got}, expected epoch {self.state.epoch}")
+        self.compute(req, min(len(req.origin_input_ids), req.prefix_len + n))
+        self.count("admit_match_lock_prefill")
+
+    @precondition(lambda self: any(r.extend_end < len(r.origin_input_ids) for r in self.held) and not self.paused)
+    @rule(i=st.integers(0, 100), n=st.integers(1, 40))
+    def prefill_chunk_and_checkpoint(self, i, n):
+        req = self.pick([r for r in self.held if r.extend_end < len(r.origin_input_ids)], i)
+        upto = min(len(req.origin_input_ids), req.extend_end + n)
+        if self.can_allocate(req.extend_end, upto):
+            self.compute(req, upto)
+        self.count("prefill_chunk_and_checkpoint")
+
+    @precondition(lambda self: any(r.extend_end >= len(r.origin_input_ids) for r in self.held) and not self.paused)
+    @rule(i=st.integers(0, 100), tok=st.integers(1, 3))
+    def decode(self, i, tok):
+        req = self.pick([r for r in self.held if r.extend_end >= len(r.origin_input_ids)], i)
+        if req.extend_end < 200 and self.can_allocate(req.extend_end, req.extend_end + 1):
+            self.compute(req, None, decode_token=tok)
+        self.count("decode")
+
+    @precondition(lambda self: any(r.extend_end >= len(r.origin_input_ids) for r in self.held) and not self.paused)
+    @rule(i=st.integers(0, 100))
+    def finish_release_insert(self, i):
+        req = self.pick([r for r in self.held if r.extend_end >= len(r.origin_input_ids)], i)
+        self.fx.finish(req)
+        self.release(req)
+        self.count("finish_release_insert")
+
+    @precondition(lambda self: self.held)
+    @rule(i=st.integers(0, 100), running=st.booleans())
+    def abort(self, i, running):
+        """Abort a request holding KV (also while paused in_place): a running one is released like a finished one
+        (checkpoint=True), a chunked one without checkpoint, as the scheduler does."""
+        req = self.pick(self.held, i)
+        req.finished_reason = FINISH_ABORT("Aborted")
+        common.release_kv_cache(req, self.fx.cache, checkpoint=running)
+        self.release(req)
+        self.count("abort")
+
+    @precondition(lambda self: self.queued)
+    @rule(i=st.integers(0, 100), rare=st.integers(1, 5))
+    def abort_queued(self, i, rare):
+        if rare != 2:  # hypothesis favours boundary values; act on a middle one to keep this rule rare
+            return
+        self.queued.remove(self.pick(self.queued, i))
+        self.count("abort_queued")
+
+    @precondition(lambda self: self.held)
+    @rule(i=st.integers(0, 100))
+    def retract(self, i):
+        req = self.pick(self.held, i)
+        self.fx.retract(req)
+        self.release(req)
+        self.queued.append(req)
+        assert req.rid not in self.state.crossing and not getattr(req, "_vradix_crossed", False)
+        self.count("retract")
+
+    @precondition(lambda self: not self.paused)
+    @rule(rare=st.integers(1, 5))
+    def pause_in_place(self, rare):
+        if rare != 2:  # hypothesis favours boundary values; act on a middle one to keep this rule rare
+            return
+        self.paused = True
+        self.count("pause_in_place")
+
+    @precondition(lambda self: not self.paused)
+    @rule(rare=st.integers(1, 5))
+    def pause_retract(self, rare):
+        """pause_generation(mode="retract"): every request holding KV is retracted and re-queued."""
+        if rare != 2:  # hypothesis favours boundary values; act on a middle one to keep this rule rare
+            return
+        for req in list(self.held):
+            self.fx.retract(req)
+            self.release(req)
+            self.queued.append(req)
+        self.paused = True
+        self.count("pause_retract")
+
+    @precondition(lambda self: self.paused)
+    @rule()
+    def continue_generation(self):
+        self.paused = False
+        self.count("continue_generation")
+
+    @rule(rare=st.integers(1, 3))
+    def publish(self, rare):
+        if rare != 2:  # hypothesis favours boundary values; act on a middle one to keep this rule rare
+            return
+        self.bump()
+        self.count("publish")
+
+    @rule(n=st.integers(1, 128), rare=st.integers(1, 3))
+    def evict_under_pressure(self, n, rare):
+        if rare != 2:  # hypothesis favours boundary values; act on a middle one to keep this rule rare
+            return
+        common.evict_from_tree_cache(self.fx.cache, self.fx.allocator.available_size() + n)
+        self.count("evict_under_pressure")
+
+    @rule(rare=st.integers(1, 5))
+    def flush(self, rare):
+        """Scheduler.flush_cache with vradix: the stock reset when fully idle, else a lock-aware bump."""
+        if rare != 2:  # hypothesis favours boundary values; act on a middle one to keep this rule rare
+            return
+        if not self.held and (self.paused or not self.queued):
+            self.fx.cache.reset()
+            self.fx.req_pool.clear()
+            self.fx.allocator.clear()
+        else:
+            self.bump(is_publication=False)
+        self.count("flush")
+
+    @rule(rare=st.integers(1, 5))
+    def drain_and_check_pool_full(self, rare):
+        if rare != 2:  # hypothesis favours boundary values; act on a middle one to keep this rule rare
+            return
+        self.drain()
+        self.count("drain_and_check_pool_full")
+
+    def drain(self):
+        for req in list(self.held):
+            self.fx.finish(req)
+            self.release(req)
+        self.paused = False
+        assert not self.state.crossing
+        self.bump()
+        fx = self.fx
+        assert fx.cache.evictable_size() == 0 and fx.cache.protected_size() == 0
+        assert fx.allocator.available_size() == fx.total, fx.accounting()
+        assert fx.req_pool.available_size() == fx.req_pool.size
+
+    # ---- invariants -----------------------------------------------------------------------------------------------
+    @invariant()
+    def accounting_balances(self):
+        assert self.fx.busy_invariant_holds(self.held), (self.fx.accounting(), self.fx.total)
+
+    @invariant()
+    def no_slot_free_and_owned(self):
+        free = free_slots(self.fx)
+        assert len(free) == len(set(free)), "a slot is free twice"
+        free = set(free)
+        tree = set(self.fx.cache.tree_core.all_values_flatten().tolist())
+        assert not tree & free, "a tree slot is free"
+        for r in self.held:
+            assert not set(self.row(r, r.kv.kv_committed_len)) & free, f"{r.rid} owns a free slot"
+
+    @invariant()
+    def stale_slots_are_pinned_by_crossing_requests(self):
+        cache = self.fx.cache
+        pinned = set()
+        for r in self.state.crossing.values():
+            if r.lock is not None and not cache.is_root(r.lock.node):
+                pinned.update(cache.tree_core.collect_full_device_indices(r.lock.node, cache.root_node_handle())
+                              .tolist())
+        for slot in cache.tree_core.all_values_flatten().tolist():
+            epoch = self.slot_meta[slot][0]
+            assert epoch == self.state.epoch or slot in pinned, (
+                f"tree slot {slot} of epoch {epoch} (current {self.state.epoch}) is neither fresh nor pinned")
+
+    @invariant()
+    def crossing_bookkeeping_matches_model(self):
+        held = {r.rid for r in self.held}
+        assert set(self.state.crossing) <= held & self.crossed
+        for r in self.held:
+            if r.rid in self.crossed:
+                assert r.skip_radix_cache_insert, f"crossing {r.rid} may insert"
+
+    def teardown(self):
+        if getattr(self, "fx", None) is not None:
+            self.drain()
+
+
+def free_slots(fx):
+    pages = fx.allocator.free_pages.tolist()
+    if fx.page_size == 1:
+        return pages
+    return [p * fx.page_size + i for p in pages for i in range(fx.page_size)]
+
+
+def machine_for(core, page_size):
+    return type(f"VersionedCache_{core}_ps{page_size}", (VersionedCacheMachine,),
+                {"core": core, "page_size": page_size})
+
+
+def profile_settings():
+    cfg = dict(PROFILES[PROFILE])
+    if os.environ.get("VRADIX_MBT_EXAMPLES"):
+        cfg["max_examples"] = int(os.environ["VRADIX_MBT_EXAMPLES"])
+    return settings(deadline=None, database=None, print_blob=True,
+                    suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate, Phase.shrink],
+                    **cfg)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_rule_counts():
+    yield
+    print(f"\n[mbt] profile={PROFILE} rule executions: {sum(RULES_RUN.values())} "
+          + " ".join(f"{k}={v}" for k, v in sorted(RULES_RUN.items())))
+
+
+@pytest.mark.timeout(3600 * 6)
+@pytest.mark.parametrize("core,page_size", CONFIGS, ids=[f"{c}-ps{p}" for c, p in CONFIGS])
+def test_versioned_cache_state_machine(core, page_size):
+    run_state_machine_as_test(machine_for(core, page_size), settings=profile_settings())
