@@ -7,7 +7,10 @@ processed after the update (labelled with the new version although computed with
 
 `drain_inflight_batch` processes every queued result *now*, exactly as the overlap loop would (`process_batch_result`),
 then synchronizes the device. To keep the loop's one-pop-per-launched-batch bookkeeping intact, each drained entry is
-replaced by a `DRAINED` placeholder whose later processing is a no-op (`skip_drained_result`).
+replaced by a `DRAINED` placeholder whose later processing is a no-op (`skip_drained_result`). The placeholder's batch
+lists no request: the scheduler reads the queued batch's requests to leave out of the next decode batch those whose
+last token the queued result will commit (`Scheduler._reqs_finishing_inflight`); a drained result commits nothing
+more, so a request listed there would be dropped from the running batch with its KV still locked.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ def drain_inflight_batch(scheduler) -> int:
         if result is not DRAINED:
             scheduler.process_batch_result(batch, result)
             drained += 1
+        batch.reqs = []  # the queue holds the loop's own snapshot (`batch.copy()`), used only for this result
         queue.append((batch, DRAINED))
     synchronize_device()
     return drained
