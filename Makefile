@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast bench bench-rl clean
 
 setup:  ## build .venv from nothing (idempotent; reruns are fast)
 	bash scripts/setup_env.sh
@@ -19,6 +19,9 @@ test-fast: setup  ## everything except the E2E server tests
 
 bench: setup  ## publication cost on the real UnifiedRadixCache (prints a table)
 	$(PY) benchmark/bench_publication.py
+
+bench-rl: setup  ## RL rollout benchmark, four publication modes on CPU servers (table + JSON + PNG, ~10 min)
+	$(PY) benchmark/bench_rl_rollout.py
 
 clean:
 	rm -rf $(VENV) build python/*.egg-info

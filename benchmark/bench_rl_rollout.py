@@ -228,6 +228,9 @@ class Publication:
     pause_s: float = 0.0      # pause sent -> continue returned
     update_s: float = 0.0
     flush_s: float = 0.0
+    #: client wall-clock time between "pause returned" and "continue sent": the scheduler starts no forward in
+    #: between, so a forward that started before it ran under the old weights and one after it under the new
+    boundary: float = 0.0
 
 
 class Schedule:
@@ -328,6 +331,7 @@ class Schedule:
             if r.status_code != 200:
                 raise RuntimeError(f"flush_cache refused after a {self.mode.pause_mode} pause: {r.text[:200]}")
         t3 = time.perf_counter()
+        pub.boundary = time.time() - (t3 - t1) / 2
         r = s.post("/continue_generation")
         if r.status_code != 200:
             raise RuntimeError(f"continue_generation failed: {r.status_code} {r.text[:200]}")
@@ -345,17 +349,20 @@ class Record:
     input_ids: List[int]
     output_ids: List[int]
     meta: dict
+    sent: float = 0.0        # client wall clock
+    received: float = 0.0
 
 
 def run_task(server: Server, schedule: Schedule, task: Task) -> List[Record]:
     history, records = list(task.prefix), []
     for t, turn in enumerate(task.turns):
         schedule.before_submit()
+        sent = time.time()
         try:
             out = server.generate(history, turn.max_new_tokens)
         finally:
             schedule.after_complete()
-        records.append(Record(task.name, t, list(history), out["output_ids"], out["meta_info"]))
+        records.append(Record(task.name, t, list(history), out["output_ids"], out["meta_info"], sent, time.time()))
         history = history + out["output_ids"] + turn.tool_result
     return records
 
@@ -377,6 +384,7 @@ def run_rollout(server: Server, mode: Mode, tasks: List[Task], a, weights: Seque
     wall = time.perf_counter() - t0
     after = server.prefill_counters()
     return {"records": [r for rs in results for r in rs], "publications": schedule.publications, "wall_s": wall,
+            "first_version": schedule.version(0),
             "counters": {k: after[k] - before[k] for k in after},
             "vradix": server.vradix_block() if mode.vradix else None}
 
@@ -446,30 +454,49 @@ def _output_tags(spans: List[dict], n_out: int, clean: bool) -> List[str]:
     return tags
 
 
-def stale_reuse(records: List[Record]) -> dict:
-    """Stale tokens reused per request (see ShadowCache), in server prefill order."""
+def server_clock_offset(records: List[Record]) -> float:
+    """Server wall clock minus client wall clock, bracketed by each call's send/receive times (0 on one host)."""
+    hi = min(r.meta["request_received_ts"] - r.sent for r in records)
+    lo = max(r.meta.get("response_sent_to_client_ts", r.received) - r.received for r in records)
+    return (hi + lo) / 2 if lo <= hi else hi
+
+
+def version_at(boundaries: List[float], versions: List[str], t: float) -> str:
+    """The weight version in effect at server time `t` (boundaries on the server clock, ascending)."""
+    return versions[bisect.bisect_right(boundaries, t)]
+
+
+def stale_reuse(records: List[Record], publications: Sequence["Publication"] = (), first_version: str = "") -> dict:
+    """Stale tokens reused per request (see ShadowCache), in server prefill order.
+
+    A request's version is the one in effect when its first forward started (that is when it matched the cache), from
+    the publication boundaries; without a publication log it falls back to the version of its first output token.
+    """
     cache = ShadowCache()
     ordered = sorted(records, key=lambda r: r.meta.get("forward_entry_time", 0.0))
+    offset = server_clock_offset(records) if records and publications else 0.0
+    boundaries = [p.boundary + offset for p in publications]
+    versions = [first_version] + [p.version for p in publications]
     total = requests_with_stale = 0
     for r in ordered:
         m = r.meta
         spans = m.get("weight_versions") or [{"version": m["weight_version"], "start": 0,
                                               "end": len(r.output_ids)}]
-        version = spans[0]["version"]
         at = m["forward_entry_time"]
-        stale = cache.stale_positions(r.input_ids, m["cached_tokens"], version, at)
+        version = version_at(boundaries, versions, at) if publications else spans[0]["version"]
+        cached = m["cached_tokens"]
+        stale = cache.stale_positions(r.input_ids, cached, version, at)
         total += stale
         requests_with_stale += stale > 0
         clean = stale == 0
         prefill_at = m.get("prefill_finished_time", at)
-        cached = m["cached_tokens"]
         if m.get("num_retractions", 0):
             final = spans[-1]["version"]
             seq = r.input_ids + r.output_ids[:-1]
             cache.add(seq, 0, [final] * len(seq), prefill_at)
             continue
         cache.add(r.input_ids, cached, [version if clean else MIXED] * (len(r.input_ids) - cached), prefill_at)
-        tags = _output_tags(spans, len(r.output_ids), clean)
+        tags = _output_tags(spans, len(r.output_ids), clean and spans[0]["version"] == version)
         cache.add(r.input_ids + r.output_ids, len(r.input_ids), tags, m.get("request_finished_ts", prefill_at))
     return {"stale_tokens_reused": total, "requests_with_stale_reuse": requests_with_stale}
 
@@ -504,7 +531,7 @@ def summarize(workload: str, mode: Mode, raw: dict) -> dict:
         "in_flight_per_publication": round(statistics.mean(p.in_flight for p in raw["publications"]), 1)
         if pubs else 0.0,
         "retractions": sum(r.meta.get("num_retractions", 0) for r in recs),
-        **stale_reuse(recs),
+        **stale_reuse(recs, raw["publications"], raw["first_version"]),
         "wall_s": round(raw["wall_s"], 2),
         "pause_mean_ms": round(statistics.mean(pauses) * 1e3, 1) if pauses else 0.0,
         "pause_p99_ms": round(percentile(pauses, 0.99) * 1e3, 1),
@@ -684,8 +711,8 @@ def parse_args(argv=None):
     g = p.add_argument_group("local CPU servers")
     g.add_argument("--checkpoints", type=int, default=2, help="seeded tiny checkpoints published in turn")
     g.add_argument("--max-total-tokens", type=int, default=65536)
-    g.add_argument("--server-args", default="--schedule-policy lpm --disable-overlap-schedule",
-                   help="extra flags for every local server (see docs/benchmarks.md for why these two)")
+    g.add_argument("--server-args", default="--schedule-policy lpm",
+                   help="extra flags for every local server (lpm: see docs/benchmarks.md)")
     g.add_argument("--workdir")
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--json", default="rl_rollout.json")

@@ -83,6 +83,23 @@ def test_retracted_requests_count_as_recomputed_under_their_final_version():
     assert bench.stale_reuse([retracted, hit])["stale_tokens_reused"] == 0
 
 
+def test_a_request_is_judged_by_the_version_in_effect_when_it_matched():
+    """Retracted (or chunk-crossing) before its first token: every output token is v1, but it matched under v0."""
+    pub = bench.Publication(1, "v1", "test", 1, boundary=2.0)
+    first = rec(SYS + Q1, [1, 2], 0, [("v0", 0, 2)], fe=1.0)
+    crossing = rec(SYS + Q2, [3, 4], len(SYS), [("v1", 0, 2)], fe=1.5, retractions=1)
+    after = rec(SYS + Q2, [5, 6], len(SYS), [("v1", 0, 2)], fe=3.0)
+    for r in (first, crossing, after):
+        r.sent, r.received = r.meta["forward_entry_time"], r.meta["request_finished_ts"]
+        r.meta["request_received_ts"], r.meta["response_sent_to_client_ts"] = r.sent, r.received
+    out = bench.stale_reuse([first, crossing, after], [pub], "v0")
+    # `crossing` matched SYS under v0 (not stale); its recomputation is v1, so `after` reuses fresh KV
+    assert out["stale_tokens_reused"] == 0
+    assert bench.version_at([2.0, 5.0], ["v0", "v1", "v2"], 1.0) == "v0"
+    assert bench.version_at([2.0, 5.0], ["v0", "v1", "v2"], 3.0) == "v1"
+    assert bench.version_at([2.0, 5.0], ["v0", "v1", "v2"], 6.0) == "v2"
+
+
 def test_each_mode_refuses_a_server_started_for_another():
     stock = {"disable_radix_cache": False, "enable_metrics": True, "internal_states": [{}]}
     vradix = {**stock, "internal_states": [{"vradix": {"active": True}}]}
