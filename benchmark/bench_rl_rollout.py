@@ -406,11 +406,14 @@ class ShadowCache:
 
     Every KV position a request computed is a *copy*, tagged with the weight version it was computed under, or MIXED
     when it was computed over context that was itself stale or crossed a publication. A copy is available from the
-    server time it could enter the radix tree (prefill_finished_time for prompt positions, which SGLang checkpoints
-    right after prefill; request_finished_ts for output positions, inserted at release).
+    earliest server time it could enter the radix tree: for prompt positions the start of the request's first
+    forward (forward_entry_time; chunked prefill checkpoints each chunk, so a prefix can be matched before the
+    request's prefill finished), for output positions request_finished_ts (inserted at release).
 
-    A request q whose first prefill ran under version v at server time t, and which was served `cached_tokens = c`,
-    reused stale KV at position i < c unless some copy of q's prefix [0..i] tagged v was available by t. The count
+    A request q whose first forward started at server time t under version v (the version in effect at t, from the
+    publication log: the scheduler starts no forward between the pause and the continue, so the midpoint of that
+    window separates old from new), and which was served `cached_tokens = c`, reused stale KV at position i < c
+    unless some copy of q's prefix [0..i] tagged v was available by t. The count
     never blames a mode for a copy it might legitimately have had, whatever the engine's tree policy (LRU, flush,
     namespace): it is a lower bound on stale reuse, exact when the only matchable copies are stale ones (which is the
     unsafe mode's steady state: a prefix cached once is never recomputed).
@@ -489,15 +492,14 @@ def stale_reuse(records: List[Record], publications: Sequence["Publication"] = (
         total += stale
         requests_with_stale += stale > 0
         clean = stale == 0
-        prefill_at = m.get("prefill_finished_time", at)
         if m.get("num_retractions", 0):
             final = spans[-1]["version"]
             seq = r.input_ids + r.output_ids[:-1]
-            cache.add(seq, 0, [final] * len(seq), prefill_at)
+            cache.add(seq, 0, [final] * len(seq), at)
             continue
-        cache.add(r.input_ids, cached, [version if clean else MIXED] * (len(r.input_ids) - cached), prefill_at)
+        cache.add(r.input_ids, cached, [version if clean else MIXED] * (len(r.input_ids) - cached), at)
         tags = _output_tags(spans, len(r.output_ids), clean and spans[0]["version"] == version)
-        cache.add(r.input_ids + r.output_ids, len(r.input_ids), tags, m.get("request_finished_ts", prefill_at))
+        cache.add(r.input_ids + r.output_ids, len(r.input_ids), tags, m.get("request_finished_ts", at))
     return {"stale_tokens_reused": total, "requests_with_stale_reuse": requests_with_stale}
 
 
@@ -507,6 +509,24 @@ def percentile(xs: List[float], q: float) -> float:
         return 0.0
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
+
+
+def dump_raw(path: str, workload: str, mode: Mode, raw: dict) -> None:
+    """Append one run's requests and publication log (JSON lines) so the accounting can be rerun: --reanalyze."""
+    with open(path, "a") as f:
+        f.write(json.dumps({"workload": workload, "mode": mode.name, "first_version": raw["first_version"],
+                            "publications": [asdict(p) for p in raw["publications"]],
+                            "records": [asdict(r) for r in raw["records"]]}) + "\n")
+
+
+def reanalyze(path: str) -> None:
+    """Recompute the stale-reuse count of every run in a --raw file."""
+    with open(path) as f:
+        for line in f:
+            run = json.loads(line)
+            pubs = [Publication(**p) for p in run["publications"]]
+            out = stale_reuse([Record(**r) for r in run["records"]], pubs, run["first_version"])
+            print(f"{run['workload']:6} {run['mode']:16} {out}")
 
 
 def summarize(workload: str, mode: Mode, raw: dict) -> dict:
@@ -655,6 +675,8 @@ def run_mode(server: Server, mode: Mode, a, weights: Sequence[str]) -> List[dict
         tasks = build_tasks(w, a)
         log(f"{w} / {mode.name}: {sum(len(t.turns) for t in tasks)} requests ...")
         raw = run_rollout(server, mode, tasks, a, weights, label=f"{w}-{mode.name}")
+        if a.raw:
+            dump_raw(a.raw, w, mode, raw)
         row = summarize(w, mode, raw)
         log(f"{w} / {mode.name}: done in {row['wall_s']}s, {row['publications']} publications, "
             f"prefill {row['prefill_computed']}, stale {row['stale_tokens_reused']}")
@@ -717,6 +739,8 @@ def parse_args(argv=None):
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--json", default="rl_rollout.json")
     p.add_argument("--png", default="rl_rollout.png")
+    p.add_argument("--raw", help="append every request's ids and meta_info to this JSON-lines file")
+    p.add_argument("--reanalyze", metavar="RAW", help="recompute stale reuse from a --raw file and exit")
     a = p.parse_args(argv)
     if a.url and len(a.modes) != 1:
         p.error("--url drives one existing server: pass exactly one --mode (see the docstring for its flags)")
@@ -729,6 +753,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    if a.reanalyze:
+        reanalyze(a.reanalyze)
+        return 0
     modes = [MODES[m] for m in a.modes]
     t0 = time.time()
     if a.url:

@@ -59,11 +59,16 @@ def test_kv_computed_over_stale_context_is_stale_too():
 
 def test_a_copy_counts_only_once_it_could_be_in_the_tree():
     fresh = rec(SYS + Q2, [3, 4], 0, [("v1", 0, 2)], fe=3.0, pf=3.5)
-    # matched at 3.2, before `fresh` finished its prefill (3.5): the hit cannot have come from it
-    early = rec(SYS + Q2, [5, 6], len(SYS), [("v1", 0, 2)], fe=3.2)
-    late = rec(SYS + Q2, [5, 6], len(SYS), [("v1", 0, 2)], fe=3.6)
+    # matched at 2.9, before `fresh` started its prefill: the hit cannot have come from it
+    early = rec(SYS + Q2, [5, 6], len(SYS), [("v1", 0, 2)], fe=2.9)
+    # matched at 3.2, after its first (chunked) forward started: the chunk may have been checkpointed already
+    late = rec(SYS + Q2, [5, 6], len(SYS), [("v1", 0, 2)], fe=3.2)
     assert bench.stale_reuse([fresh, early])["stale_tokens_reused"] == len(SYS)
     assert bench.stale_reuse([fresh, late])["stale_tokens_reused"] == 0
+    # output positions only once the request finished (inserted at release)
+    turn1 = rec(SYS, [1, 2, 3], 0, [("v1", 0, 3)], fe=1.0, fin=2.0)
+    turn2_early = rec(SYS + [1, 2, 3, 9], [4], len(SYS) + 2, [("v1", 0, 1)], fe=1.5)
+    assert bench.stale_reuse([turn1, turn2_early])["stale_tokens_reused"] == 2
 
 
 def test_output_kv_of_a_request_that_crossed_a_publication_is_mixed():
