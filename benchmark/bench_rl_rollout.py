@@ -418,8 +418,9 @@ class ShadowCache:
     namespace): it is a lower bound on stale reuse, exact when the only matchable copies are stale ones (which is the
     unsafe mode's steady state: a prefix cached once is never recomputed).
 
-    Retracted requests are re-prefilled after the flush; their recomputed KV is counted as clean under their final
-    version (benefit of the doubt, which keeps the bound a lower bound).
+    A retracted request keeps the copy of its first prefill and adds one clean copy of its whole sequence per version
+    it later generated under (it was re-prefilled under each; benefit of the doubt, which keeps the bound a lower
+    bound).
     """
 
     def __init__(self):
@@ -492,12 +493,13 @@ def stale_reuse(records: List[Record], publications: Sequence["Publication"] = (
         total += stale
         requests_with_stale += stale > 0
         clean = stale == 0
-        if m.get("num_retractions", 0):
-            final = spans[-1]["version"]
-            seq = r.input_ids + r.output_ids[:-1]
-            cache.add(seq, 0, [final] * len(seq), at)
-            continue
         cache.add(r.input_ids, cached, [version if clean else MIXED] * (len(r.input_ids) - cached), at)
+        if m.get("num_retractions", 0):
+            # re-prefilled after each retraction under the version then in effect: one clean copy per version
+            seq = r.input_ids + r.output_ids[:-1]
+            for v in dict.fromkeys(sp["version"] for sp in spans):
+                cache.add(seq, 0, [v] * len(seq), at)
+            continue
         tags = _output_tags(spans, len(r.output_ids), clean and spans[0]["version"] == version)
         cache.add(r.input_ids + r.output_ids, len(r.input_ids), tags, m.get("request_finished_ts", at))
     return {"stale_tokens_reused": total, "requests_with_stale_reuse": requests_with_stale}
@@ -519,14 +521,32 @@ def dump_raw(path: str, workload: str, mode: Mode, raw: dict) -> None:
                             "records": [asdict(r) for r in raw["records"]]}) + "\n")
 
 
-def reanalyze(path: str) -> None:
-    """Recompute the stale-reuse count of every run in a --raw file."""
-    with open(path) as f:
+def reanalyze(raw_path: str, json_path: str, png_path: Optional[str]) -> None:
+    """Recompute the stale-reuse columns of a finished run from its --raw file (no server needed): print them, and
+    when `json_path` holds that run's report, update its rows and targets and redraw the PNG."""
+    stale = {}
+    with open(raw_path) as f:
         for line in f:
             run = json.loads(line)
             pubs = [Publication(**p) for p in run["publications"]]
-            out = stale_reuse([Record(**r) for r in run["records"]], pubs, run["first_version"])
-            print(f"{run['workload']:6} {run['mode']:16} {out}")
+            stale[(run["workload"], run["mode"])] = stale_reuse([Record(**r) for r in run["records"]], pubs,
+                                                                run["first_version"])
+    for (w, m), out in stale.items():
+        print(f"{w:6} {m:16} {out}")
+    if not json_path or not os.path.exists(json_path):
+        return
+    with open(json_path) as f:
+        report = json.load(f)
+    for row in report["rows"]:
+        row.update(stale.get((row["workload"], row["mode"]), {}))
+    report["targets"] = check_targets(report["rows"], report["config"]["samples"])
+    report["reanalyzed"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    with open(json_path, "w") as f:
+        json.dump(report, f, indent=1)
+    print_report(report["rows"], report["targets"])
+    if png_path:
+        why = write_png(report["rows"], png_path)
+        print(f"PNG: {png_path}" if why is None else f"PNG: skipped ({why})")
 
 
 def summarize(workload: str, mode: Mode, raw: dict) -> dict:
@@ -604,6 +624,14 @@ def check_targets(rows: List[dict], samples: int) -> List[dict]:
         out.append({"workload": w, "target": "zero stale reuse (vradix)",
                     "measured": str(v["stale_tokens_reused"]), "met": v["stale_tokens_reused"] == 0})
     return out
+
+
+def print_report(rows: List[dict], targets: List[dict]) -> None:
+    print(table(rows))
+    if targets:
+        print()
+        for t in targets:
+            print(f"- [{'met' if t['met'] else 'MISSED'}] {t['workload']}: {t['target']}: {t['measured']}")
 
 
 def write_png(rows: List[dict], path: str) -> Optional[str]:
@@ -740,7 +768,8 @@ def parse_args(argv=None):
     p.add_argument("--json", default="rl_rollout.json")
     p.add_argument("--png", default="rl_rollout.png")
     p.add_argument("--raw", help="append every request's ids and meta_info to this JSON-lines file")
-    p.add_argument("--reanalyze", metavar="RAW", help="recompute stale reuse from a --raw file and exit")
+    p.add_argument("--reanalyze", metavar="RAW", help="recompute stale reuse from a --raw file (updates --json's "
+                                                      "rows and --png if --json holds that run) and exit")
     a = p.parse_args(argv)
     if a.url and len(a.modes) != 1:
         p.error("--url drives one existing server: pass exactly one --mode (see the docstring for its flags)")
@@ -754,7 +783,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     a = parse_args(argv)
     if a.reanalyze:
-        reanalyze(a.reanalyze)
+        reanalyze(a.reanalyze, a.json, a.png)
         return 0
     modes = [MODES[m] for m in a.modes]
     t0 = time.time()
@@ -767,11 +796,7 @@ def main(argv=None) -> int:
     else:
         rows = local_runs(a, modes)
     targets = check_targets(rows, a.samples)
-    print(table(rows))
-    if targets:
-        print()
-        for t in targets:
-            print(f"- [{'met' if t['met'] else 'MISSED'}] {t['workload']}: {t['target']}: {t['measured']}")
+    print_report(rows, targets)
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join([os.path.basename(sys.argv[0])] + (argv if argv is not None else sys.argv[1:])),
               "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "url": a.url},
