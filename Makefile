@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast bench bench-kernels csrc clean
+.PHONY: setup demo test test-fast bench bench-kernels bench-rl csrc clean
 
 setup:  ## build .venv from nothing (idempotent; reruns are fast)
 	bash scripts/setup_env.sh
@@ -25,6 +25,9 @@ bench-kernels: setup  ## KV page-epoch kernels (torch reference on CPU; all impl
 
 csrc: setup  ## compile csrc/ into vradix._C for sm_90 (build/csrc-sm90; compile check on CPU machines)
 	PY=$(PY) bash scripts/build_csrc.sh
+
+bench-rl: setup  ## RL rollout benchmark, four publication modes on CPU servers (table + JSON + PNG, ~10 min)
+	$(PY) benchmark/bench_rl_rollout.py
 
 clean:
 	rm -rf $(VENV) build python/*.egg-info

@@ -22,7 +22,7 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
   IPython aiohttp dill transformers sentencepiece compressed-tensors gguf openai \
   partial_json_parser setproctitle einops apache-tvm-ffi triton \
   fastapi starlette uvicorn uvloop python-multipart jsonschema xgrammar soundfile \
-  datasets "python-dateutil<3" pytest pytest-timeout hypothesis prometheus-client
+  datasets "python-dateutil<3" pytest pytest-timeout hypothesis prometheus-client matplotlib
 # the import-only sgl_kernel shim (CPU serving/test aid; every call raises)
 SITE="$("$VENV/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')"
 rm -rf "$SITE/sgl_kernel"; cp -r "$ROOT/python/vradix/testing/sgl_kernel_shim" "$SITE/sgl_kernel"
