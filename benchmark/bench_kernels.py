@@ -191,7 +191,7 @@ def main(argv=None):
                   f"{r['ratio_pct']:>9.3f}")
     guard = guard_overhead(args.repeats) if device.type != "cuda" else []
     if guard:
-        print(f"\n# strict guard on the real UnifiedRadixCache (Rust core, page 16, CPU, 1 thread)")
+        print("\n# strict guard on the real UnifiedRadixCache (Rust core, page 16, CPU, 1 thread)")
         print(f"{'prefix':>8}{'match off us':>14}{'match strict us':>17}{'guard us':>10}")
         for r in guard:
             print(f"{r['prefix']:>8}{r['match_off_us']:>14.1f}{r['match_strict_us']:>17.1f}{r['guard_us']:>10.1f}")

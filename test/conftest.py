@@ -17,3 +17,12 @@ load_plugins()
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: starts real SGLang CPU servers (slow)")
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    """Two tiny float32 Llama checkpoints with peaky logits: A (served first) and B (published)."""
+    from vradix.testing.tiny_model import generate
+    d = tmp_path_factory.mktemp("models")
+    return (generate(str(d / "A"), seed=1, dtype="float32", init_range=0.2),
+            generate(str(d / "B"), seed=2, dtype="float32", init_range=0.2))

@@ -16,16 +16,8 @@ from vradix.client import PublishError, publish
 from vradix.predicate import UnsafeDeployment
 from vradix.testing.scenario import LONG_PROMPT, PROBE, StreamingRequest
 from vradix.testing.server import CpuServer
-from vradix.testing.tiny_model import generate
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    return (generate(str(d / "A"), seed=1, dtype="float32", init_range=0.2),
-            generate(str(d / "B"), seed=2, dtype="float32", init_range=0.2))
 
 
 @pytest.fixture(scope="module")

@@ -7,19 +7,11 @@ import requests
 
 from vradix.testing.scenario import LONG_PROMPT, PREFIX, PROBE, StreamingRequest, stale_prefix_publication
 from vradix.testing.server import CpuServer
-from vradix.testing.tiny_model import generate
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 CHUNKED_PROMPT = [(i * 13) % 480 + 20 for i in range(3000)]
 BURST = [[(i * 31 + j * 17) % 490 + 10 for j in range(40 + i)] for i in range(27)]
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    return (generate(str(d / "A"), seed=1, dtype="float32", init_range=0.2),
-            generate(str(d / "B"), seed=2, dtype="float32", init_range=0.2))
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from vradix import __version__, admission, guard, lora, overlap, provenance, publication, reclaim, report
+from vradix import __version__, admission, guard, lora, overlap, provenance, publication, report
 from vradix import ledger as kv_ledger
 from vradix.namespace import ReservedNamespaceError
 from vradix.state import Invalidation, UpdateScope, attach, state_of
