@@ -66,6 +66,21 @@ def oracle_outputs(model_path: str, prompts: Dict[str, Sequence[Sequence[int]]],
                 for name, group in prompts.items()}
 
 
+def oracle_output_sets(model_path: str, prompts: Sequence[Sequence[int]], max_new_tokens: int = 4,
+                       batch: int = 4) -> list:
+    """For each prompt, the set of greedy outputs a fresh stock server on `model_path` gives it alone and batched
+    with others (`batch` concurrent requests).
+
+    A tiny random model has a few greedy near-ties whose argmax flips with batch composition (float32 batched
+    matmuls are not bit-identical across shapes); both outputs are what these weights produce, so a load test must
+    accept either. Outputs of other weights differ in almost every token, so this does not hide a stale hit."""
+    with CpuServer(model_path, vradix=False) as s:
+        solo = [s.generate(p, max_new_tokens, timeout=300)["output_ids"] for p in prompts]
+        with cf.ThreadPoolExecutor(batch) as pool:
+            batched = list(pool.map(lambda p: s.generate(p, max_new_tokens, timeout=300)["output_ids"], prompts))
+    return [{tuple(a), tuple(b)} for a, b in zip(solo, batched)]
+
+
 def oracles(models: Dict[str, str], prompts: Dict[str, Sequence[Sequence[int]]], max_new_tokens: int = 4) -> dict:
     """`oracle_outputs` for every named model, the fresh servers started concurrently."""
     with cf.ThreadPoolExecutor(len(models)) as pool:
