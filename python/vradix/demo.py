@@ -53,6 +53,9 @@ def print_table(rows, reference) -> None:
         ("cached tokens when prefix repeated again", lambda o: str(o.cached_again)),
         ("vradix epoch / stale tokens freed", lambda o: (f"{o.vradix['epoch']} / {o.vradix['stale_tokens_freed_total']}"
                                                          if o.vradix else "-")),
+        ("KV ledger: prefixes verified / violations / leaks", lambda o: (
+            "{prefixes_verified} / {violations_caught} / {leaked_pages_total}".format(**o.vradix["kv_ledger"])
+            if o.vradix else "-")),
     ]
     names = list(rows)
     w0 = max(len(m) for m, _ in metrics)
