@@ -29,16 +29,15 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
             f"vradix {__version__} cannot version {type(cache).__name__} (it supports SGLang's UnifiedRadixCache). "
             "Refusing to serve an unversioned prefix cache: use the default radix backend, pass "
             "--disable-radix-cache, or set VRADIX_DISABLE=1 for stock behaviour.")
-    state = attach(cache)
+    unobserved = ledger_blind_spots(scheduler)
+    if unobserved:
+        # KV written by these paths bypasses run_batch's stamp; a strict guard would reject every such prefix.
+        logger.warning("vradix: KV page ledger disabled (KV also arrives via %s); the epoch namespace still applies",
+                       ", ".join(unobserved))
+    state = attach(cache, with_ledger=not unobserved)
     state.label = current_label()
     state.metrics = report.metrics_for(scheduler)
     report.export_metrics(scheduler)
-    unobserved = ledger_blind_spots(scheduler)
-    if unobserved and state.ledger is not None:
-        # KV written by these paths bypasses run_batch's stamp; a strict guard would reject every such prefix.
-        state.ledger = None
-        logger.warning("vradix: KV page ledger disabled (KV also arrives via %s); the epoch namespace still applies",
-                       ", ".join(unobserved))
     logger.info("vradix %s active: epoch-namespaced radix cache (%s, tree core %s), epoch %d; KV page ledger %s "
                 "(verify=%s, audit=%s)", __version__, type(cache).__name__, state.tree_core, state.epoch,
                 "on" if state.ledger is not None else "off", state.guard.verify, state.guard.audit)

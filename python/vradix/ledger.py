@@ -45,16 +45,14 @@ class PageLedger:
 
     def stamp_written(self, loc: Optional[torch.Tensor], epoch: int) -> None:
         """The forward pass about to run under `epoch` writes the KV slots `loc`."""
-        if loc is not None and loc.numel():
+        if loc is not None:
             kernels.stamp(self.page_epoch, loc, epoch, self.page_size)
 
     def mark_freed_slots(self, loc: torch.Tensor) -> None:
-        if loc.numel():
-            kernels.stamp(self.page_epoch, loc, FREE, self.page_size)
+        kernels.stamp(self.page_epoch, loc, FREE, self.page_size)
 
     def mark_freed_pages(self, page_ids: torch.Tensor) -> None:
-        if page_ids.numel():
-            kernels.stamp(self.page_epoch, page_ids, FREE, 1)
+        kernels.stamp(self.page_epoch, page_ids, FREE, 1)
 
     def mark_all_free(self) -> None:
         n = self.num_pages_of(self.allocator)
@@ -62,9 +60,6 @@ class PageLedger:
             self.page_epoch = torch.full((n,), FREE, dtype=torch.int32, device=self.device)
         else:
             self.page_epoch.fill_(FREE)
-
-    def epoch_of_slot(self, slot: int) -> int:
-        return int(self.page_epoch[int(slot) // self.page_size].item())
 
 
 def attach(allocator) -> Optional[PageLedger]:

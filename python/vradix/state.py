@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional
 
-from vradix import __version__
+from vradix import __version__, kernels
 from vradix.guard import GuardConfig, GuardStats
 from vradix.ledger import PageLedger
 from vradix import ledger as kv_ledger
@@ -102,7 +102,6 @@ class EpochState:
 
     def ledger_dict(self) -> dict:
         """The KV page ledger's guard and audit counters."""
-        from vradix import kernels
         g, st = self.guard, self.guard_stats
         return {
             "enabled": self.ledger is not None,
@@ -128,11 +127,12 @@ class UpdateScope:
     bumped: Optional[Invalidation] = None
 
 
-def attach(tree_cache) -> EpochState:
-    """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0, with a KV page ledger on its allocator.
-    Raises `GuardConfigError` for an invalid VRADIX_VERIFY / VRADIX_AUDIT setting."""
+def attach(tree_cache, with_ledger: bool = True) -> EpochState:
+    """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0, with a KV page ledger on its allocator unless
+    `with_ledger` is False. Raises `GuardConfigError` for an invalid VRADIX_VERIFY / VRADIX_AUDIT setting."""
     state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardConfig.from_env())
-    state.ledger = kv_ledger.attach(tree_cache.token_to_kv_pool_allocator)
+    if with_ledger:
+        state.ledger = kv_ledger.attach(tree_cache.token_to_kv_pool_allocator)
     tree_cache._vradix = state
     return state
 

@@ -81,9 +81,11 @@ def verify_async(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, p
                  max_prefix_len: Optional[int] = None, impl: Optional[str] = None) -> torch.Tensor:
     """`verify` without the host read: an int64 device tensor [count, first_index, first_pos]."""
     name = impl_for(page_epoch, impl)
+    if max_prefix_len is None:  # the grid width; a caller that knows it on the host saves this device sync
+        max_prefix_len = int(prefix_lens.max().item()) if rows.numel() else 0
     if name == "cuda":
-        width = int(prefix_lens.max().item()) if max_prefix_len is None and rows.numel() else (max_prefix_len or 0)
-        return cuda_ext().verify(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_size, width)
+        return cuda_ext().verify(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_size,
+                                 max_prefix_len)
     return _module(name).verify(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_size,
                                 max_prefix_len=max_prefix_len)
 

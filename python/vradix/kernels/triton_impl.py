@@ -85,10 +85,9 @@ def stamp(page_epoch: torch.Tensor, loc: torch.Tensor, epoch: int, page_size: in
         _stamp_kernel[(triton.cdiv(n, _BLOCK),)](page_epoch, loc.contiguous(), n, epoch, page_size, BLOCK=_BLOCK)
 
 
-def verify(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_size, max_prefix_len=None):
+def verify(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_size, max_prefix_len):
     out = torch.tensor([0, _NO_KEY], dtype=torch.int64, device=page_epoch.device)
-    n = rows.numel()
-    width = int(prefix_lens.max().item()) if (n and max_prefix_len is None) else (max_prefix_len or 0)
+    n, width = rows.numel(), max_prefix_len
     if n and width:
         grid = (n, triton.cdiv(width, _ROW_BLOCK))
         _verify_kernel[grid](page_epoch, req_to_token, req_to_token.stride(0), rows.contiguous(),
