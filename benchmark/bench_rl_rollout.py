@@ -250,6 +250,8 @@ class Schedule:
         self.completed = 0
         self.in_flight = 0
         self.due: Optional[str] = None
+        #: K-boundaries reached while a publication was already due or running: each still owes one publication
+        self.overdue: List[str] = []
         self.finished = False
         self.error: Optional[BaseException] = None
         self.publications: List[Publication] = []
@@ -277,7 +279,11 @@ class Schedule:
             self.in_flight -= 1
             self.completed += 1
             if self.every_k and self.completed % self.every_k == 0 and self.completed < self.total:
-                self.due = self.due or f"{self.completed} completed"
+                reason = f"{self.completed} completed"
+                if self.due is None:
+                    self.due = reason
+                else:
+                    self.overdue.append(reason)
             self.cv.notify_all()
 
     def stop(self) -> None:
@@ -313,7 +319,7 @@ class Schedule:
                 return
             with self.cv:
                 self.publications.append(pub)
-                self.due = None
+                self.due = self.overdue.pop(0) if self.overdue else None
                 self._last = time.monotonic()
                 self.cv.notify_all()
 
