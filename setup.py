@@ -8,6 +8,18 @@ import os
 import shutil
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+#: runs at interpreter start and warns when SGLANG_PLUGINS excludes the installed plugin (vradix.plugin.warn_if_excluded)
+PTH = "vradix-plugin-check.pth"
+
+
+class build_py_with_pth(build_py):
+    """Ship the startup check at the top of site-packages, next to the package (where .pth files are read)."""
+
+    def run(self):
+        super().run()
+        self.copy_file(os.path.join("python", PTH), os.path.join(self.build_lib, PTH))
 
 
 def cuda_extension():
@@ -38,6 +50,7 @@ def cuda_extension():
 
 
 ext_modules, cmdclass = cuda_extension()
+cmdclass = {**cmdclass, "build_py": build_py_with_pth}
 
 setup(
     name="sglang-vradix",

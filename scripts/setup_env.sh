@@ -27,5 +27,7 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 SITE="$("$VENV/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')"
 rm -rf "$SITE/sgl_kernel"; cp -r "$ROOT/python/vradix/testing/sgl_kernel_shim" "$SITE/sgl_kernel"
 VRADIX_BUILD_CUDA="${VRADIX_BUILD_CUDA:-0}" "${PIP[@]}" -c "$VENV/constraints.txt" --no-build-isolation --no-deps -e "$ROOT"
+# an editable install does not run build_py: place the SGLANG_PLUGINS startup check the wheel ships
+cp "$ROOT/python/vradix-plugin-check.pth" "$SITE/"
 "$VENV/bin/python" -c "import sglang, torch, vradix; print('[setup] sglang', sglang.__version__, 'torch', torch.__version__, 'vradix', vradix.__version__)"
 echo "$KEY" > "$STAMP"

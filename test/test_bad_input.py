@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from vradix import namespace
 from vradix.admission import stamp
 from vradix.namespace import ReservedNamespaceError
-from vradix.publication import MAX_LABEL_CHARS, InvalidLabelError, check_label
+from vradix.epochs import MAX_LABEL_CHARS, InvalidLabelError, check_label
 from vradix.state import attach
 from vradix.testing.cache_fixture import build_cache
 

@@ -4,7 +4,7 @@ hooks installed by `load_plugins()`."""
 import pytest
 import torch
 
-from vradix import namespace, publication
+from vradix import epochs, namespace
 from vradix.admission import stamp
 from vradix.namespace import ReservedNamespaceError
 from vradix.state import attach, state_of
@@ -62,7 +62,7 @@ def run_to_end(fx, state, tokens, **kw):
 
 
 def bump(fx, state, live=(), queued=()):
-    return publication.bump(state, fx.cache, list(live), list(queued), reason="test", label=f"v{state.epoch + 1}")
+    return epochs.bump(state, fx.cache, list(live), list(queued), reason="test", label=f"v{state.epoch + 1}")
 
 
 def test_stale_prefix_misses_after_bump_and_is_cached_again(env):

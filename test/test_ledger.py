@@ -4,7 +4,7 @@ guard detects one in a batch, and the post-publication audit finds a leaked page
 import pytest
 import torch
 
-from vradix import guard, publication
+from vradix import epochs, guard
 from vradix.admission import stamp
 from vradix.guard import GuardConfig, GuardConfigError
 from vradix.kernels import FREE
@@ -40,7 +40,7 @@ def row_pages(fx, req, n):
 
 
 def bump(fx, state, live=()):
-    return publication.bump(state, fx.cache, list(live), [], reason="test", label=f"v{state.epoch + 1}")
+    return epochs.bump(state, fx.cache, list(live), [], reason="test", label=f"v{state.epoch + 1}")
 
 
 def audit(fx, state, live=()):

@@ -2,7 +2,7 @@
 
 The system under test is SGLang's real `UnifiedRadixCache` (Rust and Python TreeCores, page sizes 1 and 16) with its
 real allocator and `ReqToTokenPool`, driven through the scheduler's own `mem_cache.common` functions with the vradix
-hooks installed (conftest's `load_plugins()`); publications are `vradix.publication.bump`, the function the engine's
+hooks installed (conftest's `load_plugins()`); publications are `vradix.epochs.bump`, the function the engine's
 hooks call.
 
 The reference model is a map `slot -> (epoch that computed it, user key, hash of the token prefix it encodes)`,
@@ -31,7 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from sglang.srt.managers.schedule_batch import FINISH_ABORT
 from sglang.srt.mem_cache import common
 
-from vradix import namespace, publication
+from vradix import epochs, namespace, request
 from vradix.admission import stamp
 from vradix.state import attach
 from vradix.testing.cache_fixture import build_cache
@@ -96,7 +96,7 @@ class VersionedCacheMachine(RuleBasedStateMachine):
         else:
             self.fx.prefill(req, upto=upto)
         toks = self.tokens(req)
-        key = req._vradix_user_key
+        key = request.of(req).user_key
         for pos, slot in enumerate(self.row(req, req.extend_end)[start:], start):
             self.slot_meta[slot] = (self.state.epoch, key, prefix_hash(toks, pos + 1))
 
@@ -107,7 +107,7 @@ class VersionedCacheMachine(RuleBasedStateMachine):
     def bump(self, is_publication=True):
         live = self.held + self.queued
         # the scheduler walks its waiting queue; sometimes leave requests out to exercise the lazy re-bind at match
-        publication.bump(self.state, self.fx.cache, live, self.queued[::2] if self.state.epoch % 2 else self.queued,
+        epochs.bump(self.state, self.fx.cache, live, self.queued[::2] if self.state.epoch % 2 else self.queued,
                          reason="mbt", label=f"v{self.state.epoch + 1}", is_publication=is_publication)
         self.crossed.update(r.rid for r in self.held)
 
@@ -133,7 +133,7 @@ class VersionedCacheMachine(RuleBasedStateMachine):
         self.queued.remove(req)
         self.held.append(req)
         assert namespace.epoch_of(req.extra_key) == self.state.epoch, "admitted under an old epoch"
-        toks, key = self.tokens(req), req._vradix_user_key
+        toks, key = self.tokens(req), request.of(req).user_key
         for pos, slot in enumerate(self.row(req, req.prefix_len)):
             got = self.slot_meta.get(slot)
             assert got == (self.state.epoch, key, prefix_hash(toks, pos + 1)), (
@@ -192,7 +192,7 @@ class VersionedCacheMachine(RuleBasedStateMachine):
         self.fx.retract(req)
         self.release(req)
         self.queued.append(req)
-        assert req.rid not in self.state.crossing and not getattr(req, "_vradix_crossed", False)
+        assert id(req) not in self.state.crossing and not request.of(req).crossed
         self.count("retract")
 
     @precondition(lambda self: not self.paused)
@@ -299,7 +299,7 @@ class VersionedCacheMachine(RuleBasedStateMachine):
     @invariant()
     def crossing_bookkeeping_matches_model(self):
         held = {r.rid for r in self.held}
-        assert set(self.state.crossing) <= held & self.crossed
+        assert {r.rid for r in self.state.crossing.values()} <= held & self.crossed
         for r in self.held:
             if r.rid in self.crossed:
                 assert r.skip_radix_cache_insert, f"crossing {r.rid} may insert"

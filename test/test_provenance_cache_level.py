@@ -2,7 +2,7 @@
 and 16), driven like test_cache_level. LoRA does not run on SGLang's CPU engine (its LoRA layers pin memory, which
 needs CUDA), so adapter (re)loads are exercised here with real LoRA-keyed requests and the real unload hook body."""
 from vradix import lora, provenance
-from vradix.engine import remember_adapter_insert  # noqa: F401  (installed on checkpoint_into_tree by load_plugins)
+from vradix.hooks.lora import remember_adapter_insert  # noqa: F401  (installed on checkpoint_into_tree by load_plugins)
 
 from test_cache_level import bump, check, env, new_req, run_to_end, seq  # noqa: F401  (env is a fixture)
 

@@ -1,16 +1,18 @@
 """Step 1 — admission: bind every request to the engine's current epoch.
 
 Invariants:
-- After `stamp`, `req.extra_key == namespace(req epoch) + user key` and the request can only match KV of that epoch.
+- After `stamp`, the request carries a `request.ReqState`, `req.extra_key == namespace(its epoch) + user key`, and
+  the request can only match KV of that epoch.
 - A request that holds no KV (no row, no tree lock) is re-bound to the current epoch before any match
   (`rebind_if_unheld`): a request queued across a publication is prefilled under the new weights' namespace.
 - A request that holds KV is never re-bound: its row points at slots of its own epoch (it is a crossing request).
+- A request that reaches a match without a `ReqState` is refused (`request.UnstampedRequestError`).
 """
 from __future__ import annotations
 
 import os
 
-from vradix import namespace, provenance
+from vradix import namespace, provenance, request
 from vradix.state import EpochState
 
 
@@ -19,12 +21,13 @@ def stamp(state: EpochState, req) -> None:
     user_key = req.extra_key
     namespace.check_user_key(user_key)
     namespace.check_user_key(getattr(req, "cache_salt", None))
-    req._vradix_user_key = user_key
-    _bind(state, req)
+    _bind(state, req, request.attach(req, user_key, state.epoch))
 
 
-def is_stamped(req) -> bool:
-    return hasattr(req, "_vradix_user_key")
+def stamp_refused(state: EpochState, req) -> None:
+    """Bind a request whose user key was refused (it is being aborted) to the current epoch without that key."""
+    req.extra_key = None
+    _bind(state, req, request.attach(req, None, state.epoch))
 
 
 def holds_kv(req) -> bool:
@@ -33,16 +36,18 @@ def holds_kv(req) -> bool:
 
 
 def rebind_if_unheld(state: EpochState, req) -> bool:
-    """Re-bind a stamped request that holds no KV to the current epoch; True if it changed epoch."""
-    if not is_stamped(req) or req._vradix_epoch == state.epoch or holds_kv(req):
+    """Re-bind a request that holds no KV to the current epoch; True if it changed epoch.
+    Raises `UnstampedRequestError` for a request vradix never admitted."""
+    st = request.require(req)
+    if st.epoch == state.epoch or holds_kv(req):
         return False
-    _bind(state, req)
+    _bind(state, req, st)
     return True
 
 
-def _bind(state: EpochState, req) -> None:
-    req._vradix_epoch = state.epoch
+def _bind(state: EpochState, req, st: request.ReqState) -> None:
+    st.epoch = state.epoch
+    provenance.record_bind(st, state.epoch, state.label)
     if os.environ.get("VRADIX_FAULT_NO_NAMESPACE") == "1":
         return  # test-only fault: the namespace is lost, so only the KV page ledger's guard stands between
-    req.extra_key = namespace.stamped(state.epoch, req._vradix_user_key)
-    provenance.record_bind(req, state.epoch, state.label)
+    req.extra_key = namespace.stamped(state.epoch, st.user_key)

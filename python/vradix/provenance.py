@@ -1,6 +1,6 @@
 """Step 5 — provenance: under which weights each position's KV was computed, per request.
 
-Every request carries `_vradix_kv_history`, a list of `(start_position, epoch, label)` entries:
+Every request's `request.ReqState` carries `kv_history`, a list of `(start_position, epoch, label)` entries:
 - `record_bind` starts it at admission and at every re-bind: a request that holds no KV will compute (or match) all
   of its KV under the epoch it is bound to, so its history is one entry from position 0.
 - `record_crossing` appends one entry each time the request crosses a publication while holding KV: positions
@@ -20,18 +20,19 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+from vradix import request
+from vradix.request import ReqState
+
 PROVENANCE_KEY = "vradix_provenance"  # the customized_info key that carries it from scheduler to tokenizer manager
 
 
-def record_bind(req, epoch: int, label: Optional[str]) -> None:
-    req._vradix_kv_history = [(0, epoch, label)]
+def record_bind(st: ReqState, epoch: int, label: Optional[str]) -> None:
+    st.kv_history = [(0, epoch, label)]
 
 
-def record_crossing(req, epoch: int, label: Optional[str]) -> None:
+def record_crossing(req, st: ReqState, epoch: int, label: Optional[str]) -> None:
     """The request holds KV across a bump to `epoch`: KV computed from now on is computed under `label`."""
-    history = getattr(req, "_vradix_kv_history", None)
-    if history is None:
-        return
+    history = st.kv_history
     committed = max(req.kv.kv_committed_len, getattr(req, "prefix_len", 0) or 0)
     if history[-1][0] >= committed:
         # nothing was computed under the previous entry's epoch since it started: it owns no positions
@@ -46,7 +47,8 @@ def kv_weight_versions(req) -> List[dict]:
     Adjacent entries with the same label are merged (a lock-aware flush bumps the epoch but keeps the weights); a merged
     span reports the epoch it started under.
     """
-    history = getattr(req, "_vradix_kv_history", None) or []
+    st = request.of(req)
+    history = st.kv_history if st is not None else []
     total = len(req.origin_input_ids) + len(req.output_ids)
     spans: List[dict] = []
     for i, (start, epoch, label) in enumerate(history):
@@ -62,15 +64,16 @@ def kv_weight_versions(req) -> List[dict]:
 
 
 def crossed(req) -> bool:
-    return len(getattr(req, "_vradix_kv_history", None) or ()) > 1
+    st = request.of(req)
+    return st is not None and len(st.kv_history) > 1
 
 
 def prefix_cache(req) -> Optional[dict]:
     """`{cached_tokens, epoch, weight_version}` of the prefix KV the request reused (its bind epoch)."""
-    history = getattr(req, "_vradix_kv_history", None)
-    if not history:
+    st = request.of(req)
+    if st is None or not st.kv_history:
         return None
-    _, epoch, label = history[0]
+    _, epoch, label = st.kv_history[0]
     return {"cached_tokens": req.cached_tokens, "epoch": epoch, "weight_version": label}
 
 
@@ -82,7 +85,7 @@ def response_provenance(req) -> Optional[dict]:
     out = {"prefix_cache": prefix}
     if crossed(req):
         out["kv_weight_versions"] = kv_weight_versions(req)
-        ledger_spans = getattr(req, "_vradix_ledger_spans", None)
+        ledger_spans = request.of(req).ledger_spans
         if ledger_spans:
             # the KV page ledger's independent record (the `spans` kernel, page granularity) as a cross-check
             out["kv_ledger_spans"] = [{"epoch": e, "start": s, "end": t} for e, s, t in ledger_spans]

@@ -169,8 +169,8 @@ def export_metrics(scheduler) -> None:
 
 
 def state_block(scheduler) -> dict:
-    from vradix import publication, reclaim
+    from vradix import epochs, reclaim
 
     cache = scheduler.tree_cache
     state = state_of(cache)
-    return state.as_dict(reclaim.stale_tokens_pinned(cache, publication.holder_nodes(state)))
+    return state.as_dict(reclaim.stale_tokens_pinned(cache, epochs.holder_nodes(state)))

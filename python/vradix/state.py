@@ -54,8 +54,9 @@ class EpochState:
     stale_tokens_freed_total: int = 0
     stale_tokens_freed_at_release: int = 0
     forged_keys_rejected: int = 0
-    #: rid -> live request that holds a lock on KV of an older epoch (freed when it releases)
-    crossing: Dict[str, Any] = field(default_factory=dict)
+    #: id(req) -> live request that holds a lock on KV of an older epoch (freed when it releases); keyed by identity
+    #: because user rids need not be unique
+    crossing: Dict[int, Any] = field(default_factory=dict)
     last: Optional[Invalidation] = None
     #: set while a weight-update handler runs, so the publication bumps exactly once
     update_scope: Optional["UpdateScope"] = None

@@ -1,8 +1,9 @@
-"""Step 2 — publication: one epoch bump per weight change (or lock-aware flush).
+"""Step 2 — publication: one epoch bump per weight change (or lock-aware flush), and the release of crossing KV.
 
 `bump` is the whole contract of a publication, in order:
 1. advance the epoch (and the label, when the publication names one);
-2. mark every live request that holds KV as *crossing*: it keeps its own KV and continues, but never inserts into the
+2. forget crossing requests whose lock was released by a path other than `release_kv_cache` (P/D decode, streaming
+   sessions unlock directly); then mark every live request that holds KV as *crossing*: it keeps its own KV and continues, but never inserts into the
    tree (`skip_radix_cache_insert`), because its KV is now mixed-version; its lock on stale nodes is remembered so
    those nodes are freed when it releases;
 3. re-bind every queued request that holds no KV to the new epoch;
@@ -15,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Iterable, Optional
 
-from vradix import admission, provenance, reclaim
+from vradix import admission, provenance, reclaim, request
 from vradix.state import EpochState, Invalidation
 
 #: longest accepted publication label (SGLang `weight_version`); labels travel in every response's meta_info
@@ -54,6 +55,7 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
         state.publications += 1
     else:
         state.flushes += 1
+    sweep_released_crossing(state)
     holders = 0
     for req in live_reqs:
         if admission.holds_kv(req):
@@ -78,14 +80,25 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
 
 def mark_crossing(state: EpochState, req) -> None:
     """A request that holds KV across a bump: keep its KV, never insert it, free its stale locks at release.
-    Its KV history gets the new epoch from its committed position on (`provenance.record_crossing`)."""
-    provenance.record_crossing(req, state.epoch, state.label)
-    if not getattr(req, "_vradix_crossed", False):
-        req._vradix_crossed = True
-        req._vradix_skip_before = req.skip_radix_cache_insert
+    Its KV history gets the new epoch from its committed position on (`provenance.record_crossing`).
+    `state.crossing` is keyed by object identity: two live requests may share a user-supplied rid."""
+    st = request.require(req)
+    provenance.record_crossing(req, st, state.epoch, state.label)
+    if not st.crossed:
+        st.crossed = True
+        st.skip_insert_before = req.skip_radix_cache_insert
         req.skip_radix_cache_insert = True
     if getattr(req, "lock", None) is not None:
-        state.crossing[req.rid] = req
+        state.crossing[id(req)] = req
+
+
+def sweep_released_crossing(state: EpochState) -> int:
+    """Forget crossing requests that no longer hold a tree lock (released without `release_kv_cache`); the bump's
+    bulk reclaim frees what they left unlocked. Returns how many were forgotten."""
+    gone = [k for k, r in state.crossing.items() if getattr(r, "lock", None) is None]
+    for k in gone:
+        del state.crossing[k]
+    return len(gone)
 
 
 def holder_nodes(state: EpochState) -> list:
@@ -99,11 +112,12 @@ def on_release(state: EpochState, cache, req, released_node) -> int:
     request: it is re-bound at its next match and may insert its (pure new-epoch) KV again.
     """
     freed = 0
-    if state.crossing.pop(req.rid, None) is not None:
+    if state.crossing.pop(id(req), None) is not None:
         freed = reclaim.free_released_path(cache, released_node)
         state.stale_tokens_freed_total += freed
         state.stale_tokens_freed_at_release += freed
-    if getattr(req, "_vradix_crossed", False) and not req.finished():
-        req.skip_radix_cache_insert = req._vradix_skip_before
-        req._vradix_crossed = False
+    st = request.of(req)
+    if st is not None and st.crossed and not req.finished():
+        req.skip_radix_cache_insert = st.skip_insert_before
+        st.crossed = False
     return freed

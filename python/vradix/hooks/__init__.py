@@ -1,0 +1,72 @@
+"""Every hook vradix installs, in one table, in data-path order (`HOOKS`). Importing this module imports SGLang and
+every vradix step; `vradix.plugin.register()` does so only inside its fail-closed install."""
+from __future__ import annotations
+
+from vradix import ledger, overlap, report
+from vradix.hooks import admission, forward, launcher, lora, publication, reclaim, server_info, startup
+
+_SCHED = "sglang.srt.managers.scheduler.Scheduler"
+_UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
+_COMMON = "sglang.srt.mem_cache.common"
+_TOKEN_ALLOC = "sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator"
+_PAGED_ALLOC = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator"
+_OUT = "sglang.srt.managers.scheduler_components.output_streamer"
+_TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
+
+#: (target, hook type, hook) — the complete list of places vradix attaches, in data-path order.
+HOOKS = [
+    # engine start
+    (f"{_SCHED}.__init__", "AFTER", startup.attach_to_scheduler),
+    # 1. admission: stamp, and re-bind queued requests before they match
+    (f"{_SCHED}._maybe_namespace_elastic_radix_cache", "AFTER", admission.stamp_request),
+    (f"{_COMMON}.match_kv_cache", "BEFORE", admission.rebind_before_match),
+    (f"{_COMMON}.match_kv_cache", "AROUND", admission.verify_match),
+    ("sglang.srt.mem_cache.allocation.alloc_for_extend", "AFTER", admission.sample_verify_prefill_batch),
+    # forward: the KV page ledger records which epoch wrote each page, and which pages are free
+    (f"{_SCHED}.run_batch", "BEFORE", forward.stamp_forward_batch),
+    (f"{_TOKEN_ALLOC}.free", "BEFORE", ledger.on_free_slots),
+    (f"{_PAGED_ALLOC}.free", "BEFORE", ledger.on_free_slots),
+    (f"{_PAGED_ALLOC}.free_page_ids", "BEFORE", ledger.on_free_pages),
+    (f"{_TOKEN_ALLOC}.clear", "AFTER", ledger.on_clear),
+    (f"{_PAGED_ALLOC}.clear", "AFTER", ledger.on_clear),
+    # 2. publication: every way the weights (or their label) change bumps the epoch once
+    (f"{_UPDATER}.update_weights_from_disk", "AROUND", publication.publish_update_from_disk),
+    (f"{_UPDATER}.update_weights_from_distributed", "AROUND", publication.publish_update_from_distributed),
+    (f"{_UPDATER}.update_weights_from_tensor", "AROUND", publication.publish_update_from_tensor),
+    (f"{_UPDATER}.update_weights_from_ipc", "AROUND", publication.publish_update_from_ipc),
+    (f"{_UPDATER}.record_weight_version_after_update", "AROUND", publication.publish_after_version_record),
+    (f"{_UPDATER}.begin_weight_update", "BEFORE", publication.drain_before_weight_session),
+    (f"{_UPDATER}.end_weight_update", "AROUND", publication.publish_on_session_end),
+    (f"{_SCHED}.record_weight_version_change", "AROUND", publication.publish_on_version_change),
+    # bad input: an invalid publication label is refused in the launcher before anything changes
+    ("sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.update_weight_version", "BEFORE",
+     launcher.reject_bad_version_label),
+    ("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_weights_from_disk", "AROUND",
+     launcher.reject_bad_update_label),
+    # overlap safety: nothing in flight while weights change
+    (f"{_SCHED}.pause_generation", "BEFORE", publication.drain_before_in_place_pause),
+    (f"{_SCHED}.process_batch_result", "AROUND", overlap.skip_drained_result),
+    # 3. reclaim: lock-aware, at release and on flush
+    (f"{_COMMON}.release_kv_cache", "AROUND", reclaim.reclaim_on_release),
+    (f"{_SCHED}.flush_cache", "AROUND", reclaim.lock_aware_flush),
+    # 4. report
+    ("sglang.srt.managers.scheduler_components.flush_wrapper.SchedulerFlushWrapper.handle", "AFTER",
+     server_info.report_flush),
+    ("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
+     "AFTER", server_info.report_server_info),
+    # 5. provenance: scheduler -> customized_info -> tokenizer manager meta_info -> OpenAI metadata
+    (f"{_OUT}._GenerationStreamAccumulator.accept", "AROUND", report.attach_provenance),
+    (f"{_TM}.update_request_meta_info", "AROUND", report.provenance_to_meta_info),
+    ("sglang.srt.utils.weight_versions.build_endpoint_weight_version_metadata", "AFTER",
+     report.provenance_to_openai_metadata),
+    # the /flush_cache HTTP body says what the invalidation did (launcher process)
+    ("sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.flush_cache", "AROUND",
+     report.remember_flush_message),
+    ("sglang.srt.entrypoints.http_server.launch_server", "BEFORE", report.add_flush_report_middleware),
+    # 6. LoRA-scoped invalidation: an adapter's entries are freed when it is unloaded
+    ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint_into_tree", "AFTER",
+     lora.remember_adapter_insert),
+    (f"{_SCHED}.load_lora_adapter", "AFTER", lora.count_adapter_load),
+    (f"{_SCHED}.load_lora_adapter_from_tensors", "AFTER", lora.count_adapter_load),
+    (f"{_SCHED}.unload_lora_adapter", "AFTER", lora.free_unloaded_adapter),
+]

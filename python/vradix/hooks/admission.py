@@ -1,0 +1,68 @@
+"""Step 1 hooks (scheduler process): stamp at admission, re-bind before a match, verify what a match adopts."""
+from __future__ import annotations
+
+from vradix import admission, guard, request
+from vradix.namespace import ReservedNamespaceError
+from vradix.state import state_of
+
+
+def stamp_request(_result, scheduler, req, *args, **kwargs):
+    """AFTER Scheduler._maybe_namespace_elastic_radix_cache: bind the request to the current epoch."""
+    state = state_of(scheduler.tree_cache)
+    if state is None:
+        return
+    try:
+        admission.stamp(state, req)
+    except ReservedNamespaceError as e:
+        state.forged_keys_rejected += 1
+        admission.stamp_refused(state, req)  # bound without the forged key, so it can match nothing foreign
+        req.set_finish_with_abort(f"Invalid request: {e}")
+
+
+def rebind_before_match(req, tree_cache, *args, **kwargs):
+    """BEFORE mem_cache.common.match_kv_cache: a request holding no KV always matches under the current epoch."""
+    state = state_of(tree_cache)
+    if state is not None:
+        admission.rebind_if_unheld(state, req)
+
+
+def verify_match(original, req, tree_cache, *args, **kwargs):
+    """AROUND mem_cache.common.match_kv_cache (strict guard): a tree match whose pages were not written under the
+    request's epoch is redone as a miss, before anything is locked or allocated for it."""
+    result = original(req, tree_cache, *args, **kwargs)
+    state = state_of(tree_cache)
+    if (state is None or state.ledger is None or state.guard.verify != "strict" or req.prefix_len == 0
+            or req.kv.holds_kv):
+        return result
+    expected = request.require(req).epoch
+    found = guard.matched_prefix_violations(state.ledger, tree_cache.prefix_device_indices(req), expected)
+    state.guard_stats.prefixes_verified += 1
+    if found.count == 0:
+        return result
+    guard.record_violation(state.guard_stats, (
+        f"request {req.rid}: {found.count} of {req.prefix_len} matched prefix positions were not written under "
+        f"epoch {expected} (first at position {found.first_pos}); recomputing it as a cache miss"))
+    # Inserting would de-duplicate the recomputed KV onto the corrupt entry and point the request's row back at it.
+    req.skip_radix_cache_insert = True
+    return original(req, tree_cache, *args, **{**kwargs, "max_prefix_len": 0})
+
+
+def sample_verify_prefill_batch(_result, batch, *args, **kwargs):
+    """AFTER mem_cache.allocation.alloc_for_extend (sample guard): one fused check of the batch's reused prefixes,
+    rows already written. Requests that crossed a publication hold older KV by contract and are not checked."""
+    state = state_of(batch.tree_cache) if batch.tree_cache is not None else None
+    if state is None or state.ledger is None or not guard.should_sample_batch(state.guard, state.guard_stats):
+        return
+    picked = [r for r in batch.reqs if r.prefix_len > 0 and not request.require(r).crossed]
+    if not picked:
+        return
+    rows = [r.kv.req_pool_idx for r in picked]
+    lens = [r.prefix_len for r in picked]
+    epochs = [request.require(r).epoch for r in picked]
+    found = guard.batch_violations(state.ledger, batch.req_to_token_pool.req_to_token, rows, lens, epochs)
+    state.guard_stats.batches_verified += 1
+    if found.count:
+        guard.record_violation(state.guard_stats, (
+            f"prefill batch: {found.count} reused prefix positions not written under their request's epoch (first: "
+            f"request {picked[found.first_index].rid} position {found.first_pos}) — detected after the fact "
+            "(sample mode)"))

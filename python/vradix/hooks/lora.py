@@ -1,0 +1,38 @@
+"""LoRA hooks (scheduler process): an adapter's cached entries are freed when it is unloaded (`vradix.lora`)."""
+from __future__ import annotations
+
+import logging
+
+from vradix import lora, report
+from vradix.state import state_of
+
+logger = logging.getLogger("vradix")
+
+
+def remember_adapter_insert(_result, cache, req, *args, **kwargs):
+    """AFTER UnifiedRadixCache.checkpoint_into_tree: remember which adapter's namespace the insert went into."""
+    state = state_of(cache)
+    if state is not None:
+        lora.remember_adapter_node(state, cache, req)
+
+
+def count_adapter_load(result, scheduler, recv_req, *args, **kwargs):
+    """AFTER Scheduler.load_lora_adapter(_from_tensors): a load mints a new lora_id, i.e. a fresh namespace."""
+    state = state_of(scheduler.tree_cache)
+    if state is not None and result.success:
+        state.lora_events += 1
+        logger.info("vradix: adapter %r loaded as lora_id %s: its requests match only KV of this load",
+                    recv_req.lora_name, recv_req.lora_id)
+
+
+def free_unloaded_adapter(result, scheduler, recv_req, *args, **kwargs):
+    """AFTER Scheduler.unload_lora_adapter: free the entries of the unloaded adapter, and only those."""
+    state = state_of(scheduler.tree_cache)
+    if state is None or not result.success:
+        return
+    state.lora_events += 1
+    freed = lora.free_adapter_entries(state, scheduler.tree_cache, recv_req.lora_id)
+    state.lora_tokens_freed += freed
+    logger.info("vradix: adapter %r (lora_id %s) unloaded: freed %d of its cached tokens; other namespaces untouched",
+                recv_req.lora_name, recv_req.lora_id, freed)
+    report.export_metrics(scheduler)

@@ -1,0 +1,43 @@
+"""Step 3 hooks (scheduler process): free stale KV when a crossing request releases it; flush lock-aware."""
+from __future__ import annotations
+
+from vradix import epochs, provenance, report, request
+from vradix import ledger as kv_ledger
+from vradix.hooks.publication import bump_scheduler
+from vradix.state import Invalidation, state_of
+
+
+def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
+    """AROUND mem_cache.common.release_kv_cache: free the stale path a crossing request just unlocked."""
+    lock = getattr(req, "lock", None)
+    node = lock.node if lock is not None else None
+    state = state_of(tree_cache)
+    if state is not None and state.ledger is not None and req.kv.holds_kv and provenance.crossed(req):
+        # the row is freed by the release: read the device-side provenance witness first
+        request.require(req).ledger_spans = kv_ledger.kv_spans(state.ledger, tree_cache.req_to_token_pool.req_to_token, req)
+    result = original(req, tree_cache, *args, **kwargs)
+    if state is not None:
+        epochs.on_release(state, tree_cache, req, node)
+    return result
+
+
+def lock_aware_flush(original, scheduler, *args, **kwargs):
+    """AROUND Scheduler.flush_cache: with KV holders present, invalidate lock-aware instead of refusing."""
+    state = state_of(scheduler.tree_cache)
+    if state is None:
+        return original(scheduler, *args, **kwargs)
+    if scheduler.is_fully_idle(ignore_waiting=scheduler._engine_paused):
+        cached = scheduler.tree_cache.evictable_size() + scheduler.tree_cache.protected_size()
+        ok = original(scheduler, *args, **kwargs)
+        if ok:
+            state.flushes += 1
+            state.stale_tokens_freed_total += cached
+            state.last = Invalidation(state.epoch, state.epoch, state.label, "flush (idle reset)", tokens_freed=cached)
+            report.export_metrics(scheduler)
+        return ok
+    scope = state.update_scope
+    if scope is not None and scope.bumped is not None:
+        # the publication that asked for this flush already invalidated everything older, lock-aware
+        return True
+    bump_scheduler(scheduler, reason="lock-aware flush", is_publication=False)
+    return True

@@ -1,0 +1,51 @@
+"""Step 4 hooks (scheduler process): what /flush_cache and /get_server_info report."""
+from __future__ import annotations
+
+from vradix import __version__, report
+from vradix.state import state_of
+
+
+def report_flush(result, wrapper, *args, **kwargs):
+    """AFTER SchedulerFlushWrapper.handle: say what the flush did."""
+    scheduler = getattr(wrapper._flush_cache, "__self__", None)
+    state = state_of(scheduler.tree_cache) if scheduler is not None else None
+    if result is not None and result.success and state is not None and state.last is not None:
+        result.message = state.last.summary()
+    return result
+
+
+def report_server_info(result, internal_state, *args, **kwargs):
+    """AFTER InternalState.get_internal_state: a `vradix` block in /get_server_info."""
+    scheduler = internal_state.scheduler
+    cache = scheduler.tree_cache
+    state = state_of(cache)
+    if state is None:
+        block = {"active": False, "version": __version__, "reason": "radix cache disabled"}
+    else:
+        block = report.state_block(scheduler)
+        block["chunked_prefill_in_progress"] = scheduler.chunked_req is not None
+        block["pool"] = pool_accounting(scheduler)
+        if state.metrics is not None:
+            state.metrics.export(block)
+    result.internal_state["vradix"] = block
+    return result
+
+
+def pool_accounting(scheduler) -> dict:
+    """The terms of SGLang's idle memory check, read on the scheduler thread (one consistent snapshot).
+
+    When `idle` is true, no request holds KV, so `available + evictable + protected == total` and
+    `req_slots_free == req_slots_total` must hold exactly (clients use this as a strict leak check)."""
+    cache = scheduler.tree_cache
+    return {
+        "total": scheduler.max_total_num_tokens,
+        "available": scheduler.token_to_kv_pool_allocator.available_size(),
+        "evictable": cache.evictable_size(),
+        "protected": cache.protected_size(),
+        "req_slots_free": len(scheduler.req_to_token_pool.free_slots),
+        "req_slots_total": scheduler.req_to_token_pool.size,
+        "waiting_requests": len(scheduler.waiting_queue),
+        "running_requests": len(scheduler.running_batch.reqs),
+        "paused": bool(scheduler._engine_paused),
+        "idle": bool(scheduler.is_fully_idle()),
+    }

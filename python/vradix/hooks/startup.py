@@ -1,0 +1,51 @@
+"""Engine start (scheduler process): version the tree cache, or refuse loudly."""
+from __future__ import annotations
+
+import logging
+
+from vradix import __version__, report
+from vradix.hooks.publication import current_label
+from vradix.state import attach
+
+logger = logging.getLogger("vradix")
+
+
+def attach_to_scheduler(_result, scheduler, *args, **kwargs):
+    """AFTER Scheduler.__init__: version the tree cache, or say loudly why vradix is a no-op / refuses."""
+    cache = scheduler.tree_cache
+    if not cache.supports_prefix_sharing():
+        logger.info("vradix %s: radix cache is disabled; vradix is a no-op (nothing to version)", __version__)
+        return
+    tree_core = getattr(cache, "tree_core", None)
+    if tree_core is None or not hasattr(tree_core, "collect_path_info"):
+        raise RuntimeError(
+            f"vradix {__version__} cannot version {type(cache).__name__} (it supports SGLang's UnifiedRadixCache). "
+            "Refusing to serve an unversioned prefix cache: use the default radix backend, pass "
+            "--disable-radix-cache, or set VRADIX_DISABLE=1 for stock behaviour.")
+    unobserved = ledger_blind_spots(scheduler)
+    if unobserved:
+        # KV written by these paths bypasses run_batch's stamp; a strict guard would reject every such prefix.
+        logger.warning("vradix: KV page ledger disabled (KV also arrives via %s); the epoch namespace still applies",
+                       ", ".join(unobserved))
+    state = attach(cache, with_ledger=not unobserved)
+    state.label = current_label()
+    state.metrics = report.metrics_for(scheduler)
+    report.export_metrics(scheduler)
+    logger.info("vradix %s active: epoch-namespaced radix cache (%s, tree core %s), epoch %d; KV page ledger %s "
+                "(verify=%s, audit=%s)", __version__, type(cache).__name__, state.tree_core, state.epoch,
+                "on" if state.ledger is not None else "off", state.guard.verify, state.guard.audit)
+
+
+def ledger_blind_spots(scheduler) -> list[str]:
+    """KV write paths the ledger does not observe in this engine (HiCache load-back, P/D transfer, speculative
+    drafts)."""
+    spots = []
+    if getattr(scheduler, "enable_hierarchical_cache", False):
+        spots.append("HiCache load-back")
+    mode = getattr(getattr(scheduler, "disaggregation_mode", None), "value", "null")
+    if mode not in ("null", None):
+        spots.append(f"P/D disaggregation ({mode})")
+    spec = getattr(scheduler, "spec_algorithm", None)
+    if spec is not None and not getattr(spec, "is_none", lambda: True)():
+        spots.append("speculative decoding")
+    return spots
