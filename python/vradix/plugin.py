@@ -19,7 +19,6 @@ import logging
 import os
 import pkgutil
 import sys
-from importlib.metadata import version as dist_version
 
 from vradix import __version__
 
@@ -59,6 +58,8 @@ def register() -> None:
 def _install() -> int:
     if os.environ.get("VRADIX_FAULT_IMPORT"):
         raise ImportError(f"VRADIX_FAULT_IMPORT={os.environ['VRADIX_FAULT_IMPORT']!r}: injected import failure")
+    from importlib.metadata import version as dist_version
+
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from vradix.guard import GuardConfig, GuardConfigError
@@ -113,6 +114,9 @@ def _fault_injected(target: str) -> str:
     return target + "_missing_in_this_sglang" if fault and target.endswith(fault) else target
 
 
+_warned_excluded = False
+
+
 def excluded_by_allow_list(environ=os.environ) -> bool:
     """Whether SGLANG_PLUGINS (SGLang's plugin allow-list) is set and leaves vradix out."""
     allowed = environ.get("SGLANG_PLUGINS", "")
@@ -123,10 +127,13 @@ def excluded_by_allow_list(environ=os.environ) -> bool:
 def warn_if_excluded(environ=os.environ, stream=None) -> bool:
     """Run at interpreter start by `vradix-plugin-check.pth`: SGLang never calls `register()` when SGLANG_PLUGINS
     leaves vradix out, so this is the only place that can say so. Silent under VRADIX_DISABLE (an explicit opt-out).
-    Returns whether it warned."""
-    if not excluded_by_allow_list(environ) or environ.get("VRADIX_DISABLE", "").strip().lower() in (
+    Warns at most once per process (some environments read site-packages' .pth files twice). Returns whether it
+    warned."""
+    global _warned_excluded
+    if _warned_excluded or not excluded_by_allow_list(environ) or environ.get("VRADIX_DISABLE", "").strip().lower() in (
             "1", "true", "yes", "on"):
         return False
+    _warned_excluded = True
     (stream or sys.stderr).write(
         f"WARNING vradix {__version__} is installed but SGLANG_PLUGINS={environ.get('SGLANG_PLUGINS')!r} excludes it: "
         "SGLang engines started from this environment serve an UNVERSIONED radix cache (KV computed under old "

@@ -1,0 +1,87 @@
+"""One per-request state object (issue: hardening, item 8) and the guard paths that read it, against SGLang's real
+UnifiedRadixCache and allocators: a request carries exactly one vradix attribute, a request vradix never admitted is
+refused at the match instead of being treated as "current epoch", and the sample guard's log names the request whose
+row is corrupt."""
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from sglang.srt.mem_cache import common
+
+from vradix import epochs, request
+from vradix.admission import stamp
+from vradix.guard import GuardConfig
+from vradix.hooks.admission import sample_verify_prefill_batch
+from vradix.request import UnstampedRequestError
+from vradix.state import attach
+from vradix.testing.cache_fixture import build_cache
+
+
+def seq(start, n):
+    return [start + i for i in range(n)]
+
+
+@pytest.fixture(params=["rust", "python"])
+def env(request):
+    fx = build_cache(request.param, 1, kv_tokens=1024)
+    return fx, attach(fx.cache)
+
+
+def vradix_attributes(req):
+    return sorted(k for k in vars(req) if "vradix" in k)
+
+
+# regression: vradix hung six `_vradix_*` attributes on Req (user key, epoch, crossed, skip flag, history, spans)
+def test_a_request_carries_one_vradix_state_object_through_its_life(env):
+    fx, state = env
+    a = fx.make_req(seq(10, 40) + [1], extra_key="tenant")
+    stamp(state, a)
+    assert vradix_attributes(a) == ["_vradix"]
+    st = request.of(a)
+    assert (st.user_key, st.epoch, st.crossed, st.kv_history) == ("tenant", 0, False, [(0, 0, None)])
+    fx.admit(a)
+    fx.prefill(a)
+    epochs.bump(state, fx.cache, [a], [], reason="test", label="v1")
+    assert request.of(a) is st and st.crossed and len(st.kv_history) == 2
+    fx.decode(a, 7)
+    fx.finish(a)
+    assert vradix_attributes(a) == ["_vradix"]
+
+
+# regression: an unstamped request matched under "the current epoch" (getattr default) instead of failing closed
+def test_an_unstamped_request_reaching_a_match_is_refused(env):
+    fx, state = env
+    req = fx.make_req(seq(10, 20) + [1])
+    with pytest.raises(UnstampedRequestError, match="without an epoch binding"):
+        common.match_kv_cache(req, fx.cache, req.origin_input_ids, max_prefix_len=len(req.origin_input_ids) - 1)
+
+
+# regression: the sample guard's log indexed the filtered list's position into the full batch, naming the wrong request
+def test_the_sample_guard_names_the_request_whose_row_is_corrupt(env, caplog):
+    fx, state = env
+    state.guard = GuardConfig(verify="sample", sample_every=1)
+    warm = fx.make_req(seq(10, 40) + [9])
+    stamp(state, warm)
+    fx.admit(warm)
+    fx.prefill(warm)
+    fx.finish(warm)
+    reqs = []
+    for i in range(2):  # two requests reusing the cached prefix; the first crosses a publication (not checked)
+        r = fx.make_req(seq(10, 40) + [i])
+        stamp(state, r)
+        assert fx.admit(r) == 40
+        fx.prefill(r, checkpoint=False)
+        reqs.append(r)
+    request.of(reqs[0]).crossed = True
+    r2t = fx.req_pool.req_to_token
+    state.ledger.page_epoch[int(r2t[reqs[1].kv.req_pool_idx, 5])] = 7  # corrupt the second request's prefix
+    # the hook reads only these three attributes of a ScheduleBatch
+    batch = SimpleNamespace(tree_cache=fx.cache, reqs=reqs, req_to_token_pool=fx.req_pool)
+    with caplog.at_level(logging.ERROR, logger="vradix"):
+        sample_verify_prefill_batch(None, batch)
+    assert state.guard_stats.violations_caught == 1
+    assert f"request {reqs[1].rid} position 5" in state.guard_stats.last_violation
+    request.of(reqs[0]).crossed = False
+    for r in reqs:
+        fx.finish(r)
