@@ -105,6 +105,10 @@ class EngineHandle:
                                        "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}})
         return r.json()
 
+    def probe_cached_tokens(self, input_ids: Sequence[int]) -> int:
+        """Send the probe prompt once and return how many of its tokens the server served from its prefix cache."""
+        return self.generate_ids(input_ids)["meta_info"].get("cached_tokens", 0)
+
 
 def deployment_of(info: dict, blocks: List[Optional[dict]], *, colocated: bool = False,
                   prefer_sharing: bool = False) -> predicate.Deployment:
@@ -126,16 +130,18 @@ def probe_ids(rng: random.Random, n: int = 256, vocab: int = 400) -> List[int]:
 def publish(urls: Union[str, Sequence[str]], update: Update, version: Optional[str] = None, *,
             colocated: bool = False, prefer_sharing: bool = False, pause_mode: Optional[str] = None,
             on_failure: str = "stay_paused", timeout: float = 600.0, probe_vocab: int = 400,
-            seed: Optional[int] = None) -> List[EngineResult]:
+            seed: Optional[int] = None,
+            engine_factory: Callable[[str, float], EngineHandle] = EngineHandle) -> List[EngineResult]:
     """Publish `update` to every engine and verify it. Returns per-engine results or raises `PublishError`.
 
     `update` is a model path (`/update_weights_from_disk`) or a callable `(engine, version) -> None` that performs the
     transfer (e.g. NCCL `update_weights_from_distributed`) and raises on failure. `on_failure` is `stay_paused`
-    (default, fail closed) or `continue`.
+    (default, fail closed) or `continue`. `engine_factory(url, timeout)` builds each engine's `EngineHandle`
+    (a subclass can add authentication, logging or, in tests, fault injection).
     """
     if on_failure not in ("stay_paused", "continue"):
         raise ValueError("on_failure must be 'stay_paused' or 'continue'")
-    engines = [EngineHandle(u, timeout) for u in ([urls] if isinstance(urls, str) else list(urls))]
+    engines = [engine_factory(u, timeout) for u in ([urls] if isinstance(urls, str) else list(urls))]
     version = version or f"pub-{uuid.uuid4().hex[:12]}"
     rng = random.Random(seed)
     results = [EngineResult(e.url) for e in engines]
@@ -181,7 +187,7 @@ def _plan_and_arm(e: EngineHandle, res: EngineResult, colocated, prefer_sharing,
         return None
     probe = probe_ids(rng, vocab=vocab)
     e.generate_ids(probe)
-    res.probe_cached_before = e.generate_ids(probe)["meta_info"].get("cached_tokens", 0)
+    res.probe_cached_before = e.probe_cached_tokens(probe)
     return probe
 
 
@@ -224,7 +230,7 @@ def _verify(e: EngineHandle, res: EngineResult, version: str, probe) -> None:
         # a paused engine serves no generation, so this engine is resumed for its probe (and re-paused if it fails)
         e.post_ok("/continue_generation")
         res.state = "running"
-        res.probe_cached_after = e.generate_ids(probe)["meta_info"].get("cached_tokens", 0)
+        res.probe_cached_after = e.probe_cached_tokens(probe)
         if res.probe_cached_after != 0:
             res.state = _repause(e, res)
             raise RuntimeError(f"probe prefix still cached after the flush: cached_tokens="
