@@ -227,6 +227,7 @@ def test_publish_client_stock_fleet_is_all_or_nothing_across_probes(stock, model
         # the first engine's probe passed, but it is neither reported verified nor left serving
         assert [r.state for r in (r1, r2)] == ["paused(retract)", "paused(retract)"], str(e.value)
         assert not r1.verified and not r2.verified and "engines left paused" in str(e.value)
+        assert r1.checks_passed and "NOT verified (its own checks passed), left paused(retract)" in str(e.value)
         for url in fleet:  # really paused: a generation does not complete until the engine is continued
             with pytest.raises(requests.Timeout):
                 requests.post(url + "/generate", json={"input_ids": PROBE, "sampling_params": {"max_new_tokens": 1}},
