@@ -2,7 +2,8 @@
 reports) and the fail-closed publish client, against vradix and against stock SGLang (VRADIX_DISABLE=1).
 
 One vradix server (with its tokenizer, for the OpenAI endpoint, and --enable-metrics) serves the whole module; the
-tests run in file order on it and each reads the epoch it starts from."""
+tests run in file order on it and each reads the epoch it starts from. The client tests share one stock server; the
+stock-fleet test starts a second one."""
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 import requests
 
 import vradix
-from vradix.client import PublishError, publish
+from vradix.client import EngineHandle, PublishError, publish
 from vradix.predicate import UnsafeDeployment
 from vradix.testing.scenario import LONG_PROMPT, PROBE, StreamingRequest
 from vradix.testing.server import CpuServer
@@ -25,6 +26,13 @@ def server(models):
     with CpuServer(models[0], skip_tokenizer_init=False, extra_args=["--enable-metrics"]) as s:
         yield s
         assert "Traceback" not in s.logs()
+
+
+@pytest.fixture(scope="module")
+def stock(models):
+    """A stock SGLang server (VRADIX_DISABLE=1), shared by the client tests."""
+    with CpuServer(models[0], vradix=False) as s:
+        yield s
 
 
 def wait_for_progress(stream: StreamingRequest, tokens: int, timeout: float = 120.0) -> None:
@@ -153,44 +161,90 @@ def test_publish_client_on_vradix_engine_in_place_and_fail_closed(server, models
     assert s.generate(PROBE, 2)["meta_info"]["weight_version"] == "c2"  # still serving the last verified label
 
 
-def test_publish_client_on_stock_engine_retracts_flushes_and_verifies_with_a_probe(server, models):
-    with CpuServer(models[0], vradix=False) as s:
-        assert s.vradix_info() is None
-        with pytest.raises(UnsafeDeployment, match="in_place pause on an engine without vradix"):
-            publish(s.url, models[1], "s0", pause_mode="in_place")  # rejected before touching the engine
-        stream = StreamingRequest(s.url, LONG_PROMPT, 200)
-        assert stream.started.wait(120)
-        (res,) = publish(s.url, models[1], "s1", seed=7)
-        assert res.verified and not res.vradix and res.state == "running"
-        assert (res.plan.pause_mode, res.plan.radix_enabled, res.plan.flush) == ("retract", True, True)
-        assert res.probe_cached_before > 0  # the probe was really cached before the publication...
-        assert res.probe_cached_after == 0  # ...and really gone after it
-        assert res.label_after == "s1"
-        final = stream.result()["meta_info"]
-        assert final["num_retractions"] >= 1 and final["completion_tokens"] == 200
-        # fail closed on stock too: a failed update leaves the engine paused and says so
+def test_publish_client_on_stock_engine_retracts_flushes_and_verifies_with_a_probe(server, stock, models):
+    s = stock
+    assert s.vradix_info() is None
+    with pytest.raises(UnsafeDeployment, match="in_place pause on an engine without vradix"):
+        publish(s.url, models[1], "s0", pause_mode="in_place")  # rejected before touching the engine
+    stream = StreamingRequest(s.url, LONG_PROMPT, 200)
+    assert stream.started.wait(120)
+    (res,) = publish(s.url, models[1], "s1", seed=7)
+    assert res.verified and not res.vradix and res.state == "running"
+    assert (res.plan.pause_mode, res.plan.radix_enabled, res.plan.flush) == ("retract", True, True)
+    assert res.probe_cached_before > 0  # the probe was really cached before the publication...
+    assert res.probe_cached_after == 0  # ...and really gone after it
+    assert res.label_after == "s1"
+    final = stream.result()["meta_info"]
+    assert final["num_retractions"] >= 1 and final["completion_tokens"] == 200
+    # fail closed on stock too: a failed update leaves the engine paused and says so
+    with pytest.raises(PublishError) as e:
+        publish(s.url, "/nonexistent/weights", "s2")
+    assert "left paused(retract)" in str(e.value) and e.value.results[0].state == "paused(retract)"
+    assert s.post("/continue_generation").status_code == 200
+    assert s.generate(PROBE, 2)["meta_info"]["weight_version"] == "s1"
+
+    # a mixed fleet (vradix + stock): each engine gets its own plan, and the result is all-or-nothing
+    fleet = [server.url, s.url]
+    ok = publish(fleet, models[0], "m1", seed=3)
+    assert [r.verified for r in ok] == [True, True]
+    assert [r.plan.pause_mode for r in ok] == ["in_place", "retract"] and ok[1].probe_cached_after == 0
+
+    def transfer(engine, version):  # a framework's own transfer, failing on the second engine
+        if engine.url == s.url:
+            raise RuntimeError("simulated transfer failure on the stock engine")
+        engine.post_ok("/update_weights_from_disk", {"model_path": models[1], "weight_version": version,
+                                                     "flush_cache": False})
+
+    with pytest.raises(PublishError) as e:
+        publish(fleet, transfer, "m2")
+    assert [r.state for r in e.value.results] == ["paused(in_place)", "paused(retract)"]
+    assert not any(r.verified for r in e.value.results)  # the updated vradix engine is not reported published
+    assert "simulated transfer failure" in str(e.value) and "engines left paused" in str(e.value)
+    for url in fleet:
+        assert requests.post(url + "/continue_generation", json={}, timeout=60).status_code == 200
+
+
+class RewarmedProbe(EngineHandle):
+    """Fault injection with real servers and real HTTP: the probe prompt is sent once more right before each read, so
+    the read after the flush reports a hit, exactly what an engine whose flush did not take would report."""
+
+    def probe_cached_tokens(self, input_ids):
+        self.generate_ids(input_ids)
+        return super().probe_cached_tokens(input_ids)
+
+
+def test_publish_client_stock_fleet_is_all_or_nothing_across_probes(stock, models):
+    with CpuServer(models[0], vradix=False) as s2:
+        fleet = [stock.url, s2.url]
+
+        def second_probe_fails(url, timeout):
+            return (RewarmedProbe if url == s2.url else EngineHandle)(url, timeout)
+
         with pytest.raises(PublishError) as e:
-            publish(s.url, "/nonexistent/weights", "s2")
-        assert "left paused(retract)" in str(e.value) and e.value.results[0].state == "paused(retract)"
-        assert s.post("/continue_generation").status_code == 200
-        assert s.generate(PROBE, 2)["meta_info"]["weight_version"] == "s1"
-
-        # a mixed fleet (vradix + stock): each engine gets its own plan, and the result is all-or-nothing
-        fleet = [server.url, s.url]
-        ok = publish(fleet, models[0], "m1", seed=3)
-        assert [r.verified for r in ok] == [True, True]
-        assert [r.plan.pause_mode for r in ok] == ["in_place", "retract"] and ok[1].probe_cached_after == 0
-
-        def transfer(engine, version):  # a framework's own transfer, failing on the second engine
-            if engine.url == s.url:
-                raise RuntimeError("simulated transfer failure on the stock engine")
-            engine.post_ok("/update_weights_from_disk", {"model_path": models[1], "weight_version": version,
-                                                         "flush_cache": False})
-
-        with pytest.raises(PublishError) as e:
-            publish(fleet, transfer, "m2")
-        assert [r.state for r in e.value.results] == ["paused(in_place)", "paused(retract)"]
-        assert not any(r.verified for r in e.value.results)  # the updated vradix engine is not reported published
-        assert "simulated transfer failure" in str(e.value) and "engines left paused" in str(e.value)
+            publish(fleet, models[1], "f1", seed=11, engine_factory=second_probe_fails)
+        r1, r2 = e.value.results
+        assert r2.probe_cached_after > 0 and "probe prefix still cached" in r2.error
+        # the first engine's probe passed, but it is neither reported verified nor left serving
+        assert [r.state for r in (r1, r2)] == ["paused(retract)", "paused(retract)"], str(e.value)
+        assert not r1.verified and not r2.verified and "engines left paused" in str(e.value)
+        assert r1.checks_passed and "NOT verified (its own checks passed), left paused(retract)" in str(e.value)
+        for url in fleet:  # really paused: a generation does not complete until the engine is continued
+            with pytest.raises(requests.Timeout):
+                requests.post(url + "/generate", json={"input_ids": PROBE, "sampling_params": {"max_new_tokens": 1}},
+                              timeout=5)
         for url in fleet:
             assert requests.post(url + "/continue_generation", json={}, timeout=60).status_code == 200
+        for url in fleet:  # both serve again (the updated but unverified weights: the operator chose to continue)
+            r = requests.post(url + "/generate", json={"input_ids": PROBE, "sampling_params": {"max_new_tokens": 2}},
+                              timeout=120)
+            assert r.status_code == 200 and r.json()["meta_info"]["weight_version"] == "f1", r.text
+
+        # on_failure="continue" keeps its meaning: the same failure, every engine resumed, none reported verified
+        with pytest.raises(PublishError) as e:
+            publish(fleet, models[0], "f2", seed=12, engine_factory=second_probe_fails, on_failure="continue")
+        assert [r.state for r in e.value.results] == ["running", "running"]
+        assert not any(r.verified for r in e.value.results)
+        # and without the fault the same fleet publishes: both probes go from a hit to 0, both verified and running
+        ok = publish(fleet, models[0], "f3", seed=13)
+        assert [(r.verified, r.state) for r in ok] == [(True, "running"), (True, "running")]
+        assert all(r.probe_cached_before > 0 and r.probe_cached_after == 0 for r in ok)

@@ -9,9 +9,18 @@ Verification is positive, never "HTTP 200":
   vacuous (with the radix cache really disabled there is nothing to flush, and the probe stays at 0).
 - Radix disabled: nothing to invalidate; only the label is verified.
 
-All-or-nothing: every engine is paused before any is updated, every engine is verified before any is continued. If
-anything fails, `PublishError` carries each engine's evidence and the state it was left in: by default engines stay
-paused (fail closed: a half-published fleet must not serve), which the message names with the command to resume.
+All-or-nothing, in phases: every engine is planned (and its probe armed) while it still serves, then every engine is
+paused, then every engine is updated. Phase 1 checks, on every engine while all are paused, all that a paused engine
+can show: the label, and on vradix every rank's epoch. Phase 2 probes the stock engines: a probe needs generation, so
+only the engines with a probe are resumed, one after the other; the others stay paused until the verdict. Only when
+every check on every engine passed is any engine reported `verified` and the rest continued.
+
+The window: a probed stock engine serves, with the new weights and its cache flushed, from its resume in phase 2 to
+the verdict. The guarantee is that if anything fails (a probe, an HTTP call, anything), the first failure ends phase 2
+(no further engine is resumed), every engine resumed for a probe is paused again with its own plan's pause mode, and
+`PublishError` carries each engine's evidence and final state, with no engine reported verified. By default engines
+stay paused (fail closed: a half-published fleet must not serve), which the message names with the command to resume;
+`on_failure="continue"` resumes every engine instead (still none reported verified).
 
 HTTP goes through `requests` (installed with SGLang).
 """
@@ -49,12 +58,15 @@ class EngineResult:
     probe_cached_after: Optional[int] = None
     update_message: str = ""
     flush_message: str = ""
-    verified: bool = False
+    checks_passed: bool = False  # this engine's own checks passed (it may still fail with the fleet)
+    verified: bool = False  # only when every engine passed every check
     state: str = "running"  # running | paused(<mode>)
     error: Optional[str] = None
 
     def evidence(self) -> str:
-        parts = [f"{self.url}: {'verified' if self.verified else 'NOT verified'}, left {self.state}"]
+        status = "verified" if self.verified else (
+            "NOT verified (its own checks passed)" if self.checks_passed else "NOT verified")
+        parts = [f"{self.url}: {status}, left {self.state}"]
         if self.plan is not None:
             parts.append(f"plan={self.plan.pause_mode}/radix={'on' if self.plan.radix_enabled else 'off'}"
                          f"/flush={self.plan.flush}")
@@ -105,6 +117,10 @@ class EngineHandle:
                                        "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}})
         return r.json()
 
+    def probe_cached_tokens(self, input_ids: Sequence[int]) -> int:
+        """Send the probe prompt once and return how many of its tokens the server served from its prefix cache."""
+        return self.generate_ids(input_ids)["meta_info"].get("cached_tokens", 0)
+
 
 def deployment_of(info: dict, blocks: List[Optional[dict]], *, colocated: bool = False,
                   prefer_sharing: bool = False) -> predicate.Deployment:
@@ -126,22 +142,26 @@ def probe_ids(rng: random.Random, n: int = 256, vocab: int = 400) -> List[int]:
 def publish(urls: Union[str, Sequence[str]], update: Update, version: Optional[str] = None, *,
             colocated: bool = False, prefer_sharing: bool = False, pause_mode: Optional[str] = None,
             on_failure: str = "stay_paused", timeout: float = 600.0, probe_vocab: int = 400,
-            seed: Optional[int] = None) -> List[EngineResult]:
+            seed: Optional[int] = None,
+            engine_factory: Callable[[str, float], EngineHandle] = EngineHandle) -> List[EngineResult]:
     """Publish `update` to every engine and verify it. Returns per-engine results or raises `PublishError`.
 
     `update` is a model path (`/update_weights_from_disk`) or a callable `(engine, version) -> None` that performs the
     transfer (e.g. NCCL `update_weights_from_distributed`) and raises on failure. `on_failure` is `stay_paused`
-    (default, fail closed) or `continue`.
+    (default, fail closed) or `continue`. `engine_factory(url, timeout)` builds each engine's `EngineHandle`
+    (a subclass can add authentication, logging or, in tests, fault injection).
     """
     if on_failure not in ("stay_paused", "continue"):
         raise ValueError("on_failure must be 'stay_paused' or 'continue'")
-    engines = [EngineHandle(u, timeout) for u in ([urls] if isinstance(urls, str) else list(urls))]
+    engines = [engine_factory(u, timeout) for u in ([urls] if isinstance(urls, str) else list(urls))]
     version = version or f"pub-{uuid.uuid4().hex[:12]}"
     rng = random.Random(seed)
     results = [EngineResult(e.url) for e in engines]
     probes: List[Optional[List[int]]] = [None] * len(engines)
+    resumed: List[int] = []  # engines resumed for their probe in phase 2: re-paused if anything fails
     current = results[0]
     try:
+        # phase 0, every engine still serving: plan it, and arm the probe of a stock engine with radix on
         for i, (e, res) in enumerate(zip(engines, results)):
             current = res
             probes[i] = _plan_and_arm(e, res, colocated, prefer_sharing, pause_mode, rng, probe_vocab)
@@ -152,16 +172,31 @@ def publish(urls: Union[str, Sequence[str]], update: Update, version: Optional[s
         for e, res in zip(engines, results):
             current = res
             _update(e, res, update, version)
+        # phase 1, every engine paused: labels and vradix epochs on all of them
         for e, res, probe in zip(engines, results, probes):
             current = res
-            _verify(e, res, version, probe)
+            _verify_paused(e, res, version)
+            res.checks_passed = probe is None
+        # phase 2: a probe needs generation, so only the engines with a probe are resumed, one after the other, and
+        # they serve from here to the verdict; the first failure stops the phase (no further engine is resumed)
+        for i, (e, res, probe) in enumerate(zip(engines, results, probes)):
+            if probe is not None:
+                current = res
+                resumed.append(i)
+                _probe(e, res, probe)
+                res.checks_passed = True
     except predicate.UnsafeDeployment:
         raise  # raised while planning, before any engine was paused
     except Exception as exc:  # noqa: BLE001 - every failure is reported with the evidence, then re-raised
         current.error = f"{type(exc).__name__}: {exc}"
         if on_failure == "continue":
             _continue_all(engines, results)
+        else:
+            for i in resumed:  # each with its own plan's pause mode
+                results[i].state = _repause(engines[i], results[i])
         raise PublishError(_failure_message(results, version), results) from exc
+    for res in results:  # every engine passed every check: only now is any engine reported verified
+        res.verified = True
     _continue_all(engines, results)
     return results
 
@@ -181,7 +216,7 @@ def _plan_and_arm(e: EngineHandle, res: EngineResult, colocated, prefer_sharing,
         return None
     probe = probe_ids(rng, vocab=vocab)
     e.generate_ids(probe)
-    res.probe_cached_before = e.generate_ids(probe)["meta_info"].get("cached_tokens", 0)
+    res.probe_cached_before = e.probe_cached_tokens(probe)
     return probe
 
 
@@ -200,7 +235,8 @@ def _update(e: EngineHandle, res: EngineResult, update: Update, version: str) ->
         res.flush_message = e.post_ok("/flush_cache").text.strip()
 
 
-def _verify(e: EngineHandle, res: EngineResult, version: str, probe) -> None:
+def _verify_paused(e: EngineHandle, res: EngineResult, version: str) -> None:
+    """Phase 1: everything that can be checked on a paused engine (the label; on vradix every rank's epoch too)."""
     res.label_after = e.label()
     if res.vradix:
         blocks = e.vradix_blocks()
@@ -217,19 +253,18 @@ def _verify(e: EngineHandle, res: EngineResult, version: str, probe) -> None:
             raise RuntimeError(f"epoch did not advance on every rank: {res.epochs_before} -> {res.epochs_after}")
         if res.label_after != version or any(lbl != version for lbl in labels):
             raise RuntimeError(f"server reports label {res.label_after!r} (ranks {labels}), expected {version!r}")
-    else:
-        if res.label_after != version:
-            raise RuntimeError(f"server reports weight_version {res.label_after!r}, expected {version!r}")
-    if probe is not None:
-        # a paused engine serves no generation, so this engine is resumed for its probe (and re-paused if it fails)
-        e.post_ok("/continue_generation")
-        res.state = "running"
-        res.probe_cached_after = e.generate_ids(probe)["meta_info"].get("cached_tokens", 0)
-        if res.probe_cached_after != 0:
-            res.state = _repause(e, res)
-            raise RuntimeError(f"probe prefix still cached after the flush: cached_tokens="
-                               f"{res.probe_cached_after} (before: {res.probe_cached_before})")
-    res.verified = True
+    elif res.label_after != version:
+        raise RuntimeError(f"server reports weight_version {res.label_after!r}, expected {version!r}")
+
+
+def _probe(e: EngineHandle, res: EngineResult, probe: List[int]) -> None:
+    """Phase 2 on a stock engine: a paused engine serves no generation, so it is resumed for its probe."""
+    res.state = "running"  # before the call: a continue that errors may still have resumed the engine
+    e.post_ok("/continue_generation")
+    res.probe_cached_after = e.probe_cached_tokens(probe)
+    if res.probe_cached_after != 0:
+        raise RuntimeError(f"probe prefix still cached after the flush: cached_tokens="
+                           f"{res.probe_cached_after} (before: {res.probe_cached_before})")
 
 
 def _repause(e: EngineHandle, res: EngineResult) -> str:
