@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from typing import Dict, Iterable, Sequence
+from typing import Dict, Sequence
 
 from vradix.testing.server import CpuServer
 
@@ -95,7 +95,3 @@ def publish(server: CpuServer, model_path: str, version: str, timeout: float = 1
     body = r.json()
     assert r.status_code == 200 and body["success"], body
     return body
-
-
-def generate_all(server: CpuServer, prompts: Iterable[Sequence[int]], max_new_tokens: int = 4) -> list:
-    return [server.generate(p, max_new_tokens, timeout=300) for p in prompts]
