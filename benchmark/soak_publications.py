@@ -36,6 +36,10 @@ from vradix.testing.server import CpuServer
 from vradix.testing.tiny_model import generate
 
 
+#: the soak's two weight sets, as `generate(path, **MODELS[name])` (peaky float32 logits); shared with tie_check.py
+MODELS = {"A": dict(seed=1, dtype="float32", init_range=0.2), "B": dict(seed=2, dtype="float32", init_range=0.2)}
+
+
 def prompt_pool(n_suffixes: int) -> List[List[int]]:
     """Prompts that share prefixes: 4 prefixes of 96 tokens (two of them share their first 48), then 2 tokens."""
     base = [[(i * 7 + k * 101) % 450 + 20 for i in range(96)] for k in range(4)]
@@ -115,7 +119,8 @@ def crossed(resp: Response, starts: List[float], ends: List[float]) -> bool:
     return i >= 0 and ends[i] >= resp.t0
 
 
-def main(argv: Optional[List[str]] = None) -> dict:
+def parser() -> argparse.ArgumentParser:
+    """The soak's command line (its defaults are shared with tie_check.py)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--publications", type=int, default=1000)
     p.add_argument("--concurrency", type=int, default=4)
@@ -127,11 +132,14 @@ def main(argv: Optional[List[str]] = None) -> dict:
                    help="publish again once this many requests sent after the last publication have completed")
     p.add_argument("--workdir", default=None)
     p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    a = parser().parse_args(argv)
 
     workdir = a.workdir or tempfile.mkdtemp(prefix="vradix-soak-")
-    models = {"A": generate(os.path.join(workdir, "A"), seed=1, dtype="float32", init_range=0.2),
-              "B": generate(os.path.join(workdir, "B"), seed=2, dtype="float32", init_range=0.2)}
+    models = {w: generate(os.path.join(workdir, w), **kw) for w, kw in MODELS.items()}
     prompts = prompt_pool(a.suffixes)
     t_oracle = time.monotonic()
     with cf.ThreadPoolExecutor(2) as pool:
