@@ -60,6 +60,8 @@ class EpochState:
     last: Optional[Invalidation] = None
     #: set while a weight-update handler runs, so the publication bumps exactly once
     update_scope: Optional["UpdateScope"] = None
+    #: open from a successful begin_weight_update to end_weight_update: one publication, bumped once at its end
+    session: Optional["WeightSession"] = None
     #: device-side record of which epoch wrote each KV page (None for allocators vradix cannot observe)
     ledger: Optional[PageLedger] = None
     guard: GuardConfig = field(default_factory=GuardConfig)
@@ -99,6 +101,7 @@ class EpochState:
             "lora_adapter_events": self.lora_events,
             "lora_stale_tokens_freed": self.lora_tokens_freed,
             "kv_ledger": self.ledger_dict(),
+            "weight_session": self.session.as_dict() if self.session is not None else None,
         }
 
     def ledger_dict(self) -> dict:
@@ -122,10 +125,24 @@ class EpochState:
 
 @dataclass
 class UpdateScope:
-    """Bookkeeping for one weight-update call: did it bump, and with what result."""
+    """Bookkeeping for one weight-update call: did it bump, and with what result. A call inside a weight-update
+    session (`in_session`) never bumps: the session's end does."""
 
     source: str
     bumped: Optional[Invalidation] = None
+    in_session: bool = False
+
+
+@dataclass
+class WeightSession:
+    """One `begin_weight_update ... end_weight_update` session: its buckets (update calls) so far. A session is one
+    publication: its buckets apply their labels but never bump; `end_weight_update` bumps once."""
+
+    buckets: int = 0
+    failed_buckets: int = 0
+
+    def as_dict(self) -> dict:
+        return {"buckets": self.buckets, "failed_buckets": self.failed_buckets}
 
 
 def attach(tree_cache, with_ledger: bool = True) -> EpochState:

@@ -12,6 +12,7 @@ _TOKEN_ALLOC = "sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator"
 _PAGED_ALLOC = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator"
 _OUT = "sglang.srt.managers.scheduler_components.output_streamer"
 _TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
+_TCM = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin"
 
 #: (target, hook type, hook) — the complete list of places vradix attaches, in data-path order.
 HOOKS = [
@@ -35,14 +36,15 @@ HOOKS = [
     (f"{_UPDATER}.update_weights_from_tensor", "AROUND", publication.publish_update_from_tensor),
     (f"{_UPDATER}.update_weights_from_ipc", "AROUND", publication.publish_update_from_ipc),
     (f"{_UPDATER}.record_weight_version_after_update", "AROUND", publication.publish_after_version_record),
-    (f"{_UPDATER}.begin_weight_update", "BEFORE", publication.drain_before_weight_session),
+    (f"{_UPDATER}.begin_weight_update", "AROUND", publication.open_weight_session),
     (f"{_UPDATER}.end_weight_update", "AROUND", publication.publish_on_session_end),
     (f"{_SCHED}.record_weight_version_change", "AROUND", publication.publish_on_version_change),
-    # bad input: an invalid publication label is refused in the launcher before anything changes
-    ("sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.update_weight_version", "BEFORE",
-     launcher.reject_bad_version_label),
-    ("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_weights_from_disk", "AROUND",
-     launcher.reject_bad_update_label),
+    # a weight-update session holds generation (in place) from its begin to its end (launcher process)
+    (f"{_TCM}.begin_weight_update", "AROUND", launcher.hold_generation_for_session),
+    (f"{_TCM}.end_weight_update", "AROUND", launcher.release_generation_after_session),
+    # bad input: an invalid publication request is refused in the launcher before anything changes
+    (f"{_TCM}.update_weight_version", "BEFORE", launcher.reject_bad_version_label),
+    (f"{_TM}.update_weights_from_disk", "AROUND", launcher.reject_bad_update_request),
     # overlap safety: nothing in flight while weights change
     (f"{_SCHED}.pause_generation", "BEFORE", publication.drain_before_in_place_pause),
     (f"{_SCHED}.process_batch_result", "AROUND", overlap.skip_drained_result),

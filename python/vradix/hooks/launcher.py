@@ -1,8 +1,17 @@
 """Launcher-process hooks (TokenizerManager): bad publication input is refused before anything is sent to a
-scheduler, so it changes nothing."""
+scheduler, so it changes nothing; a weight-update session holds generation from its begin to its end."""
 from __future__ import annotations
 
+import logging
+import typing
+
 from vradix import epochs
+
+logger = logging.getLogger("vradix")
+
+
+class InvalidUpdateRequest(ValueError):
+    """A weight-update request that would fail (or stop the engine) inside the scheduler."""
 
 
 def reject_bad_version_label(tokenizer_manager, obj, *args, **kwargs):
@@ -11,11 +20,96 @@ def reject_bad_version_label(tokenizer_manager, obj, *args, **kwargs):
     epochs.check_label(obj.new_version)
 
 
-async def reject_bad_update_label(original, tokenizer_manager, obj, *args, **kwargs):
-    """AROUND TokenizerManager.update_weights_from_disk: refuse an invalid `weight_version` before the weights are
-    touched (and before `abort_all_requests` aborts anything). The endpoint answers HTTP 400."""
+async def reject_bad_update_request(original, tokenizer_manager, obj, *args, **kwargs):
+    """AROUND TokenizerManager.update_weights_from_disk: refuse a malformed request (`check_disk_update_request`)
+    before the weights are touched and before `abort_all_requests` aborts anything. The endpoint answers HTTP 400;
+    the epoch, the label and the paused state are unchanged."""
     try:
-        epochs.check_label(obj.weight_version)
-    except epochs.InvalidLabelError as e:
+        check_disk_update_request(obj)
+    except (epochs.InvalidLabelError, InvalidUpdateRequest) as e:
         return False, str(e), 0
     return await original(tokenizer_manager, obj, *args, **kwargs)
+
+
+def check_disk_update_request(obj) -> None:
+    """Every field of an `UpdateWeightFromDiskReqInput` has its declared type (the Python Engine API builds the
+    request without validation), `model_path` is a non-empty string, `load_format` is None or a value of SGLang's own
+    `LoadFormat`, and `weight_version` is a valid label. Raises InvalidUpdateRequest / InvalidLabelError."""
+    for name, expected, value in declared_fields(obj):
+        if not has_declared_type(value, expected):
+            raise InvalidUpdateRequest(f"invalid update_weights_from_disk request: {name}={value!r} is not "
+                                       f"{getattr(expected, '__name__', expected)}")
+    if not obj.model_path.strip():
+        raise InvalidUpdateRequest("invalid update_weights_from_disk request: model_path is empty")
+    check_load_format(obj.load_format)
+    epochs.check_label(obj.weight_version)
+
+
+def declared_fields(obj):
+    import msgspec
+    return [(f.name, f.type, getattr(obj, f.name)) for f in msgspec.structs.fields(type(obj))]
+
+
+def has_declared_type(value, expected) -> bool:
+    """Whether `value` fits a field type made of bool / int / str / dict / list and Optional; other types pass."""
+    if typing.get_origin(expected) is typing.Union:
+        return any(has_declared_type(value, arg) for arg in typing.get_args(expected))
+    base = typing.get_origin(expected) or expected
+    if expected is type(None):
+        return value is None
+    if base is int:  # a bool is an int to Python, not to a request
+        return isinstance(value, int) and not isinstance(value, bool)
+    if base in (bool, str, dict, list):
+        return isinstance(value, base)
+    return True
+
+
+def check_load_format(load_format) -> None:
+    """None (the server's own format) or a value of SGLang's `LoadFormat`, case-insensitive as `LoadConfig` reads it."""
+    from sglang.srt.configs.load_config import LoadFormat
+    if load_format is None:
+        return
+    valid = [f.value for f in LoadFormat]
+    if load_format.lower() not in valid:
+        raise InvalidUpdateRequest(f"invalid update_weights_from_disk request: load_format {load_format!r} is not a "
+                                   f"valid LoadFormat (one of: {', '.join(valid)})")
+
+
+async def hold_generation_for_session(original, tokenizer_manager, obj, *args, **kwargs):
+    """AROUND TokenizerControlMixin.begin_weight_update: when generation is not paused, pause it in place first, so no
+    forward pass reads half-written weights until the session ends (`release_generation_after_session`).
+
+    Why here and not in the scheduler: an unpaused TokenizerManager runs every session call under its
+    `model_update_lock` writer lock, which waits for every in-flight request to finish; a request admitted between two
+    buckets and then held by a scheduler-only pause would never finish, and the next bucket would wait forever. The
+    in-place pause also makes in-flight requests cross the publication with their KV, as with an explicit pause."""
+    from sglang.srt.managers.io_struct import PauseGenerationReqInput
+
+    paused_here = not tokenizer_manager.is_pause
+    if paused_here:
+        await tokenizer_manager.pause_generation(PauseGenerationReqInput(mode="in_place"))
+    success, message = await original(tokenizer_manager, obj, *args, **kwargs)
+    if paused_here:
+        if success:
+            tokenizer_manager._vradix_session_paused = True
+            message += " [vradix: generation paused in place until end_weight_update]"
+        else:
+            await resume_generation(tokenizer_manager)
+    return success, message
+
+
+async def release_generation_after_session(original, tokenizer_manager, obj, *args, **kwargs):
+    """AROUND TokenizerControlMixin.end_weight_update: resume generation once the session ended, only if its begin
+    paused it (an explicit pause stays the caller's) and nobody resumed it meanwhile."""
+    success, message = await original(tokenizer_manager, obj, *args, **kwargs)
+    if success and getattr(tokenizer_manager, "_vradix_session_paused", False):
+        tokenizer_manager._vradix_session_paused = False
+        if tokenizer_manager.is_pause:
+            await resume_generation(tokenizer_manager)
+            message += " [vradix: generation resumed]"
+    return success, message
+
+
+async def resume_generation(tokenizer_manager) -> None:
+    from sglang.srt.managers.io_struct import ContinueGenerationReqInput
+    await tokenizer_manager.continue_generation(ContinueGenerationReqInput())

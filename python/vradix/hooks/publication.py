@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 
 from vradix import epochs, guard, overlap, report
-from vradix.state import Invalidation, UpdateScope, state_of
+from vradix.state import Invalidation, UpdateScope, WeightSession, state_of
 
 logger = logging.getLogger("vradix")
 
@@ -39,11 +39,12 @@ def current_label():
 
 def publish_after_version_record(original, updater, weight_version, *args, **kwargs):
     """AROUND SchedulerWeightUpdaterManager.record_weight_version_after_update: the success point of every
-    update_weights_* call (weights changed, flush not yet run). Bumps exactly once per update."""
+    update_weights_* call (weights changed, flush not yet run). Outside a weight-update session it bumps exactly once
+    per update call; inside one it only applies the label (the session's end bumps, once)."""
     result = original(updater, weight_version, *args, **kwargs)
     scheduler = updater.scheduler
     state = state_of(scheduler.tree_cache) if scheduler is not None else None
-    if state is not None:
+    if state is not None and state.session is None:
         scope = state.update_scope
         inv = bump_scheduler(scheduler, reason=scope.source if scope else "weight update", label=current_label())
         if scope is not None:
@@ -52,9 +53,10 @@ def publish_after_version_record(original, updater, weight_version, *args, **kwa
 
 
 def publish_on_version_change(original, scheduler, new_version, *args, **kwargs):
-    """AROUND Scheduler.record_weight_version_change: `/update_weight_version` alone is a epochs."""
+    """AROUND Scheduler.record_weight_version_change: `/update_weight_version` alone is a publication; inside a
+    weight-update session it only relabels (the session's end bumps)."""
     state = state_of(scheduler.tree_cache)
-    if state is None or state.update_scope is not None:
+    if state is None or state.update_scope is not None or state.session is not None:
         return original(scheduler, new_version, *args, **kwargs)
     before = current_label()
     overlap.drain_inflight_batch(scheduler)
@@ -64,32 +66,39 @@ def publish_on_version_change(original, scheduler, new_version, *args, **kwargs)
     return result
 
 
-def _update_handler(source: str, needs_session: bool, failure_output=None):
-    """`failure_output(message)` builds the failed response of this update path; when given, an exception raised by
-    the update (e.g. a malformed `load_format`, which stock SGLang lets kill the scheduler) becomes a failed update
-    with a clear message and a conservative bump, and the engine keeps serving."""
+def _update_handler(source: str, needs_session: bool, refuse_before_load=None):
+    """The AROUND hook of one `update_weights_*` path.
+
+    Invariants:
+    - outside a weight-update session, one call is one publication: a success bumps exactly once (at
+      `record_weight_version_after_update`; the flush SGLang runs afterwards never bumps again), and a returned
+      failure that may have touched the weights bumps once, conservatively;
+    - inside a session the call is one bucket: it applies its label and never bumps (`publish_on_session_end` does);
+    - `refuse_before_load(updater, recv_req)` returns the failed response for a request SGLang would reject before
+      touching any weight, or None: such a request changes nothing and does not bump;
+    - an exception raised by the update itself is never caught: once weights may have been touched, the engine stops
+      exactly as stock SGLang does, rather than serve on weights nobody can name.
+    """
     def around_update(original, updater, recv_req, *args, **kwargs):
         scheduler = updater.scheduler
         overlap.drain_inflight_batch(scheduler)
         state = state_of(scheduler.tree_cache) if scheduler is not None else None
         if state is None:
             return original(updater, recv_req, *args, **kwargs)
+        refused = refuse_before_load(updater, recv_req) if refuse_before_load is not None else None
+        if refused is not None:
+            logger.error("vradix: %s refused before loading: %s", source, refused.message)
+            return refused
         may_touch_weights = not needs_session or updater._session is not None
-        state.update_scope = scope = UpdateScope(source=source)
+        state.update_scope = scope = UpdateScope(source=source, in_session=state.session is not None)
         try:
-            try:
-                out = original(updater, recv_req, *args, **kwargs)
-            except Exception as e:
-                if failure_output is None:
-                    raise
-                message = f"{source} failed: {type(e).__name__}: {e}"
-                logger.error("vradix: %s (reported as a failed update instead of stopping the engine)", message)
-                out = failure_output(message)
-            if scope.bumped is None and may_touch_weights and not out.success:
-                scope.bumped = bump_scheduler(scheduler, reason=f"failed {source} (conservative)",
-                                              label=current_label())
+            out = original(updater, recv_req, *args, **kwargs)
         finally:
             state.update_scope = None
+        if scope.in_session:
+            return record_bucket(state.session, out)
+        if scope.bumped is None and may_touch_weights and not out.success:
+            scope.bumped = bump_scheduler(scheduler, reason=f"failed {source} (conservative)", label=current_label())
         if scope.bumped is not None:
             out.message = f"{out.message} [{scope.bumped.summary()}]"
         return out
@@ -98,33 +107,70 @@ def _update_handler(source: str, needs_session: bool, failure_output=None):
     return around_update
 
 
-def _failed_disk_update(message: str):
+def record_bucket(session, out):
+    """Count one update call of an open session and say, in its response, that the bump waits for the session end."""
+    session.buckets += 1
+    session.failed_buckets += not out.success
+    out.message = (f"{out.message} [vradix: bucket {session.buckets} of a weight-update session; the epoch bumps once "
+                   "at end_weight_update]")
+    return out
+
+
+def refuse_disk_update_before_load(updater, recv_req):
+    """What stock SGLang raises or refuses before any weight changes, checked first so it cannot bump: the
+    `LoadConfig` and the model loader SGLang builds for `recv_req.load_format` (an unknown format raises there), and
+    the loader type (only `DefaultModelLoader` can update in place). Returns the failed response, or None."""
+    from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqOutput
+    from sglang.srt.model_loader.loader import DefaultModelLoader, get_model_loader
+
+    model_config = updater.tp_worker.model_runner.model_config
+    try:
+        loader = get_model_loader(LoadConfig(load_format=recv_req.load_format), model_config)
+    except Exception as e:  # noqa: BLE001 - nothing is touched yet: a bad load_format is a failed request
+        message = f"update_weights_from_disk refused: load_format {recv_req.load_format!r}: {type(e).__name__}: {e}"
+    else:
+        if isinstance(loader, DefaultModelLoader):
+            return None
+        message = (f"update_weights_from_disk refused: load_format {recv_req.load_format!r} gives "
+                   f"{type(loader).__name__}, which cannot update weights in place")
     return UpdateWeightFromDiskReqOutput(success=False, message=message, num_paused_requests=0)
 
 
 publish_update_from_disk = _update_handler("update_weights_from_disk", needs_session=False,
-                                           failure_output=_failed_disk_update)
+                                           refuse_before_load=refuse_disk_update_before_load)
 publish_update_from_distributed = _update_handler("update_weights_from_distributed", needs_session=True)
 publish_update_from_tensor = _update_handler("update_weights_from_tensor", needs_session=True)
 publish_update_from_ipc = _update_handler("update_weights_from_ipc", needs_session=False)
 
 
-def drain_before_weight_session(updater, *args, **kwargs):
-    """BEFORE begin_weight_update: P2P/RDMA writes may start right after it; nothing may be in flight."""
-    if updater.scheduler is not None:
-        overlap.drain_inflight_batch(updater.scheduler)
+def open_weight_session(original, updater, recv_req, *args, **kwargs):
+    """AROUND begin_weight_update: nothing may be in flight when weights start to change (P2P/RDMA writes may start
+    right after it), and a successful begin opens one publication (`state.session`). The launcher has already paused
+    generation in place (`launcher.hold_generation_for_session`)."""
+    scheduler = updater.scheduler
+    if scheduler is not None:
+        overlap.drain_inflight_batch(scheduler)
+    out = original(updater, recv_req, *args, **kwargs)
+    state = state_of(scheduler.tree_cache) if scheduler is not None else None
+    if state is not None and out.success:
+        state.session = WeightSession()
+    return out
 
 
 def publish_on_session_end(original, updater, recv_req, *args, **kwargs):
-    """AROUND end_weight_update: a session in which no update_weights_* call loaded weights was a P2P/RDMA write."""
-    session = updater._session
+    """AROUND end_weight_update: the session was one publication, so it bumps exactly once here, with the last label
+    a bucket applied, whatever the number of buckets (none: a P2P/RDMA write)."""
     out = original(updater, recv_req, *args, **kwargs)
     scheduler = updater.scheduler
-    if (out.success and session is not None and not session.loaded_weights and scheduler is not None
-            and state_of(scheduler.tree_cache) is not None):
-        inv = bump_scheduler(scheduler, reason="end_weight_update (P2P/RDMA)", label=current_label())
-        out.message = f"{out.message} [{inv.summary()}]"
+    state = state_of(scheduler.tree_cache) if scheduler is not None else None
+    if state is None or not out.success or state.session is None:
+        return out
+    session, state.session = state.session, None
+    how = (f"{session.buckets} bucket(s), {session.failed_buckets} failed" if session.buckets
+           else "no bucket: P2P/RDMA")
+    inv = bump_scheduler(scheduler, reason=f"weight-update session ({how})", label=current_label())
+    out.message = f"{out.message} [{inv.summary()}]"
     return out
 
 

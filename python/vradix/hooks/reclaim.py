@@ -22,10 +22,16 @@ def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
 
 
 def lock_aware_flush(original, scheduler, *args, **kwargs):
-    """AROUND Scheduler.flush_cache: with KV holders present, invalidate lock-aware instead of refusing."""
+    """AROUND Scheduler.flush_cache: with KV holders present, invalidate lock-aware instead of refusing.
+
+    Never a second bump for one publication: the flush an update call asks for after its bump is that bump, and a
+    flush inside a weight-update session is the session's bump at `end_weight_update`."""
     state = state_of(scheduler.tree_cache)
     if state is None:
         return original(scheduler, *args, **kwargs)
+    scope = state.update_scope
+    if state.session is not None or (scope is not None and scope.bumped is not None):
+        return True
     if scheduler.is_fully_idle(ignore_waiting=scheduler._engine_paused):
         cached = scheduler.tree_cache.evictable_size() + scheduler.tree_cache.protected_size()
         ok = original(scheduler, *args, **kwargs)
@@ -35,9 +41,5 @@ def lock_aware_flush(original, scheduler, *args, **kwargs):
             state.last = Invalidation(state.epoch, state.epoch, state.label, "flush (idle reset)", tokens_freed=cached)
             report.export_metrics(scheduler)
         return ok
-    scope = state.update_scope
-    if scope is not None and scope.bumped is not None:
-        # the publication that asked for this flush already invalidated everything older, lock-aware
-        return True
     bump_scheduler(scheduler, reason="lock-aware flush", is_publication=False)
     return True

@@ -1,0 +1,226 @@
+"""The weight-update hook bodies of `vradix.hooks.publication`, called as the HookRegistry calls them, on a real
+SGLang UnifiedRadixCache (real pools, a real Req holding KV) and a real `SchedulerWeightUpdaterManager`.
+
+Stand-ins (where a real object cannot be built on CPU without a launched engine):
+- `StubScheduler` exposes only the attributes the hooks and SGLang's own `Scheduler.flush_cache` /
+  `Scheduler.record_weight_version_change` read; those two are SGLang's real (hooked) methods, bound to it;
+- the updater is SGLang's real class, built without `__post_init__` (which needs an initialized TP process group),
+  its `flush_cache` bound to the real hooked `Scheduler.flush_cache`;
+- each `original` plays SGLang's update body: it calls the updater's real `record_weight_version_after_update` and
+  `flush_cache_after_weight_update`, or raises after "touching weights".
+"""
+import types
+
+import pytest
+
+from sglang.srt.managers.io_struct import (UpdateWeightFromDiskReqInput, UpdateWeightFromDiskReqOutput,
+                                           UpdateWeightsFromTensorReqInput, UpdateWeightsFromTensorReqOutput)
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWeightUpdaterManager
+
+from vradix.admission import stamp
+from vradix.hooks import launcher, publication
+from vradix.state import attach
+from vradix.testing.cache_fixture import build_cache
+
+
+class StubScheduler:
+    """The scheduler attributes the publication hooks and SGLang's flush / relabel bodies read (see module doc)."""
+
+    def __init__(self, fx, live):
+        self.tree_cache, self.req_to_token_pool = fx.cache, fx.req_pool
+        self.live, self.waiting_queue, self.chunked_req, self.hisparse_coordinator = live, [], None, None
+        self.enable_overlap, self._engine_paused = False, False
+        self.flush_cache = types.MethodType(Scheduler.flush_cache, self)
+        self.record_weight_version_change = types.MethodType(Scheduler.record_weight_version_change, self)
+
+    def collect_inflight_reqs(self):
+        return set(self.live)
+
+    def is_fully_idle(self, ignore_waiting=False):
+        return not self.live
+
+
+class Engine:
+    def __init__(self):
+        self.fx = build_cache("rust", 1, kv_tokens=1024)
+        self.state = attach(self.fx.cache)
+        req = self.fx.make_req(list(range(10, 40)))
+        stamp(self.state, req)
+        self.fx.admit(req)
+        self.fx.prefill(req)  # a running request holding KV: a flush now would be a lock-aware bump
+        self.scheduler = StubScheduler(self.fx, [req])
+        u = SchedulerWeightUpdaterManager.__new__(SchedulerWeightUpdaterManager)
+        u.scheduler, u._session, u.metrics_collector = self.scheduler, None, None
+        u.flush_cache = self.scheduler.flush_cache
+        u.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model_config=None))
+        self.updater = u
+        self.touched = 0
+
+    def counters(self):
+        return self.state.epoch, self.state.publications, self.state.flushes
+
+
+@pytest.fixture
+def engine():
+    return Engine()
+
+
+def disk_request(label, **kw):
+    return UpdateWeightFromDiskReqInput(model_path="/weights/B", weight_version=label, **kw)
+
+
+def succeeding_update(engine):
+    """SGLang's success path: weights loaded, version recorded, then the flush the request asks for."""
+    def original(updater, recv_req):
+        engine.touched += 1
+        updater.record_weight_version_after_update(recv_req.weight_version)
+        ok, msg = updater.flush_cache_after_weight_update(recv_req, True, "Succeeded to update model weights.")
+        return UpdateWeightFromDiskReqOutput(success=ok, message=msg)
+    return original
+
+
+def test_successful_update_bumps_once_although_the_flush_runs(engine):
+    epoch, pubs, flushes = engine.counters()
+    out = publication.publish_update_from_disk(succeeding_update(engine), engine.updater, disk_request("B1"))
+    assert out.success, out.message
+    assert engine.counters() == (epoch + 1, pubs + 1, flushes)  # the flush did not bump a second time
+    assert engine.state.label == "B1" and engine.state.update_scope is None
+    assert "epoch 0->1 (update_weights_from_disk" in out.message
+
+
+def test_exception_after_weights_were_touched_propagates_without_a_bump(engine):
+    before = engine.counters()
+
+    def original(updater, recv_req):
+        engine.touched += 1  # weights may have changed (e.g. the rollback reload raised)
+        raise RuntimeError("rollback reload failed")
+
+    with pytest.raises(RuntimeError, match="rollback reload failed"):
+        publication.publish_update_from_disk(original, engine.updater, disk_request("B1"))
+    assert engine.counters() == before and engine.state.update_scope is None
+
+
+def test_exception_in_the_bump_itself_propagates(engine, monkeypatch):
+    """vradix's own bump/audit failing is not reported as a failed update followed by a second, conservative bump on
+    a half-evicted tree: it stops the engine like any scheduler error."""
+    real_bump, calls = publication.bump_scheduler, []
+
+    def bump_failing_once(*a, **kw):
+        calls.append(kw["reason"])
+        if len(calls) == 1:
+            raise AssertionError("audit found a leak")
+        return real_bump(*a, **kw)
+
+    monkeypatch.setattr(publication, "bump_scheduler", bump_failing_once)
+    with pytest.raises(AssertionError, match="audit found a leak"):
+        publication.publish_update_from_disk(succeeding_update(engine), engine.updater, disk_request("B1"))
+    assert calls == ["update_weights_from_disk"]
+
+
+def test_returned_failure_after_touching_weights_bumps_once_conservatively(engine):
+    epoch, pubs, flushes = engine.counters()
+
+    def original(updater, recv_req):
+        engine.touched += 1
+        return UpdateWeightFromDiskReqOutput(success=False, message="Failed to update weights: x. Rolling back.")
+
+    out = publication.publish_update_from_disk(original, engine.updater, disk_request("B1"))
+    assert not out.success and "(conservative)" in out.message
+    assert engine.counters() == (epoch + 1, pubs + 1, flushes)
+
+
+@pytest.mark.parametrize("load_format", ["bogus", "dummy"])
+def test_load_format_refused_before_loading_does_not_bump(engine, load_format):
+    before = engine.counters()
+    out = publication.publish_update_from_disk(succeeding_update(engine), engine.updater,
+                                               disk_request("B1", load_format=load_format))
+    assert not out.success and "refused" in out.message and load_format in out.message
+    assert engine.touched == 0 and engine.counters() == before
+
+
+def tensor_bucket(engine, label, success=True):
+    def original(updater, recv_req):
+        engine.touched += 1
+        if success:
+            updater.record_weight_version_after_update(recv_req.weight_version)
+            ok, msg = updater.flush_cache_after_weight_update(recv_req, True, "Success")
+            return UpdateWeightsFromTensorReqOutput(success=ok, message=msg)
+        return UpdateWeightsFromTensorReqOutput(success=False, message="bad bucket")
+    return original, UpdateWeightsFromTensorReqInput(serialized_named_tensors=[], weight_version=label)
+
+
+def open_session(engine):
+    def begin(updater, recv_req):
+        updater._session = "open"
+        return types.SimpleNamespace(success=True, message="Success")
+    publication.open_weight_session(begin, engine.updater, None)
+
+
+def end_session(engine):
+    def end(updater, recv_req):
+        updater._session = None
+        return types.SimpleNamespace(success=True, message="Success")
+    return publication.publish_on_session_end(end, engine.updater, None)
+
+
+@pytest.mark.parametrize("buckets", [0, 1, 3])
+def test_a_session_is_one_publication_whatever_its_buckets(engine, buckets):
+    epoch, pubs, flushes = engine.counters()
+    open_session(engine)
+    for i in range(buckets):
+        original, req = tensor_bucket(engine, f"B{i}")
+        out = publication.publish_update_from_tensor(original, engine.updater, req)
+        assert out.success and f"bucket {i + 1} of a weight-update session" in out.message
+        assert engine.counters() == (epoch, pubs, flushes)  # neither the bucket nor its flush bumped
+    assert engine.state.session.buckets == buckets
+    out = end_session(engine)
+    assert engine.counters() == (epoch + 1, pubs + 1, flushes)
+    assert engine.state.session is None
+    if buckets:
+        assert engine.state.label == f"B{buckets - 1}" and f"label='B{buckets - 1}'" in out.message
+    else:
+        assert "no bucket: P2P/RDMA" in out.message
+
+
+def test_a_failed_bucket_does_not_bump_the_session_end_does(engine):
+    epoch, pubs, _ = engine.counters()
+    open_session(engine)
+    original, req = tensor_bucket(engine, "B0", success=False)
+    assert not publication.publish_update_from_tensor(original, engine.updater, req).success
+    assert engine.counters()[:2] == (epoch, pubs)
+    assert "1 failed" in end_session(engine).message and engine.counters()[:2] == (epoch + 1, pubs + 1)
+
+
+def test_a_tensor_update_without_a_session_touches_nothing_and_does_not_bump(engine):
+    before = engine.counters()
+
+    def rejected(updater, recv_req):  # SGLang 0.5.23 rejects it before touching weights
+        return UpdateWeightsFromTensorReqOutput(success=False, message="must run between begin and end")
+
+    out = publication.publish_update_from_tensor(rejected, engine.updater, tensor_bucket(engine, "B0")[1])
+    assert not out.success and engine.counters() == before
+
+
+# ---- launcher-side request checks ----------------------------------------------------------------------------------
+BAD_DISK_REQUESTS = [
+    (dict(model_path=123), "model_path=123"), (dict(model_path=""), "model_path is empty"),
+    (dict(model_path="x", load_format="bogus"), "is not a valid LoadFormat"),
+    (dict(model_path="x", load_format=5), "load_format=5"),
+    (dict(model_path="x", flush_cache="maybe"), "flush_cache='maybe'"),
+    (dict(model_path="x", recapture_cuda_graph=1), "recapture_cuda_graph=1"),
+    (dict(model_path="x", token_step=True), "token_step=True"),
+    (dict(model_path="x", weight_version=""), "invalid weight_version label"),
+]
+
+
+@pytest.mark.parametrize("fields,why", BAD_DISK_REQUESTS)
+def test_launcher_refuses_malformed_disk_updates(fields, why):
+    with pytest.raises(ValueError, match=why.replace("(", r"\(")):
+        launcher.check_disk_update_request(UpdateWeightFromDiskReqInput(**fields))
+
+
+@pytest.mark.parametrize("load_format", [None, "auto", "SAFETENSORS", "pt"])
+def test_launcher_accepts_every_load_format_sglang_knows(load_format):
+    launcher.check_disk_update_request(UpdateWeightFromDiskReqInput(model_path="x", load_format=load_format,
+                                                                    weight_version="v1", token_step=3))
