@@ -23,7 +23,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     state = state_of(scheduler.tree_cache)
     live = live_requests(scheduler)
     inv = epochs.bump(state, scheduler.tree_cache, live, list(scheduler.waiting_queue),
-                           reason=reason, label=label, is_publication=is_publication)
+                      reason=reason, label=label, is_publication=is_publication)
     if state.ledger is not None:
         guard.audit(state.guard, state.guard_stats, state.ledger, scheduler.req_to_token_pool.req_to_token, live,
                     state.epoch)
