@@ -73,3 +73,27 @@ def test_crossing_request_unlocked_outside_release_is_dropped_at_next_bump_and_i
     inv = bump(fx, state)
     assert not any(c is r for c in state.crossing.values()) and inv.crossing_requests == 0
     assert inv.tokens_freed == stale and fx.cache.evictable_size() == 0 and fx.cache.protected_size() == 0
+
+
+# ---- LoRA: the remembered-node sets are pruned in amortised O(1) per insert ------------------------------------------
+@pytest.mark.parametrize("core", ["rust", "python"])
+def test_adapter_node_set_prunes_in_amortised_constant_time(core, monkeypatch):
+    """Inserts through the real `checkpoint_into_tree` hook; every remembered node stays alive (the worst case for a
+    prune that keeps nothing back). Counted: liveness checks (each one path query) and prune passes, not time."""
+    fx = build_cache(core, 1, kv_tokens=4096)
+    state = attach(fx.cache)
+    monkeypatch.setattr(lora, "PRUNE_AT", 8)
+    checks = []
+    real_alive = lora._alive
+    monkeypatch.setattr(lora, "_alive", lambda cache, n: checks.append(n) or real_alive(cache, n))
+    inserts = 200
+    for i in range(inserts):
+        r = fx.make_req([1000 + i, 7, 7, 7, 7, 1], lora_id="X")  # distinct first token: one new leaf per request
+        stamp(state, r)
+        fx.admit(r)
+        fx.prefill(r)
+        fx.finish(r)
+    entry = state.adapter_nodes["X"]
+    assert len(entry.nodes) == inserts
+    assert len(checks) <= 4 * inserts, f"{len(checks)} liveness checks for {inserts} inserts"
+    assert entry.prunes <= (inserts // 8).bit_length() + 1  # the threshold doubles: 8, 16, 32, ...

@@ -68,8 +68,8 @@ class EpochState:
     last_publication: Optional[Invalidation] = None
     #: LoRA adapter loads/unloads seen (each scoped to its adapter's own namespace)
     lora_events: int = 0
-    #: lora_id -> tree nodes its requests inserted (freed when the adapter is unloaded, see `vradix.lora`)
-    adapter_nodes: Dict[str, set] = field(default_factory=dict)
+    #: lora_id -> `lora.AdapterNodes`, the tree nodes its requests inserted (freed when the adapter is unloaded)
+    adapter_nodes: Dict[str, Any] = field(default_factory=dict)
     lora_tokens_freed: int = 0
     #: `report.Metrics` when SGLang runs with --enable-metrics, else None
     metrics: Any = None
