@@ -7,6 +7,8 @@ with the vradix hooks installed by `load_plugins()`:
 - the release-time reclaim reads lock state without changing it and walks a path with one path query."""
 import pytest
 
+from sglang.srt.mem_cache import common
+
 from vradix import epochs, lora, reclaim
 from vradix.admission import stamp
 from vradix.state import attach
@@ -97,3 +99,80 @@ def test_adapter_node_set_prunes_in_amortised_constant_time(core, monkeypatch):
     assert len(entry.nodes) == inserts
     assert len(checks) <= 4 * inserts, f"{len(checks)} liveness checks for {inserts} inserts"
     assert entry.prunes <= (inserts // 8).bit_length() + 1  # the threshold doubles: 8, 16, 32, ...
+
+
+# ---- release-time reclaim: read-only lock probe, one path query per released path ------------------------------------
+def finished(fx, state, tokens):
+    r = fx.make_req(tokens)
+    stamp(state, r)
+    fx.admit(r)
+    fx.prefill(r)
+    fx.finish(r)
+    q = fx.make_req(tokens)  # the node the prompt ends on (match, no lock)
+    stamp(state, q)
+    common.match_kv_cache(q, fx.cache, q.origin_input_ids)
+    return q.last_node
+
+
+def alive(fx, node_id):
+    try:
+        fx.cache.tree_core.collect_path_info([node_id])
+    except KeyError:
+        return False
+    return True
+
+
+def lock_and_lru_state(fx, nodes):
+    """What a probe must not change: the sizes, and on the Python core each node's lock counts and LRU stamp and its
+    membership of the evictable-leaf set (the Rust core exposes no per-node state; its LRU order is checked by
+    eviction in the test)."""
+    seen = [fx.cache.evictable_size(), fx.cache.protected_size()]
+    core = fx.cache.tree_core
+    if fx.tree_core_name == "UnifiedTreeCore":
+        for n in nodes:
+            node = core.node_by_id(n)
+            seen.append((n, node.last_access_time, [(cd.lock_ref, cd.host_lock_ref) for cd in node.component_data],
+                         node in core.evictable_device_leaves))
+    return seen
+
+
+def test_lock_probe_changes_neither_lock_counts_nor_lru_order(env):
+    fx, state = env
+    ps = fx.page_size
+    older = finished(fx, state, seq(100, 2 * ps) + [1])
+    newer = finished(fx, state, seq(600, 2 * ps) + [1])
+    held = fx.make_req(seq(900, 2 * ps) + [1])
+    stamp(state, held)
+    fx.admit(held)
+    fx.prefill(held)
+    nodes = [older, newer, held.lock.node]
+    before = lock_and_lru_state(fx, nodes)
+    paths = fx.cache.tree_core.collect_path_info(nodes)
+    assert [reclaim.unlocked_suffix_len(fx.cache, p) for p in paths] == [len(paths[0]), len(paths[1]), 0]
+    assert lock_and_lru_state(fx, nodes) == before
+    common.evict_from_tree_cache(fx.cache, fx.allocator.available_size() + 1)  # LRU frees the oldest leaf first
+    assert not alive(fx, older) and alive(fx, newer)
+    fx.finish(held)
+
+
+def test_long_released_path_is_walked_with_one_path_query(env, monkeypatch):
+    fx, state = env
+    step, depth = fx.page_size * 2, 24
+    P = seq(3000, step * depth)
+    for k in range(1, depth + 1):  # a chain of `depth` nodes, one per prompt extension
+        finished(fx, state, P[: step * k] + [1])
+    r = fx.make_req(P + [2])
+    stamp(state, r)
+    assert fx.admit(r) == len(P)
+    fx.prefill(r)
+    bump(fx, state, live=[r])  # r crosses; its lock keeps the whole stale chain
+    assert len(fx.cache.tree_core.collect_path_info([r.lock.node])[0]) >= depth
+    queries = []
+    core = fx.cache.tree_core
+    real = core.collect_path_info
+    monkeypatch.setattr(core, "collect_path_info", lambda ids: queries.append(list(ids)) or real(ids))
+    fx.finish(r)
+    assert len(queries) == 1, f"{len(queries)} path queries to free one released path"
+    monkeypatch.undo()
+    assert state.stale_tokens_freed_at_release >= len(P)
+    assert pool_is_full(fx), fx.accounting()
