@@ -151,3 +151,53 @@ def test_guard_config_rejects_bad_values(monkeypatch):
     monkeypatch.setenv("VRADIX_VERIFY_SAMPLE_EVERY", "4")
     monkeypatch.setenv("VRADIX_AUDIT", "REPAIR")
     assert GuardConfig.from_env() == GuardConfig(verify="sample", sample_every=4, audit="repair")
+
+
+def test_repair_never_frees_a_page_the_tree_holds(env):
+    """A stale node kept by a lock that is not a live request's (a session, a pin) is still the tree's: the audit
+    must not call its pages leaked, and repair must not free them under the tree."""
+    fx, state = env
+    state.guard = GuardConfig(verify="strict", audit="repair")
+    r, _ = admitted(fx, state, seq(10, 40) + [1])
+    fx.prefill(r)
+    fx.finish(r)
+    q, hit = admitted(fx, state, seq(10, 40) + [2])
+    pin = fx.cache.lock(q.last_node)  # held outside any request
+    fx.cache.unlock(q.lock)
+    q.lock = None
+    fx.req_pool.free(q)
+    bump(fx, state)  # q is gone from the live set; the pinned stale node stays in the tree
+    tree = set(fx.cache.tree_core.all_values_flatten().tolist())
+    assert len(tree) >= hit > 0
+    available = fx.allocator.available_size()
+    assert audit(fx, state) == 0 and state.guard_stats.leaked_pages_repaired == 0
+    assert fx.allocator.available_size() == available and not tree & set(free_slots(fx))
+    fx.cache.unlock(pin)
+
+
+def free_slots(fx):
+    pages = fx.allocator.free_pages.tolist()
+    return pages if fx.page_size == 1 else [p * fx.page_size + i for p in pages for i in range(fx.page_size)]
+
+
+def test_guard_only_detects_with_more_than_one_rank(env):
+    """TP/PP > 1 (faked at the config level): each rank would decide from its own ledger, so a strict violation is
+    counted but the match stands (the same prefix length on every rank), and repair does not free."""
+    fx, state = env
+    state.guard = GuardConfig(verify="strict", audit="repair").for_ranks(tp_size=2)
+    assert state.guard.detect_only and GuardConfig().for_ranks(tp_size=1).detect_only is False
+    P = seq(10, 64)
+    w, _ = admitted(fx, state, P + [1])
+    fx.prefill(w)
+    fx.finish(w)
+    cached = fx.cache.tree_core.collect_full_device_indices(w.last_node, fx.cache.root_node_handle(w.extra_key))
+    state.ledger.page_epoch[int(cached[40]) // fx.page_size] = 7
+    seen, hit = admitted(fx, state, P + [3])
+    assert hit == 64 and not seen.skip_radix_cache_insert  # scheduling unchanged
+    assert state.guard_stats.violations_caught == 1 and "detected only" in state.guard_stats.last_violation
+    fx.prefill(seen)
+    fx.finish(seen)
+    leaked = fx.allocator.alloc(fx.page_size)
+    state.ledger.stamp_written(leaked, state.epoch)
+    bump(fx, state)
+    assert audit(fx, state) == 1 and state.guard_stats.leaked_pages_repaired == 0  # reported, not freed

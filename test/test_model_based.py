@@ -2,8 +2,9 @@
 
 The system under test is SGLang's real `UnifiedRadixCache` (Rust and Python TreeCores, page sizes 1 and 16) with its
 real allocator and `ReqToTokenPool`, driven through the scheduler's own `mem_cache.common` functions with the vradix
-hooks installed (conftest's `load_plugins()`); publications are `vradix.epochs.bump`, the function the engine's
-hooks call.
+hooks installed (conftest's `load_plugins()`). Publications call the real `vradix.hooks.publication.bump_scheduler`
+and flushes the real `vradix.hooks.reclaim.lock_aware_flush` (around SGLang's stock reset), through a
+`SchedulerView` over the fixture; forward writes are stamped by the real `Scheduler.run_batch` hook.
 
 The reference model is a map `slot -> (epoch that computed it, user key, hash of the token prefix it encodes)`,
 written whenever a request computes KV. Invariants checked after every rule:
@@ -31,8 +32,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from sglang.srt.managers.schedule_batch import FINISH_ABORT
 from sglang.srt.mem_cache import common
 
-from vradix import epochs, namespace, request
+from vradix import namespace, request
 from vradix.admission import stamp
+from vradix.hooks.publication import bump_scheduler
+from vradix.hooks.reclaim import lock_aware_flush
 from vradix.state import attach
 from vradix.testing.cache_fixture import build_cache
 
@@ -104,12 +107,21 @@ class VersionedCacheMachine(RuleBasedStateMachine):
         self.held.remove(req)
         self.crossed.discard(req.rid)
 
-    def bump(self, is_publication=True):
-        live = self.held + self.queued
-        # the scheduler walks its waiting queue; sometimes leave requests out to exercise the lazy re-bind at match
-        epochs.bump(self.state, self.fx.cache, live, self.queued[::2] if self.state.epoch % 2 else self.queued,
-                         reason="mbt", label=f"v{self.state.epoch + 1}", is_publication=is_publication)
+    def scheduler(self):
+        # the bump walks the waiting queue; sometimes leave requests out to exercise the lazy re-bind at match
+        return self.fx.scheduler_view(waiting=self.queued[::2] if self.state.epoch % 2 else self.queued,
+                                      running=self.held, paused=self.paused)
+
+    def bump(self):
+        bump_scheduler(self.scheduler(), reason="mbt", label=f"v{self.state.epoch + 1}")
         self.crossed.update(r.rid for r in self.held)
+
+    def stock_flush(self, _scheduler, *args, **kwargs):
+        """SGLang's own flush_cache when idle: reset the tree and clear the pools."""
+        self.fx.cache.reset()
+        self.fx.req_pool.clear()
+        self.fx.allocator.clear()
+        return True
 
     # ---- rules ----------------------------------------------------------------------------------------------------
     @precondition(lambda self: len(self.queued) + len(self.held) < 12)
@@ -241,12 +253,11 @@ class VersionedCacheMachine(RuleBasedStateMachine):
         """Scheduler.flush_cache with vradix: the stock reset when fully idle, else a lock-aware bump."""
         if rare != 2:  # hypothesis favours boundary values; act on a middle one to keep this rule rare
             return
-        if not self.held and (self.paused or not self.queued):
-            self.fx.cache.reset()
-            self.fx.req_pool.clear()
-            self.fx.allocator.clear()
-        else:
-            self.bump(is_publication=False)
+        flushes = self.state.flushes
+        assert lock_aware_flush(self.stock_flush, self.scheduler())
+        assert self.state.flushes == flushes + 1
+        if self.held:
+            self.crossed.update(r.rid for r in self.held)
         self.count("flush")
 
     @rule(rare=st.integers(1, 5))
@@ -269,6 +280,10 @@ class VersionedCacheMachine(RuleBasedStateMachine):
         assert fx.req_pool.available_size() == fx.req_pool.size
 
     # ---- invariants -----------------------------------------------------------------------------------------------
+    @invariant()
+    def audit_finds_no_leak(self):
+        assert self.state.guard_stats.leaked_pages_total == 0, "the post-publication audit found a leaked page"
+
     @invariant()
     def accounting_balances(self):
         assert self.fx.busy_invariant_holds(self.held), (self.fx.accounting(), self.fx.total)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -40,6 +40,10 @@ class GuardConfig:
     verify: str = "strict"
     sample_every: int = 16
     audit: str = "report"
+    #: detection only: a strict violation is counted and logged but the match stands, and `repair` only reports.
+    #: Set when the engine has more than one TP/PP rank (`for_ranks`): each rank decides from its own ledger, and
+    #: ranks that disagreed on a prefix length or on freed pages would schedule differently and hang a collective.
+    detect_only: bool = False
 
     @classmethod
     def from_env(cls) -> "GuardConfig":
@@ -53,6 +57,15 @@ class GuardConfig:
         if not every.isdigit() or int(every) < 1:
             raise GuardConfigError(f"VRADIX_VERIFY_SAMPLE_EVERY={every!r}: expected a positive integer")
         return cls(verify=verify, sample_every=int(every), audit=audit)
+
+    def for_ranks(self, tp_size: int, pp_size: int = 1) -> "GuardConfig":
+        """This config for an engine of `tp_size` x `pp_size` ranks: detection only when there is more than one."""
+        multi = tp_size * pp_size > 1
+        if multi and (self.verify == "strict" or self.audit == "repair"):
+            logger.warning("vradix verify guard: %d TP x %d PP ranks; verify=%s and audit=%s act per rank, so they "
+                           "only detect and report here (a per-rank decision would desynchronise the ranks)",
+                           tp_size, pp_size, self.verify, self.audit)
+        return replace(self, detect_only=multi)
 
 
 @dataclass
@@ -105,9 +118,13 @@ def batch_violations(ledger: PageLedger, req_to_token: torch.Tensor, rows: list[
 
 # ---- audit: after every publication ----------------------------------------------------------------------------------
 def pinned_pages(ledger: PageLedger, req_to_token: torch.Tensor, live) -> torch.Tensor:
-    """Bool mask of pages referenced by a live request's row (its allocated length), plus the padding page 0."""
+    """Bool mask of the pages something still references: the padding page 0, every page the tree holds (a stale
+    node kept by a lock that is not a live request's, e.g. a session or a pin), and every page in a live request's
+    row (up to its allocated length)."""
     mask = torch.zeros_like(ledger.page_epoch, dtype=torch.bool)
     mask[0] = True
+    if ledger.tree_slots is not None:
+        mask[ledger.tree_slots().to(device=mask.device, dtype=torch.int64) // ledger.page_size] = True
     for req in live:
         kv = req.kv
         if kv.holds_kv and kv.kv_allocated_len > 0:
@@ -118,7 +135,8 @@ def pinned_pages(ledger: PageLedger, req_to_token: torch.Tensor, live) -> torch.
 
 def audit(config: GuardConfig, stats: GuardStats, ledger: PageLedger, req_to_token: torch.Tensor, live,
           epoch: int) -> int:
-    """Find stale pages no live request owns; count them and, in repair mode, free them. Returns the count."""
+    """Find stale pages that neither the tree nor a live request references; count them and, in repair mode (not
+    detection-only), free them. Returns the count. Never frees a page anything in `pinned_pages` holds."""
     if config.audit == "off":
         return 0
     leaked = kernels.invalidate(ledger.page_epoch, epoch, pinned_pages(ledger, req_to_token, live))
@@ -127,9 +145,10 @@ def audit(config: GuardConfig, stats: GuardStats, ledger: PageLedger, req_to_tok
     stats.leaked_pages_last = n
     stats.leaked_pages_total += n
     if n:
+        repair = config.audit == "repair" and not config.detect_only
         logger.error("vradix audit: %d stale KV page(s) owned by neither the tree nor a live request (first %s)%s",
-                     n, leaked[:8].tolist(), "; freeing them" if config.audit == "repair" else "")
-        if config.audit == "repair":
+                     n, leaked[:8].tolist(), "; freeing them" if repair else "")
+        if repair:
             free_pages(ledger, leaked)
             stats.leaked_pages_repaired += n
     return n

@@ -6,16 +6,17 @@ Three entry points, all against SGLang's real tree cache API (identical on the R
   batched `free` of the slot tensors.
 - `free_all_by_reset(cache)`: the same result when no request holds KV at all (nothing can be locked), at the cost
   of a stock flush: drop the tree and free all its slots in one call.
-- `free_released_path(cache, node)`: when a crossing request releases its lock on a stale node, walk its path from
-  the node towards the root and evict each node that is now an unlocked leaf. Stops at the first node another holder
-  still locks or that still has children.
+- `free_released_path(cache, node)`: when a crossing request releases its lock on a stale node, read its path once
+  and evict, from the node towards the root, each node that is now an unlocked leaf. Stops at the first node another
+  holder still locks or that still has children. Linear in the path length.
 
 Invariant maintained between bumps: every node of an older epoch is locked by a live crossing request. Nothing of an
 old epoch is ever inserted (crossing requests skip insertion), so a stale node can only lose locks, and the moment it
 loses its last one it is freed here, not left to LRU.
 
-Safety: the Rust TreeCore panics (and poisons itself) if asked to evict a locked or inner node, so each victim is
-checked first with `is_unlocked_leaf`, which uses only public lock/unlock accounting.
+Safety: the Rust TreeCore panics (and poisons itself) if asked to evict a locked or inner node, so the victims are
+chosen from the path's child counts and its unlocked suffix (`unlocked_suffix_len`), which reads lock state without
+changing it.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from contextlib import contextmanager
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
 
 
 def free_all_unlocked(cache) -> int:
@@ -62,33 +64,73 @@ def batched_frees(allocator):
         allocator.free_group_end()
 
 
-def is_unlocked_leaf(cache, node_id) -> bool:
-    """True iff `node_id` has no children and no lock holder.
+def unlocked_suffix_len(cache, path) -> int:
+    """How many nodes at the end of `path` (a `collect_path_info` path, root side first) have no lock holder, read
+    without changing any lock count or LRU state.
 
-    A lock on a node also locks all its ancestors, so locking an already-locked node moves no tokens from evictable
-    to protected, while locking an unlocked one moves at least its own tokens. The probe lock is released at once.
+    A lock on a node also locks every ancestor, so the unlocked nodes of a path are exactly a suffix of it.
+    The Python TreeCore exposes each node's lock counts (`node_by_id`), which are read directly. The Rust TreeCore
+    has no read-only per-node lock accessor in SGLang 0.5.23 (its `node_by_id` is not implemented, and
+    `walk_for_kv_canary(unlocked_only=True)` walks the whole tree), so there one balanced `lock`/`unlock` pair on the
+    path's end node measures it. Locking moves exactly the unlocked suffix's device tokens from evictable to
+    protected, and the unlock moves them back with the same receipt. Neither core touches LRU stamps on
+    lock/unlock (`test_lock_probe_changes_neither_lock_counts_nor_lru_order`).
     """
-    (info,) = cache.tree_core.collect_path_info([node_id])
-    if not info or info[-1].num_children:
-        return False
+    if not path:
+        return 0
+    if isinstance(cache.tree_core, UnifiedTreeCore):
+        return _unlocked_suffix_by_lock_refs(cache.tree_core, path)
     before = cache.protected_size()
-    probe = cache.lock(node_id)
+    probe = cache.lock(path[-1].node_id)
     moved = cache.protected_size() - before
     cache.unlock(probe)
-    return moved > 0
+    n, tokens = 0, 0
+    for info in reversed(path):
+        # a node without device KV (None) or an unexplained remainder ends the suffix: never over-count
+        if not info.full_value_len or tokens + info.full_value_len > moved:
+            break
+        tokens += info.full_value_len
+        n += 1
+    return n
+
+
+def _unlocked_suffix_by_lock_refs(core, path) -> int:
+    n = 0
+    for info in reversed(path):
+        if any(cd.lock_ref > 0 for cd in core.node_by_id(info.node_id).component_data):
+            break
+        n += 1
+    return n
+
+
+def evictable_tail(path, unlocked: int) -> list:
+    """The node ids of `path` to evict, deepest first: the end node if it is an unlocked leaf, then each unlocked
+    parent that the eviction below it leaves without children. `unlocked` is `unlocked_suffix_len(cache, path)`."""
+    victims = []
+    for depth, info in enumerate(reversed(path)):
+        # the child on the path (depth > 0) is already a victim, so it does not count as a remaining child
+        if depth >= unlocked or info.num_children - (depth > 0):
+            break
+        victims.append(info.node_id)
+    return victims
 
 
 def free_released_path(cache, node_id) -> int:
-    """Evict the now-unlocked stale suffix of the path ending at `node_id`. Returns tokens freed."""
+    """Evict the now-unlocked stale suffix of the path ending at `node_id`. Returns tokens freed.
+
+    Linear in the path length: one `collect_path_info` query, one lock read (`unlocked_suffix_len`), then one
+    `_evict_device_leaf` per victim. Every victim is an unlocked leaf when it is evicted, which the Rust TreeCore
+    requires (it panics and poisons itself otherwise)."""
     if node_id is None or cache.is_root(node_id):
         return 0
     (path,) = cache.tree_core.collect_path_info([node_id])
+    if not path or path[-1].num_children:
+        return 0
+    victims = evictable_tail(path, unlocked_suffix_len(cache, path))
     tracker = {ct: 0 for ct in cache.tree_components}
     with batched_frees(cache.token_to_kv_pool_allocator):
-        for info in reversed(path):
-            if not is_unlocked_leaf(cache, info.node_id):
-                break
-            cache._evict_device_leaf(info.node_id, tracker)
+        for victim in victims:
+            cache._evict_device_leaf(victim, tracker)
     return tracker[ComponentType.FULL]
 
 

@@ -70,8 +70,8 @@ class EpochState:
     last_publication: Optional[Invalidation] = None
     #: LoRA adapter loads/unloads seen (each scoped to its adapter's own namespace)
     lora_events: int = 0
-    #: lora_id -> tree nodes its requests inserted (freed when the adapter is unloaded, see `vradix.lora`)
-    adapter_nodes: Dict[str, set] = field(default_factory=dict)
+    #: lora_id -> `lora.AdapterNodes`, the tree nodes its requests inserted (freed when the adapter is unloaded)
+    adapter_nodes: Dict[str, Any] = field(default_factory=dict)
     lora_tokens_freed: int = 0
     #: `report.Metrics` when SGLang runs with --enable-metrics, else None
     metrics: Any = None
@@ -151,6 +151,8 @@ def attach(tree_cache, with_ledger: bool = True) -> EpochState:
     state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardConfig.from_env())
     if with_ledger:
         state.ledger = kv_ledger.attach(tree_cache.token_to_kv_pool_allocator)
+        if state.ledger is not None:
+            state.ledger.tree_slots = tree_cache.tree_core.all_values_flatten
     tree_cache._vradix = state
     return state
 

@@ -41,7 +41,12 @@ def verify_match(original, req, tree_cache, *args, **kwargs):
         return result
     guard.record_violation(state.guard_stats, (
         f"request {req.rid}: {found.count} of {req.prefix_len} matched prefix positions were not written under "
-        f"epoch {expected} (first at position {found.first_pos}); recomputing it as a cache miss"))
+        f"epoch {expected} (first at position {found.first_pos}); "
+        + ("detected only (more than one TP/PP rank)" if state.guard.detect_only
+           else "recomputing it as a cache miss")))
+    if state.guard.detect_only:
+        # every rank must schedule the same prefix length; one rank's ledger alone cannot change it
+        return result
     # Inserting would de-duplicate the recomputed KV onto the corrupt entry and point the request's row back at it.
     req.skip_radix_cache_insert = True
     return original(req, tree_cache, *args, **{**kwargs, "max_prefix_len": 0})

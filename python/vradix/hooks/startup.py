@@ -28,6 +28,7 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
         logger.warning("vradix: KV page ledger disabled (KV also arrives via %s); the epoch namespace still applies",
                        ", ".join(unobserved))
     state = attach(cache, with_ledger=not unobserved)
+    state.guard = state.guard.for_ranks(getattr(scheduler, "tp_size", 1), getattr(scheduler, "pp_size", 1))
     state.label = current_label()
     state.metrics = report.metrics_for(scheduler)
     report.export_metrics(scheduler)

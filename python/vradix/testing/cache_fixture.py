@@ -113,11 +113,13 @@ class CacheFixture:
         req.reset_for_retract()
 
     def _forward_writes(self, locs: torch.Tensor) -> None:
-        """The 'forward pass' writing `locs`: what Scheduler.run_batch's ledger hook records in a server."""
-        from vradix.state import state_of
-        state = state_of(self.cache)
-        if state is not None and state.ledger is not None:
-            state.ledger.stamp_written(locs, state.epoch)
+        """The 'forward pass' writing `locs`, announced through the real `Scheduler.run_batch` BEFORE hook."""
+        from vradix.hooks.forward import stamp_forward_batch
+        stamp_forward_batch(self.scheduler_view(), ForwardWrite(out_cache_loc=locs))
+
+    def scheduler_view(self, **queues) -> "SchedulerView":
+        """A `SchedulerView` over this fixture (see its docstring); `queues` sets its request lists."""
+        return SchedulerView(self, **queues)
 
     def _page_ceil(self, n: int) -> int:
         return -(-n // self.page_size) * self.page_size
@@ -141,6 +143,35 @@ class CacheFixture:
                 out.append(page[:take].to(torch.int64))
             pos += take
         return torch.cat(out)
+
+
+@dataclass
+class ForwardWrite:
+    """Stand-in for a `ScheduleBatch` as `Scheduler.run_batch`'s ledger hook reads it: only `out_cache_loc`."""
+
+    out_cache_loc: torch.Tensor
+
+
+class SchedulerView:
+    """Stand-in for SGLang's `Scheduler` over a `CacheFixture`, for hooks that take the scheduler (a real Scheduler
+    needs a model runner and cannot be built on CPU without one). It exposes only what vradix's scheduler hooks read:
+    `tree_cache`, `req_to_token_pool`, `waiting_queue`, `collect_inflight_reqs()`, `chunked_req`, `_engine_paused`,
+    `is_fully_idle()`. The cache, pools and requests behind it are all real."""
+
+    def __init__(self, fx: CacheFixture, waiting=(), running=(), chunked=None, paused: bool = False):
+        self.tree_cache = fx.cache
+        self.req_to_token_pool = fx.req_pool
+        self.waiting_queue = list(waiting)
+        self.running = list(running)
+        self.chunked_req = chunked
+        self._engine_paused = paused
+
+    def collect_inflight_reqs(self) -> list:
+        return list(self.running)
+
+    def is_fully_idle(self, ignore_waiting: bool = False) -> bool:
+        """SGLang's rule: no running or chunked request, and (unless ignored) no waiting one."""
+        return not self.running and self.chunked_req is None and (ignore_waiting or not self.waiting_queue)
 
 
 def build_cache(tree_core: str = "rust", page_size: int = 1, kv_tokens: int = 4096, max_reqs: int = 64,
