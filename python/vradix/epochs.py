@@ -3,9 +3,9 @@
 `bump` is the whole contract of a publication, in order:
 1. advance the epoch (and the label, when the publication names one);
 2. forget crossing requests whose lock was released by a path other than `release_kv_cache` (P/D decode, streaming
-   sessions unlock directly); then mark every live request that holds KV as *crossing*: it keeps its own KV and continues, but never inserts into the
-   tree (`skip_radix_cache_insert`), because its KV is now mixed-version; its lock on stale nodes is remembered so
-   those nodes are freed when it releases;
+   sessions unlock directly); then mark every live request that holds KV as *crossing*: it keeps its own KV and
+   continues, but never inserts into the tree (`skip_radix_cache_insert`), because its KV is now mixed-version; its
+   lock on stale nodes is remembered so those nodes are freed when it releases;
 3. re-bind every queued request that holds no KV to the new epoch;
 4. free every unlocked stale node in one batched eviction (`reclaim.free_all_unlocked`), or, when no request holds
    KV and nothing is locked, drop the whole tree at once (`reclaim.free_all_by_reset`).

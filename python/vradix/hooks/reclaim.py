@@ -14,7 +14,8 @@ def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
     state = state_of(tree_cache)
     if state is not None and state.ledger is not None and req.kv.holds_kv and provenance.crossed(req):
         # the row is freed by the release: read the device-side provenance witness first
-        request.require(req).ledger_spans = kv_ledger.kv_spans(state.ledger, tree_cache.req_to_token_pool.req_to_token, req)
+        r2t = tree_cache.req_to_token_pool.req_to_token
+        request.require(req).ledger_spans = kv_ledger.kv_spans(state.ledger, r2t, req)
     result = original(req, tree_cache, *args, **kwargs)
     if state is not None:
         epochs.on_release(state, tree_cache, req, node)
