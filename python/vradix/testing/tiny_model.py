@@ -52,24 +52,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def generate_lora(out: str, seed: int, rank: int = 4, scale: float = 0.5) -> str:
-    """A PEFT-format LoRA adapter (q_proj, v_proj, rank `rank`) for the tiny Llama; large enough to change argmax."""
-    import torch
-    from safetensors.torch import save_file
-
-    os.makedirs(out, exist_ok=True)
-    g = torch.Generator().manual_seed(seed)
-    hidden, head_dim, kv_heads, layers = 64, 16, 2, 2
-    tensors = {}
-    for i in range(layers):
-        for proj, out_dim in (("q_proj", hidden), ("v_proj", kv_heads * head_dim)):
-            prefix = f"base_model.model.model.layers.{i}.self_attn.{proj}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, hidden, generator=g) * scale
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(out_dim, rank, generator=g) * scale
-    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out, "adapter_model.safetensors"))
-    with open(os.path.join(out, "adapter_config.json"), "w") as f:
-        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank, "lora_dropout": 0.0,
-                   "bias": "none", "target_modules": ["q_proj", "v_proj"], "base_model_name_or_path": None}, f)
-    return out
