@@ -53,7 +53,7 @@ def fill(fx, tokens: int, lock_frac: float = 0.01):
 
 
 def bench_publication(core: str, sizes, repeats: int):
-    from vradix import publication
+    from vradix import epochs
     from vradix.state import attach
     from vradix.testing.cache_fixture import build_cache
 
@@ -67,14 +67,14 @@ def bench_publication(core: str, sizes, repeats: int):
             nseq, locks = fill(fx, size)
             cached = fx.cache.evictable_size() + fx.cache.protected_size()
             t = time.perf_counter()
-            inv = publication.bump(state, fx.cache, [], [], reason="bench")
+            inv = epochs.bump(state, fx.cache, [], [], reason="bench")
             res["vradix bump"].append(time.perf_counter() - t)
             freed = inv.tokens_freed
             for lk in locks:
                 fx.cache.unlock(lk)
             fill(fx, size, lock_frac=0)
             t = time.perf_counter()
-            publication.bump(state, fx.cache, [], [], reason="bench")
+            epochs.bump(state, fx.cache, [], [], reason="bench")
             res["vradix bump, nothing locked"].append(time.perf_counter() - t)
             _, locks = fill(fx, size)
             for lk in locks:  # stock can only reset an idle cache
@@ -85,7 +85,7 @@ def bench_publication(core: str, sizes, repeats: int):
             fx.allocator.clear()
             res["stock reset"].append(time.perf_counter() - t)
             t = time.perf_counter()
-            publication.bump(state, fx.cache, [], [], reason="bench")
+            epochs.bump(state, fx.cache, [], [], reason="bench")
             res["no-op"].append(time.perf_counter() - t)
             nodes = nseq
         med = {k: statistics.median(v) * 1e3 for k, v in res.items()}
