@@ -73,13 +73,13 @@ def disk_request(label, **kw):
     return UpdateWeightFromDiskReqInput(model_path="/weights/B", weight_version=label, **kw)
 
 
-def succeeding_update(engine):
-    """SGLang's success path: weights loaded, version recorded, then the flush the request asks for."""
+def succeeding_update(engine, out_cls=UpdateWeightFromDiskReqOutput):
+    """SGLang's success path of an update call: weights loaded, version recorded, then the flush it asks for."""
     def original(updater, recv_req):
         engine.touched += 1
         updater.record_weight_version_after_update(recv_req.weight_version)
         ok, msg = updater.flush_cache_after_weight_update(recv_req, True, "Succeeded to update model weights.")
-        return UpdateWeightFromDiskReqOutput(success=ok, message=msg)
+        return out_cls(success=ok, message=msg)
     return original
 
 
@@ -229,16 +229,6 @@ def test_launcher_accepts_every_load_format_sglang_knows(load_format):
                                                                     weight_version="v1", token_step=3))
 
 
-def loading_call(engine, out_cls, label):
-    """SGLang's success path of a `_distributed` / `_ipc` update: version recorded, then the flush it asks for."""
-    def original(updater, recv_req):
-        engine.touched += 1
-        updater.record_weight_version_after_update(recv_req.weight_version)
-        ok, msg = updater.flush_cache_after_weight_update(recv_req, True, "Success")
-        return out_cls(success=ok, message=msg)
-    return original
-
-
 def test_distributed_buckets_in_a_session_are_one_publication(engine):
     epoch, pubs, flushes = engine.counters()
     open_session(engine)
@@ -246,7 +236,7 @@ def test_distributed_buckets_in_a_session_are_one_publication(engine):
         req = UpdateWeightsFromDistributedReqInput(names=["w"], dtypes=["float32"], shapes=[[1]], group_name="g",
                                                    weight_version=f"D{i}")
         out = publication.publish_update_from_distributed(
-            loading_call(engine, UpdateWeightsFromDistributedReqOutput, f"D{i}"), engine.updater, req)
+            succeeding_update(engine, UpdateWeightsFromDistributedReqOutput), engine.updater, req)
         assert out.success and engine.counters() == (epoch, pubs, flushes)
     assert "2 bucket(s), 0 failed" in end_session(engine).message
     assert engine.counters() == (epoch + 1, pubs + 1, flushes) and engine.state.label == "D1"
@@ -255,7 +245,7 @@ def test_distributed_buckets_in_a_session_are_one_publication(engine):
 def test_an_ipc_update_without_a_session_is_one_publication(engine):
     epoch, pubs, flushes = engine.counters()
     req = UpdateWeightsFromIPCReqInput(zmq_handles={}, weight_version="I1")
-    out = publication.publish_update_from_ipc(loading_call(engine, UpdateWeightsFromIPCReqOutput, "I1"),
+    out = publication.publish_update_from_ipc(succeeding_update(engine, UpdateWeightsFromIPCReqOutput),
                                               engine.updater, req)
     assert out.success and "epoch 0->1" in out.message
     assert engine.counters() == (epoch + 1, pubs + 1, flushes) and engine.state.label == "I1"
