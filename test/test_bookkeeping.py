@@ -5,6 +5,8 @@ with the vradix hooks installed by `load_plugins()`:
 - a crossing request whose lock was released outside `release_kv_cache` is forgotten at the next bump;
 - the per-adapter node sets are pruned in amortised O(1) per insert;
 - the release-time reclaim reads lock state without changing it and walks a path with one path query."""
+import collections
+
 import pytest
 
 from sglang.srt.mem_cache import common
@@ -176,3 +178,42 @@ def test_long_released_path_is_walked_with_one_path_query(env, monkeypatch):
     monkeypatch.undo()
     assert state.stale_tokens_freed_at_release >= len(P)
     assert pool_is_full(fx), fx.accounting()
+
+
+# regression (review): the victims were chosen up front, so a leaf SGLang did not evict at once (HiCache write-back
+# returns a BackupKV and keeps the node until its backup ran) was followed by evicting its parent, an inner node —
+# an assertion on the Python core, a panic that poisons the Rust core
+def test_a_deferred_leaf_eviction_stops_the_walk(env, monkeypatch):
+    fx, state = env
+    step = fx.page_size * 2
+    P = seq(5000, step * 4)
+    for k in range(1, 5):
+        finished(fx, state, P[: step * k] + [1])
+    r = running(fx, state, P + [2])
+    bump(fx, state, live=[r])
+    core = fx.cache.tree_core
+    (path,) = core.collect_path_info([r.lock.node])
+    deferred, evicted = path[-1].node_id, []
+    real = fx.cache._evict_device_leaf
+
+    def write_back_defers(node_id, tracker):
+        if node_id == deferred:
+            return object()  # SGLang's BackupKV: the node stays until its backup runs
+        evicted.append(node_id)
+        return real(node_id, tracker)
+
+    monkeypatch.setattr(fx.cache, "_evict_device_leaf", write_back_defers)
+    fx.finish(r)
+    assert evicted == [], "a parent of a leaf that was not evicted was evicted"
+    monkeypatch.undo()
+    assert core.collect_path_info([deferred])[0][-1].node_id == deferred  # the tree is intact
+
+
+def test_a_node_without_device_kv_ends_the_victims(env):
+    """A node HiCache demoted to host has no device value (and no lock): it is no device leaf to evict."""
+    Info = collections.namedtuple("Info", "node_id num_children full_value_len")
+    path = [Info(1, 1, 16), Info(2, 1, 16), Info(3, 0, 16)]
+    assert reclaim.evictable_tail(path, unlocked=3) == [3, 2, 1]
+    host_only = [Info(1, 1, 16), Info(2, 1, None), Info(3, 0, 16)]
+    assert reclaim.evictable_tail(host_only, unlocked=3) == [3]
+    assert reclaim.evictable_tail([Info(3, 0, 0)], unlocked=1) == []

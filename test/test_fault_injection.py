@@ -246,6 +246,17 @@ def test_user_keys_colliding_with_the_epoch_namespace_are_rejected(engine, oracl
     engine.check(oracle)
 
 
+# regression: SGLang queues a request for a missing session (and one a session aborts) without passing the point where
+# vradix stamps requests; the fail-closed "unstamped request" check then raised in the scheduler and killed the engine
+def test_a_request_for_a_missing_session_is_refused_and_the_engine_keeps_serving(engine, oracle):
+    stream = engine.stream(LONG, 30)
+    r = _generate_raw(engine, session_params={"id": "no-such-session"})
+    assert "session id no-such-session does not exist" in r.text, r.text[:300]
+    assert stream.result(300)["meta_info"]["completion_tokens"] == 30
+    engine.update()  # a publication with that request gone through the queue still works
+    engine.check(oracle)
+
+
 BAD_LABELS = [("", "empty string"), ("v" * 100_000, "at most 256"), ("v1\nINJECTED", "control characters"),
               (123, None), (None, None), (["v1"], None)]
 

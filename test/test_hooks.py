@@ -24,6 +24,7 @@ TEST_DIR = pathlib.Path(__file__).parent
 DRIVEN_BY = {
     "vradix.hooks.startup.attach_to_scheduler": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
     "vradix.hooks.admission.stamp_request": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
+    "vradix.hooks.admission.stamp_unstamped_on_queue": "test_fault_injection.py::test_a_request_for_a_missing_session_is_refused_and_the_engine_keeps_serving",
     "vradix.hooks.admission.rebind_before_match": "test_cache_level.py::test_lazy_rebind_at_match_covers_requests_the_bump_did_not_see",
     "vradix.hooks.admission.verify_match": "test_ledger.py::test_strict_guard_recomputes_a_corrupted_prefix",
     "vradix.hooks.admission.sample_verify_prefill_batch": "test_ledger.py::test_sample_guard_detects_a_corrupted_row_in_a_batch",

@@ -249,3 +249,61 @@ def test_an_ipc_update_without_a_session_is_one_publication(engine):
                                               engine.updater, req)
     assert out.success and "epoch 0->1" in out.message
     assert engine.counters() == (epoch + 1, pubs + 1, flushes) and engine.state.label == "I1"
+
+
+# regression (review): when the target runner loaded but a later (draft) runner failed, SGLang still flushes; the
+# lock-aware flush bumped, then the failed call bumped again conservatively — two bumps for one update call
+def test_a_failed_update_whose_flush_runs_bumps_once(engine):
+    epoch, pubs, flushes = engine.counters()
+
+    def target_loaded_draft_failed(updater, recv_req):
+        engine.touched += 1
+        ok, msg = updater.flush_cache_after_weight_update(recv_req, False, "draft runner failed")
+        return UpdateWeightFromDiskReqOutput(success=ok, message=msg)
+
+    out = publication.publish_update_from_disk(target_loaded_draft_failed, engine.updater, disk_request("B1"))
+    assert not out.success and "conservative" in out.message
+    assert engine.counters() == (epoch + 1, pubs + 1, flushes)
+
+
+class LauncherStandIn:
+    """The TokenizerManager attributes the session hooks read: `is_pause` and the pause / continue coroutines."""
+
+    def __init__(self):
+        self.is_pause = False
+
+    async def pause_generation(self, obj):
+        self.is_pause = True
+
+    async def continue_generation(self, obj):
+        self.is_pause = False
+
+
+# regression (review): a begin_weight_update that raised left the pause the session had just taken in place forever
+def test_a_begin_that_raises_does_not_leave_generation_paused():
+    import asyncio
+
+    tm = LauncherStandIn()
+
+    async def raising_begin(tm, obj):
+        raise RuntimeError("communicator failed")
+
+    with pytest.raises(RuntimeError, match="communicator failed"):
+        asyncio.run(launcher.hold_generation_for_session(raising_begin, tm, None))
+    assert not tm.is_pause
+
+
+def test_an_end_that_fails_says_generation_stays_paused():
+    import asyncio
+
+    tm = LauncherStandIn()
+
+    async def begin(tm, obj):
+        return True, "Success"
+
+    async def failing_end(tm, obj):
+        return False, "no weight-update session is open"
+
+    assert asyncio.run(launcher.hold_generation_for_session(begin, tm, None))[0] and tm.is_pause
+    ok, message = asyncio.run(launcher.release_generation_after_session(failing_end, tm, None))
+    assert not ok and "generation stays paused" in message and tm.is_pause

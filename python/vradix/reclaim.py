@@ -104,12 +104,14 @@ def _unlocked_suffix_by_lock_refs(core, path) -> int:
 
 
 def evictable_tail(path, unlocked: int) -> list:
-    """The node ids of `path` to evict, deepest first: the end node if it is an unlocked leaf, then each unlocked
-    parent that the eviction below it leaves without children. `unlocked` is `unlocked_suffix_len(cache, path)`."""
+    """The node ids of `path` to evict, deepest first: the end node if it is an unlocked leaf holding device KV, then
+    each unlocked parent with device KV that the eviction below it leaves without children. `unlocked` is
+    `unlocked_suffix_len(cache, path)`. A node without device KV (HiCache demoted it to host) ends the walk: it is no
+    device leaf to evict."""
     victims = []
     for depth, info in enumerate(reversed(path)):
         # the child on the path (depth > 0) is already a victim, so it does not count as a remaining child
-        if depth >= unlocked or info.num_children - (depth > 0):
+        if depth >= unlocked or info.num_children - (depth > 0) or not info.full_value_len:
             break
         victims.append(info.node_id)
     return victims
@@ -120,7 +122,9 @@ def free_released_path(cache, node_id) -> int:
 
     Linear in the path length: one `collect_path_info` query, one lock read (`unlocked_suffix_len`), then one
     `_evict_device_leaf` per victim. Every victim is an unlocked leaf when it is evicted, which the Rust TreeCore
-    requires (it panics and poisons itself otherwise)."""
+    requires (it panics and poisons itself otherwise): a victim that SGLang does not evict at once (HiCache
+    write-back defers it behind a backup, returned as a `BackupKV`) keeps its parent an inner node, so the walk stops
+    there and leaves the rest to SGLang's own eviction."""
     if node_id is None or cache.is_root(node_id):
         return 0
     (path,) = cache.tree_core.collect_path_info([node_id])
@@ -130,7 +134,8 @@ def free_released_path(cache, node_id) -> int:
     tracker = {ct: 0 for ct in cache.tree_components}
     with batched_frees(cache.token_to_kv_pool_allocator):
         for victim in victims:
-            cache._evict_device_leaf(victim, tracker)
+            if cache._evict_device_leaf(victim, tracker) is not None:
+                break
     return tracker[ComponentType.FULL]
 
 

@@ -20,6 +20,7 @@ HOOKS = [
     (f"{_SCHED}.__init__", "AFTER", startup.attach_to_scheduler),
     # 1. admission: stamp, and re-bind queued requests before they match
     (f"{_SCHED}._maybe_namespace_elastic_radix_cache", "AFTER", admission.stamp_request),
+    (f"{_SCHED}._add_request_to_queue", "BEFORE", admission.stamp_unstamped_on_queue),
     (f"{_COMMON}.match_kv_cache", "BEFORE", admission.rebind_before_match),
     (f"{_COMMON}.match_kv_cache", "AROUND", admission.verify_match),
     ("sglang.srt.mem_cache.allocation.alloc_for_extend", "AFTER", admission.sample_verify_prefill_batch),

@@ -19,6 +19,16 @@ def stamp_request(_result, scheduler, req, *args, **kwargs):
         req.set_finish_with_abort(f"Invalid request: {e}")
 
 
+def stamp_unstamped_on_queue(scheduler, req, *args, **kwargs):
+    """BEFORE Scheduler._add_request_to_queue: SGLang queues some requests without passing the admission hook above
+    (a request for a missing or closing session, one a session aborts at creation: aborted, but still matched and
+    prefilled for one token). Bind those here, so every queued request carries its epoch before any match."""
+    state = state_of(scheduler.tree_cache)
+    if state is None or request.of(req) is not None:
+        return
+    stamp_request(None, scheduler, req)
+
+
 def rebind_before_match(req, tree_cache, *args, **kwargs):
     """BEFORE mem_cache.common.match_kv_cache: a request holding no KV always matches under the current epoch."""
     state = state_of(tree_cache)

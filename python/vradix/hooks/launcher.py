@@ -88,7 +88,12 @@ async def hold_generation_for_session(original, tokenizer_manager, obj, *args, *
     paused_here = not tokenizer_manager.is_pause
     if paused_here:
         await tokenizer_manager.pause_generation(PauseGenerationReqInput(mode="in_place"))
-    success, message = await original(tokenizer_manager, obj, *args, **kwargs)
+    try:
+        success, message = await original(tokenizer_manager, obj, *args, **kwargs)
+    except BaseException:
+        if paused_here:  # no session was opened: do not leave generation paused behind an error
+            await resume_generation(tokenizer_manager)
+        raise
     if paused_here:
         if success:
             tokenizer_manager._vradix_session_paused = True
@@ -102,7 +107,11 @@ async def release_generation_after_session(original, tokenizer_manager, obj, *ar
     """AROUND TokenizerControlMixin.end_weight_update: resume generation once the session ended, only if its begin
     paused it (an explicit pause stays the caller's) and nobody resumed it meanwhile."""
     success, message = await original(tokenizer_manager, obj, *args, **kwargs)
-    if success and getattr(tokenizer_manager, "_vradix_session_paused", False):
+    held = getattr(tokenizer_manager, "_vradix_session_paused", False)
+    if held and not success:
+        message += (" [vradix: generation stays paused (the session's begin paused it); resume it with "
+                    "/continue_generation once the session is resolved]")
+    elif held:
         tokenizer_manager._vradix_session_paused = False
         if tokenizer_manager.is_pause:
             await resume_generation(tokenizer_manager)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from vradix import epochs, provenance, report, request
 from vradix import ledger as kv_ledger
-from vradix.hooks.publication import bump_scheduler
+from vradix.hooks.publication import bump_scheduler, current_label
 from vradix.state import Invalidation, state_of
 
 
@@ -42,5 +42,10 @@ def lock_aware_flush(original, scheduler, *args, **kwargs):
             state.last = Invalidation(state.epoch, state.epoch, state.label, "flush (idle reset)", tokens_freed=cached)
             report.export_metrics(scheduler)
         return ok
+    if scope is not None:
+        # SGLang flushes after an update whose target runner loaded although the call failed (a draft runner after
+        # it): the weights may have changed, so this flush is that update's one, conservative, publication bump
+        scope.bumped = bump_scheduler(scheduler, reason=f"failed {scope.source} (conservative)", label=current_label())
+        return True
     bump_scheduler(scheduler, reason="lock-aware flush", is_publication=False)
     return True
