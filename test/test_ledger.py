@@ -44,7 +44,7 @@ def bump(fx, state, live=()):
 
 
 def audit(fx, state, live=()):
-    return guard.audit(state.guard, state.guard_stats, state.ledger, fx.req_pool.req_to_token, list(live), state.epoch)
+    return guard.audit(state.guard, state.guard_stats, state.ledger, fx.cache, list(live), state.epoch)
 
 
 def test_ledger_follows_writes_frees_and_epochs(env):

@@ -2,8 +2,9 @@
 SGLang UnifiedRadixCache (real pools, a real Req holding KV) and a real `SchedulerWeightUpdaterManager`.
 
 Stand-ins (where a real object cannot be built on CPU without a launched engine):
-- `StubScheduler` exposes only the attributes the hooks and SGLang's own `Scheduler.flush_cache` /
-  `Scheduler.record_weight_version_change` read; those two are SGLang's real (hooked) methods, bound to it;
+- `StubScheduler` (the fixture's `SchedulerView` plus two bound methods) exposes only the attributes the hooks and
+  SGLang's own `Scheduler.flush_cache` / `Scheduler.record_weight_version_change` read; those two are SGLang's real
+  (hooked) methods, bound to it;
 - the updater is SGLang's real class, built without `__post_init__` (which needs an initialized TP process group),
   its `flush_cache` bound to the real hooked `Scheduler.flush_cache`;
 - each `original` plays SGLang's update body: it calls the updater's real `record_weight_version_after_update` and
@@ -24,24 +25,18 @@ from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWei
 from vradix.admission import stamp
 from vradix.hooks import launcher, publication
 from vradix.state import attach
-from vradix.testing.cache_fixture import build_cache
+from vradix.testing.cache_fixture import SchedulerView, build_cache
 
 
-class StubScheduler:
-    """The scheduler attributes the publication hooks and SGLang's flush / relabel bodies read (see module doc)."""
+class StubScheduler(SchedulerView):
+    """The fixture's scheduler view, plus what the publication hooks and SGLang's flush / relabel bodies read (see
+    module doc)."""
 
     def __init__(self, fx, live):
-        self.tree_cache, self.req_to_token_pool = fx.cache, fx.req_pool
-        self.live, self.waiting_queue, self.chunked_req, self.hisparse_coordinator = live, [], None, None
-        self.enable_overlap, self._engine_paused = False, False
+        super().__init__(fx, running=live)
+        self.hisparse_coordinator, self.enable_overlap = None, False
         self.flush_cache = types.MethodType(Scheduler.flush_cache, self)
         self.record_weight_version_change = types.MethodType(Scheduler.record_weight_version_change, self)
-
-    def collect_inflight_reqs(self):
-        return set(self.live)
-
-    def is_fully_idle(self, ignore_waiting=False):
-        return not self.live
 
 
 class Engine:

@@ -117,14 +117,15 @@ def batch_violations(ledger: PageLedger, req_to_token: torch.Tensor, rows: list[
 
 
 # ---- audit: after every publication ----------------------------------------------------------------------------------
-def pinned_pages(ledger: PageLedger, req_to_token: torch.Tensor, live) -> torch.Tensor:
+def pinned_pages(ledger: PageLedger, tree_cache, live) -> torch.Tensor:
     """Bool mask of the pages something still references: the padding page 0, every page the tree holds (a stale
     node kept by a lock that is not a live request's, e.g. a session or a pin), and every page in a live request's
     row (up to its allocated length)."""
     mask = torch.zeros_like(ledger.page_epoch, dtype=torch.bool)
     mask[0] = True
-    if ledger.tree_slots is not None:
-        mask[ledger.tree_slots().to(device=mask.device, dtype=torch.int64) // ledger.page_size] = True
+    tree_slots = tree_cache.tree_core.all_values_flatten()
+    mask[tree_slots.to(device=mask.device, dtype=torch.int64) // ledger.page_size] = True
+    req_to_token = tree_cache.req_to_token_pool.req_to_token
     for req in live:
         kv = req.kv
         if kv.holds_kv and kv.kv_allocated_len > 0:
@@ -133,13 +134,12 @@ def pinned_pages(ledger: PageLedger, req_to_token: torch.Tensor, live) -> torch.
     return mask
 
 
-def audit(config: GuardConfig, stats: GuardStats, ledger: PageLedger, req_to_token: torch.Tensor, live,
-          epoch: int) -> int:
+def audit(config: GuardConfig, stats: GuardStats, ledger: PageLedger, tree_cache, live, epoch: int) -> int:
     """Find stale pages that neither the tree nor a live request references; count them and, in repair mode (not
     detection-only), free them. Returns the count. Never frees a page anything in `pinned_pages` holds."""
     if config.audit == "off":
         return 0
-    leaked = kernels.invalidate(ledger.page_epoch, epoch, pinned_pages(ledger, req_to_token, live))
+    leaked = kernels.invalidate(ledger.page_epoch, epoch, pinned_pages(ledger, tree_cache, live))
     n = int(leaked.numel())
     stats.audits += 1
     stats.leaked_pages_last = n

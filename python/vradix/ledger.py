@@ -38,8 +38,6 @@ class PageLedger:
         self.page_size = int(allocator.page_size)
         self.device = torch.device(allocator.device)
         self.page_epoch = torch.full((self.num_pages_of(allocator),), FREE, dtype=torch.int32, device=self.device)
-        #: () -> every KV slot the radix tree holds; set by `state.attach` so the audit never counts them as leaked
-        self.tree_slots = None
 
     @staticmethod
     def num_pages_of(allocator) -> int:

@@ -34,8 +34,8 @@ class VradixInstallError(SystemExit):
     """vradix could not install; the engine must not serve an unversioned radix cache."""
 
 
-def disabled() -> bool:
-    return os.environ.get("VRADIX_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
+def disabled(environ=os.environ) -> bool:
+    return environ.get("VRADIX_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def register() -> None:
@@ -130,8 +130,7 @@ def warn_if_excluded(environ=os.environ, stream=None) -> bool:
     Warns at most once per process (some environments read site-packages' .pth files twice). Returns whether it
     warned."""
     global _warned_excluded
-    if _warned_excluded or not excluded_by_allow_list(environ) or environ.get("VRADIX_DISABLE", "").strip().lower() in (
-            "1", "true", "yes", "on"):
+    if _warned_excluded or not excluded_by_allow_list(environ) or disabled(environ):
         return False
     _warned_excluded = True
     (stream or sys.stderr).write(

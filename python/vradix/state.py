@@ -151,8 +151,6 @@ def attach(tree_cache, with_ledger: bool = True) -> EpochState:
     state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardConfig.from_env())
     if with_ledger:
         state.ledger = kv_ledger.attach(tree_cache.token_to_kv_pool_allocator)
-        if state.ledger is not None:
-            state.ledger.tree_slots = tree_cache.tree_core.all_values_flatten
     tree_cache._vradix = state
     return state
 

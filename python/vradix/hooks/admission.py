@@ -68,16 +68,17 @@ def sample_verify_prefill_batch(_result, batch, *args, **kwargs):
     state = state_of(batch.tree_cache) if batch.tree_cache is not None else None
     if state is None or state.ledger is None or not guard.should_sample_batch(state.guard, state.guard_stats):
         return
-    picked = [r for r in batch.reqs if r.prefix_len > 0 and not request.require(r).crossed]
+    reusing = [(r, request.require(r)) for r in batch.reqs if r.prefix_len > 0]
+    picked = [(r, st) for r, st in reusing if not st.crossed]
     if not picked:
         return
-    rows = [r.kv.req_pool_idx for r in picked]
-    lens = [r.prefix_len for r in picked]
-    epochs = [request.require(r).epoch for r in picked]
+    rows = [r.kv.req_pool_idx for r, _ in picked]
+    lens = [r.prefix_len for r, _ in picked]
+    epochs = [st.epoch for _, st in picked]
     found = guard.batch_violations(state.ledger, batch.req_to_token_pool.req_to_token, rows, lens, epochs)
     state.guard_stats.batches_verified += 1
     if found.count:
         guard.record_violation(state.guard_stats, (
             f"prefill batch: {found.count} reused prefix positions not written under their request's epoch (first: "
-            f"request {picked[found.first_index].rid} position {found.first_pos}) — detected after the fact "
+            f"request {picked[found.first_index][0].rid} position {found.first_pos}) — detected after the fact "
             "(sample mode)"))

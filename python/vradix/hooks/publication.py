@@ -25,8 +25,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     inv = epochs.bump(state, scheduler.tree_cache, live, list(scheduler.waiting_queue),
                       reason=reason, label=label, is_publication=is_publication)
     if state.ledger is not None:
-        guard.audit(state.guard, state.guard_stats, state.ledger, scheduler.req_to_token_pool.req_to_token, live,
-                    state.epoch)
+        guard.audit(state.guard, state.guard_stats, state.ledger, scheduler.tree_cache, live, state.epoch)
     logger.info(inv.summary() + " in %.3f ms", inv.latency_ms)
     report.export_metrics(scheduler)
     return inv
