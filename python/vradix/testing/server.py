@@ -16,6 +16,8 @@ from typing import Optional, Sequence
 
 import requests
 
+from vradix.testing import cpu_aids
+
 CPU_FLAGS = [
     "--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
     "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
@@ -27,6 +29,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def with_hicache_cpu_aids(env: dict, extra_args: list) -> list:
+    """A HiCache server on the CPU engine needs vradix's CPU aids (`vradix.testing.cpu_aids`): put their plugin on
+    the server's PYTHONPATH and select the copy path they provide, unless the caller chose a layout itself."""
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (cpu_aids.PLUGIN_PATH, env.get("PYTHONPATH")) if p)
+    if "--hicache-io-backend" not in extra_args:
+        extra_args = extra_args + cpu_aids.HICACHE_CPU_FLAGS
+    return extra_args
 
 
 class ServerDied(RuntimeError):
@@ -48,6 +59,9 @@ class CpuServer:
         if not vradix:
             e["VRADIX_DISABLE"] = "1"
         e.update(env or {})
+        extra_args = list(extra_args)
+        if "--enable-hierarchical-cache" in extra_args:
+            extra_args = with_hicache_cpu_aids(e, extra_args)
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--port", str(self.port),
                "--max-total-tokens", str(max_total_tokens), "--chunked-prefill-size", str(chunked_prefill_size),
                "--context-length", "4096", "--max-running-requests", "32",

@@ -1,0 +1,71 @@
+"""CPU aids for HiCache (L2 host pool, L3 storage) on SGLang's CPU engine: test and demo only, never a product path.
+
+SGLang 0.5.23 builds HiCache's host pool for a GPU: it pins host memory (`cudaHostRegister`, and a pinned dummy page
+for storage prefetch) and binds its device<->host copy ops only on CUDA/HIP/XPU. On the CPU engine both fail before
+the first request. These aids replace exactly two things, and nothing in the tree, controller or storage logic:
+1. `HostKVCache.__init__` is called with `pin_memory=False` (plain host memory; no CUDA driver call);
+2. `pool_host.mha.transfer_kv_direct` (the `--hicache-io-backend direct --hicache-mem-layout layer_first` copy) is a
+   torch index copy, `dst[dst_indices] = src[src_indices]` per layer.
+What a CPU run therefore does not exercise: the CUDA/JIT copy kernels and their `page_first` layouts, pinned-memory
+DMA, and ordering races between the load/backup streams and the forward pass (CPU streams and events are no-ops).
+
+Servers load these aids as a separate `sglang.srt.plugins` entry point (`vradix_cpu_aids`) from the folder
+`plugin/`, which `vradix.testing.server.CpuServer` puts on PYTHONPATH only for HiCache servers; cache-level tests call
+`apply()` directly. `apply()` refuses to run where CUDA is available.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+
+import torch
+
+#: the folder to put on PYTHONPATH so a server process loads these aids as a plugin
+PLUGIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugin")
+#: server flags that select the copy path the aids provide
+HICACHE_CPU_FLAGS = ["--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first"]
+
+_applied = False
+
+
+def transfer_kv_direct(src_layers, dst_layers, src_indices, dst_indices, page_size=1, **_):
+    """Torch stand-in for sgl_kernel's `transfer_kv_direct`: copy the rows `src_indices` of every source layer into
+    the rows `dst_indices` of the matching destination layer (token indices; `page_size` only groups them)."""
+    src_idx = src_indices.to(torch.long)
+    dst_idx = dst_indices.to(torch.long)
+    for src, dst in zip(src_layers, dst_layers):
+        dst[dst_idx.to(dst.device)] = src[src_idx.to(src.device)].to(dst.device)
+
+
+def _unpinned(init):
+    sig = inspect.signature(init)
+
+    @functools.wraps(init)
+    def wrapper(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        bound.arguments["pin_memory"] = False
+        return init(*bound.args, **bound.kwargs)
+
+    wrapper._vradix_cpu_aid = True
+    return wrapper
+
+
+def apply() -> None:
+    """Install both aids in this process (idempotent). Raises RuntimeError on a machine with CUDA."""
+    global _applied
+    if _applied:
+        return
+    if torch.cuda.is_available():
+        raise RuntimeError("vradix CPU aids are for CPU-only test machines; refusing to patch HiCache on a CUDA host")
+    from sglang.srt.mem_cache.pool_host import base, mha
+
+    if not getattr(base.HostKVCache.__init__, "_vradix_cpu_aid", False):
+        base.HostKVCache.__init__ = _unpinned(base.HostKVCache.__init__)
+    mha.transfer_kv_direct = transfer_kv_direct
+    _applied = True
+
+
+def register() -> None:
+    """`sglang.srt.plugins` entry point of the `vradix_cpu_aids` test plugin."""
+    apply()
