@@ -29,9 +29,8 @@ import torch
 def fill(fx, tokens: int, lock_frac: float = 0.01):
     from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
-    from vradix import namespace
-
-    ek = namespace.namespace(fx.cache._vradix.epoch) if getattr(fx.cache, "_vradix", None) else None
+    state = getattr(fx.cache, "_vradix", None)
+    ek = state.prefix_of_epoch(state.epoch) if state is not None else None
     seqs, n = [], 0
     group = 0
     while n + 256 <= tokens:

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vradix import namespace
+from vradix import identity, namespace
 from vradix.admission import stamp
 from vradix.namespace import ReservedNamespaceError
 from vradix.epochs import MAX_LABEL_CHARS, InvalidLabelError, check_label
@@ -33,21 +33,27 @@ def test_reserved_marker_is_refused_in_every_user_key(field):
     fx = build_cache("rust", 1, kv_tokens=64, max_reqs=2)
     state = attach(fx.cache)
     req = fx.make_req([1, 2, 3])
-    setattr(req, field, namespace.namespace(0))
+    setattr(req, field, namespace.namespace(state.weight_id))
     with pytest.raises(ReservedNamespaceError, match="reserved vradix epoch marker"):
         stamp(state, req)
 
 
+weight_ids = st.one_of(st.just("nonce:0"), st.just("fp:0"),
+                       st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1,
+                               max_size=12).map(lambda t: identity.declared(t).weight_id))
+epochs = st.one_of(st.none(), st.integers(0, 10**6))
 user_keys = st.one_of(st.none(), st.text(st.characters(blacklist_characters="\x1e"), max_size=12))
 
 
 @settings(max_examples=500, deadline=None, database=None, derandomize=True)
-@given(e1=st.integers(0, 10**6), u1=user_keys, e2=st.integers(0, 10**6), u2=user_keys)
-def test_namespace_encoding_is_injective(e1, u1, e2, u2):
-    """No accepted user key makes two different (epoch, user key) pairs share a namespace string."""
+@given(w1=weight_ids, e1=epochs, u1=user_keys, w2=weight_ids, e2=epochs, u2=user_keys)
+def test_namespace_encoding_is_injective(w1, e1, u1, w2, e2, u2):
+    """No accepted user key or declared identity makes two different (weight_id, epoch suffix, user key) triples
+    share a namespace string, and the prefix read back from a stamped key is the namespace it was stamped with."""
     for u in (u1, u2):
         namespace.check_user_key(u)
-    k1, k2 = namespace.stamped(e1, u1), namespace.stamped(e2, u2)
-    assert namespace.epoch_of(k1) == e1
-    if (e1, u1 or "") != (e2, u2 or ""):
+    p1, p2 = namespace.namespace(w1, e1), namespace.namespace(w2, e2)
+    k1, k2 = namespace.stamped(p1, u1), namespace.stamped(p2, u2)
+    assert namespace.prefix_of(k1) == p1
+    if (w1, e1, u1 or "") != (w2, e2, u2 or ""):
         assert k1 != k2

@@ -86,9 +86,9 @@ def test_queued_request_is_rebound_before_prefill(env):
     fx.admit(holder)
     fx.prefill(holder)  # running; its prompt is in the tree, locked
     queued = new_req(fx, state, P + [8])  # admitted under epoch 0, holds nothing
-    assert namespace.epoch_of(queued.extra_key) == 0
+    assert state.epoch_of(queued.extra_key) == 0
     inv = bump(fx, state, live=[holder], queued=[queued])
-    assert inv.requeued_rebound == 1 and namespace.epoch_of(queued.extra_key) == 1
+    assert inv.requeued_rebound == 1 and state.epoch_of(queued.extra_key) == 1
     # the stale prompt is still in the tree (pinned by the crossing holder) but the queued request cannot match it
     assert fx.cache.protected_size() >= 32
     assert fx.admit(queued) == 0
@@ -107,7 +107,7 @@ def test_lazy_rebind_at_match_covers_requests_the_bump_did_not_see(env):
     fx.prefill(holder)
     elsewhere = new_req(fx, state, P + [2])  # e.g. in a queue the bump does not walk
     bump(fx, state, live=[holder], queued=[])
-    assert fx.admit(elsewhere) == 0 and namespace.epoch_of(elsewhere.extra_key) == 1
+    assert fx.admit(elsewhere) == 0 and state.epoch_of(elsewhere.extra_key) == 1
     fx.prefill(elsewhere)
     fx.finish(elsewhere)
     fx.finish(holder)
@@ -186,7 +186,7 @@ def test_retracted_crossing_request_reprefills_under_new_epoch(env):
     fx.retract(r)
     assert not r.skip_radix_cache_insert and not state.crossing
     assert fx.allocator.available_size() == fx.total  # stale prompt freed at retraction
-    assert fx.admit(r) == 0 and namespace.epoch_of(r.extra_key) == 1
+    assert fx.admit(r) == 0 and state.epoch_of(r.extra_key) == 1
     fx.prefill(r)
     fx.finish(r)
     assert run_to_end(fx, state, P + [2]) == 32  # its new-epoch KV was inserted and is shared
@@ -223,11 +223,11 @@ def test_user_extra_key_and_lora_isolation_unchanged(env):
     assert run_to_end(fx, state, P + [6], lora_id="adapter-1") == 32
     assert run_to_end(fx, state, P + [7], lora_id="adapter-2") == 0
     r = new_req(fx, state, P, extra_key="tenantA", lora_id="adapter-1")
-    assert r.extra_key == namespace.namespace(0) + "tenantAadapter-1"  # epoch prefix, LoRA id stays the suffix
+    assert r.extra_key == state.prefix_of_epoch(state.epoch) + "tenantAadapter-1"  # epoch prefix, LoRA id stays the suffix
     check(fx)
 
 
-@pytest.mark.parametrize("forged", [namespace.namespace(0), namespace.namespace(7), "x\x1evradix:e1\x1f", "\x1e"])
+@pytest.mark.parametrize("forged", [namespace.namespace("nonce:00"), namespace.namespace("fp:ab", 7), "x\x1evradix:e1\x1f", "\x1e"])
 def test_reserved_marker_in_user_key_is_rejected(env, forged):
     fx, state = env
     req = fx.make_req(seq(1, 8), extra_key=forged)

@@ -144,7 +144,7 @@ class VersionedCacheMachine(RuleBasedStateMachine):
         self.fx.admit(req)
         self.queued.remove(req)
         self.held.append(req)
-        assert namespace.epoch_of(req.extra_key) == self.state.epoch, "admitted under an old epoch"
+        assert self.state.epoch_of(req.extra_key) == self.state.epoch, "admitted under an old epoch"
         toks, key = self.tokens(req), request.of(req).user_key
         for pos, slot in enumerate(self.row(req, req.prefix_len)):
             got = self.slot_meta.get(slot)

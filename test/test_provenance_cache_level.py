@@ -21,7 +21,8 @@ def test_request_that_never_crossed_reports_its_prefix_and_no_spans(env):
     fx.prefill(r)
     fx.finish(r)
     info = provenance.response_provenance(r)
-    assert info == {"prefix_cache": {"cached_tokens": 64, "epoch": 0, "weight_version": None}}
+    assert info == {"prefix_cache": {"cached_tokens": 64, "epoch": 0, "weight_version": None,
+                                     "weight_id": state.weight_id}}
 
 
 def test_spans_follow_every_crossing_at_the_committed_position(env):

@@ -302,3 +302,56 @@ def test_an_end_that_fails_says_generation_stays_paused():
     assert asyncio.run(launcher.hold_generation_for_session(begin, tm, None))[0] and tm.is_pause
     ok, message = asyncio.run(launcher.release_generation_after_session(failing_end, tm, None))
     assert not ok and "generation stays paused" in message and tm.is_pause
+
+
+# ---- weight identity (declared mode): the label is the identity; a reused declaration is refused before loading ----
+def declared_engine():
+    e = Engine()
+    e.state.identity_mode = "declared"
+    return e
+
+
+def test_declared_mode_names_each_publication_by_its_label():
+    e = declared_engine()
+    out = publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request("run-1/step-2"))
+    assert out.success and e.state.weight_id == "declared:run-1/step-2"
+    assert "weight_id=declared:run-1/step-2" in out.message
+
+
+def test_declared_mode_refuses_an_identity_an_earlier_publication_used_and_changes_nothing():
+    e = declared_engine()
+    publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request("step-2"))
+    publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request("step-3"))
+    before = (e.counters(), e.state.weight_id, e.state.label, e.touched)
+    out = publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request("step-2"))
+    assert not out.success and "already used by an earlier publication" in out.message
+    assert (e.counters(), e.state.weight_id, e.state.label, e.touched) == before
+
+
+@pytest.mark.parametrize("label", ["x" * 200, "   "])
+def test_declared_mode_refuses_an_unusable_declaration_before_loading(label):
+    e = declared_engine()
+    before = (e.counters(), e.state.weight_id, e.touched)
+    out = publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request(label))
+    assert not out.success and "invalid declared weight identity" in out.message
+    assert (e.counters(), e.state.weight_id, e.touched) == before
+
+
+def test_declared_mode_gives_a_publication_that_keeps_its_label_a_nonce():
+    e = declared_engine()
+    publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request("step-2"))
+    out = publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request(None))
+    assert out.success and e.state.epoch == 2 and e.state.weight_id.startswith("nonce:")
+
+
+def test_declared_mode_keeps_the_label_when_a_relabel_reuses_an_identity():
+    """`/update_weight_version` has no failure reply: a reused declaration leaves label, epoch and identity as
+    they were (the scheduler-side guard)."""
+    e = declared_engine()
+    publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request("step-2"))
+    publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request("step-3"))
+    before = (e.counters(), e.state.weight_id, publication.current_label())
+    e.scheduler.record_weight_version_change("step-2")
+    assert (e.counters(), e.state.weight_id, publication.current_label()) == before
+    e.scheduler.record_weight_version_change("step-4")
+    assert e.state.weight_id == "declared:step-4" and e.state.epoch == before[0][0] + 1

@@ -39,7 +39,7 @@ def test_a_request_carries_one_vradix_state_object_through_its_life(env):
     stamp(state, a)
     assert vradix_attributes(a) == ["_vradix"]
     st = request.of(a)
-    assert (st.user_key, st.epoch, st.crossed, st.kv_history) == ("tenant", 0, False, [(0, 0, None)])
+    assert (st.user_key, st.epoch, st.crossed, st.kv_history) == ("tenant", 0, False, [(0, 0, None, state.weight_id)])
     fx.admit(a)
     fx.prefill(a)
     epochs.bump(state, fx.cache, [a], [], reason="test", label="v1")

@@ -47,7 +47,7 @@ def rebind_if_unheld(state: EpochState, req) -> bool:
 
 def _bind(state: EpochState, req, st: request.ReqState) -> None:
     st.epoch = state.epoch
-    provenance.record_bind(st, state.epoch, state.label)
+    provenance.record_bind(st, state)
     if os.environ.get("VRADIX_FAULT_NO_NAMESPACE") == "1":
         return  # test-only fault: the namespace is lost, so only the KV page ledger's guard stands between
-    req.extra_key = namespace.stamped(state.epoch, st.user_key)
+    req.extra_key = namespace.stamped(state.prefix_of_epoch(state.epoch), st.user_key)

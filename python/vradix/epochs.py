@@ -1,7 +1,8 @@
 """Step 2 — publication: one epoch bump per weight change (or lock-aware flush), and the release of crossing KV.
 
 `bump` is the whole contract of a publication, in order:
-1. advance the epoch (and the label, when the publication names one);
+1. advance the epoch (and the label, when the publication names one) and bind the new epoch's weight identity
+   (`identity`; a lock-aware flush keeps the weights and so the identity), which names its namespace;
 2. forget crossing requests whose lock was released by a path other than `release_kv_cache` (P/D decode, streaming
    sessions unlock directly); then mark every live request that holds KV as *crossing*: it keeps its own KV and
    continues, but never inserts into the tree (`skip_radix_cache_insert`), because its KV is now mixed-version; its
@@ -16,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Iterable, Optional
 
-from vradix import admission, provenance, reclaim, request
+from vradix import admission, identity as weight_identity, provenance, reclaim, request
 from vradix.state import EpochState, Invalidation
 
 #: longest accepted publication label (SGLang `weight_version`); labels travel in every response's meta_info
@@ -44,11 +45,19 @@ def check_label(label) -> None:
 
 
 def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *, reason: str,
-         label: Optional[str] = None, is_publication: bool = True) -> Invalidation:
-    """Advance the epoch and invalidate everything older, lock-aware. See the module docstring for the steps."""
+         label: Optional[str] = None, is_publication: bool = True,
+         identity: Optional[weight_identity.WeightIdentity] = None) -> Invalidation:
+    """Advance the epoch and invalidate everything older, lock-aware. See the module docstring for the steps.
+    `identity` is the new weights' identity: None means a fresh nonce for a publication, and the current identity
+    for a lock-aware flush (same weights)."""
     t0 = time.perf_counter()
+    if identity is None:
+        identity = (weight_identity.nonce() if is_publication
+                    else state.identities[state.epoch].identity)
     inv = Invalidation(epoch_before=state.epoch, epoch_after=state.epoch + 1,
-                       label=label if label is not None else state.label, reason=reason)
+                       label=label if label is not None else state.label, reason=reason,
+                       weight_id=identity.weight_id)
+    state.bind_identity(state.epoch + 1, identity)
     state.epoch += 1
     state.label = inv.label
     if is_publication:
@@ -83,7 +92,7 @@ def mark_crossing(state: EpochState, req) -> None:
     Its KV history gets the new epoch from its committed position on (`provenance.record_crossing`).
     `state.crossing` is keyed by object identity: two live requests may share a user-supplied rid."""
     st = request.require(req)
-    provenance.record_crossing(req, st, state.epoch, state.label)
+    provenance.record_crossing(req, st, state)
     if not st.crossed:
         st.crossed = True
         st.skip_insert_before = req.skip_radix_cache_insert

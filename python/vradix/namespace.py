@@ -1,17 +1,24 @@
-"""The epoch namespace: how a weight epoch is written into a request's radix key.
+"""The epoch namespace: how an epoch's weight identity is written into a request's radix key.
 
 SGLang keys every radix-tree edge by `(extra_key, token)` (`RadixKey.child_key_at`), so two requests whose
-`extra_key` differ live in disjoint subtrees of the same tree, in both the Rust and the Python TreeCore, and in the
-HiCache page-hash chain. vradix stamps the epoch as a *prefix* of `extra_key`:
+`extra_key` differ live in disjoint subtrees of the same tree, in both the Rust and the Python TreeCore. The same
+`extra_key` seeds the HiCache storage page-hash chain (`storage_namespace_seed`), in Python and natively in the Rust
+TreeCore. vradix stamps a namespace as a *prefix* of `extra_key`:
 
-    extra_key = "\x1evradix:e<epoch>\x1f" + (user extra_key + LoRA suffix, or "")
+    extra_key = "\x1evradix:<weight_id>[\x1d<epoch>]\x1f" + (user extra_key + LoRA suffix, or "")
+
+The namespace is built from the epoch's global `weight_id` (`vradix.identity`), so L3 keys of equal identities are
+equal across restarts and engines, and keys of different weights never collide. The `\x1d<epoch>` suffix is added only
+when an earlier epoch of the same process already used that `weight_id` (equal weights published again, or a
+lock-aware flush, which keeps the weights): inside one process every epoch has its own namespace, and every key that
+carries a suffix still names the same weights.
 
 Invariants:
 - The prefix is the only place the marker `\x1evradix:` may appear; a user `extra_key` or `cache_salt` containing it
-  (or its control character) is rejected, so a user key can never forge or collide with an epoch namespace, in the
-  tree or in the HiCache storage seed, which hashes `extra_key` and `cache_salt` together.
+  (or its control character) is rejected, so a user key can never forge or collide with a namespace, in the tree or
+  in the HiCache storage seed, which hashes `extra_key` and `cache_salt` together.
 - Prefix, never suffix: SGLang reads the LoRA id from the *end* of `extra_key` (`LoRANameTable.resolve`).
-- Two epochs never share a namespace string, so no key built under epoch e can match a node inserted under e' != e.
+- Two epochs of one process never share a namespace string (`state.EpochState.bind_identity`).
 """
 from __future__ import annotations
 
@@ -19,15 +26,18 @@ from typing import Optional
 
 MARKER = "\x1evradix:"
 _END = "\x1f"
+#: separates a reused weight_id from its epoch; a control character, so no weight_id can contain it
+_EPOCH = "\x1d"
 
 
 class ReservedNamespaceError(ValueError):
     """A user-supplied cache key tried to use vradix's reserved epoch marker."""
 
 
-def namespace(epoch: int) -> str:
-    """The extra_key prefix of epoch `epoch`."""
-    return f"{MARKER}e{epoch}{_END}"
+def namespace(weight_id: str, epoch: Optional[int] = None) -> str:
+    """The extra_key prefix of an epoch with identity `weight_id`; `epoch` disambiguates a reused identity."""
+    suffix = "" if epoch is None else f"{_EPOCH}{epoch}"
+    return f"{MARKER}{weight_id}{suffix}{_END}"
 
 
 def check_user_key(user_key: Optional[str]) -> None:
@@ -39,14 +49,21 @@ def check_user_key(user_key: Optional[str]) -> None:
         )
 
 
-def stamped(epoch: int, user_key: Optional[str]) -> str:
-    """The extra_key a request of epoch `epoch` with user key `user_key` is matched and inserted under."""
-    return namespace(epoch) + (user_key or "")
+def stamped(prefix: str, user_key: Optional[str]) -> str:
+    """The extra_key a request is matched and inserted under: its epoch's namespace `prefix` + its user key."""
+    return prefix + (user_key or "")
 
 
-def epoch_of(extra_key: Optional[str]) -> Optional[int]:
-    """The epoch encoded in a stamped extra_key, or None for an unstamped key."""
+def prefix_of(extra_key: Optional[str]) -> Optional[str]:
+    """The namespace prefix of a stamped extra_key, or None for an unstamped key."""
     if not extra_key or not extra_key.startswith(MARKER):
         return None
-    end = extra_key.index(_END, len(MARKER))
-    return int(extra_key[len(MARKER) + 1 : end])
+    return extra_key[: extra_key.index(_END, len(MARKER)) + 1]
+
+
+def weight_id_of(extra_key: Optional[str]) -> Optional[str]:
+    """The weight_id a stamped extra_key's namespace was built from (without any epoch suffix), or None."""
+    prefix = prefix_of(extra_key)
+    if prefix is None:
+        return None
+    return prefix[len(MARKER):-len(_END)].split(_EPOCH, 1)[0]

@@ -1,6 +1,6 @@
 """Step 5 — provenance: under which weights each position's KV was computed, per request.
 
-Every request's `request.ReqState` carries `kv_history`, a list of `(start_position, epoch, label)` entries:
+Every request's `request.ReqState` carries `kv_history`, a list of `(start_position, epoch, label, weight_id)` entries:
 - `record_bind` starts it at admission and at every re-bind: a request that holds no KV will compute (or match) all
   of its KV under the epoch it is bound to, so its history is one entry from position 0.
 - `record_crossing` appends one entry each time the request crosses a publication while holding KV: positions
@@ -26,40 +26,43 @@ from vradix.request import ReqState
 PROVENANCE_KEY = "vradix_provenance"  # the customized_info key that carries it from scheduler to tokenizer manager
 
 
-def record_bind(st: ReqState, epoch: int, label: Optional[str]) -> None:
-    st.kv_history = [(0, epoch, label)]
+def record_bind(st: ReqState, state) -> None:
+    """The request (holding no KV) is bound to `state`'s current epoch: all its KV will be computed or matched
+    under it."""
+    st.kv_history = [(0, state.epoch, state.label, state.weight_id)]
 
 
-def record_crossing(req, st: ReqState, epoch: int, label: Optional[str]) -> None:
-    """The request holds KV across a bump to `epoch`: KV computed from now on is computed under `label`."""
+def record_crossing(req, st: ReqState, state) -> None:
+    """The request holds KV across a bump to `state.epoch`: KV computed from now on is computed under its weights."""
     history = st.kv_history
+    entry = (state.epoch, state.label, state.weight_id)
     committed = max(req.kv.kv_committed_len, getattr(req, "prefix_len", 0) or 0)
     if history[-1][0] >= committed:
         # nothing was computed under the previous entry's epoch since it started: it owns no positions
-        history[-1] = (history[-1][0], epoch, label)
+        history[-1] = (history[-1][0], *entry)
     else:
-        history.append((committed, epoch, label))
+        history.append((committed, *entry))
 
 
 def kv_weight_versions(req) -> List[dict]:
-    """Run-length spans `{version, epoch, start, end}` over positions `[0, len(prompt) + len(output))`.
+    """Run-length spans `{version, weight_id, epoch, start, end}` over positions `[0, len(prompt) + len(output))`.
 
-    Adjacent entries with the same label are merged (a lock-aware flush bumps the epoch but keeps the weights); a merged
-    span reports the epoch it started under.
+    Adjacent entries with the same label and weight identity are merged (a lock-aware flush bumps the epoch but keeps
+    the weights); a merged span reports the epoch it started under.
     """
     st = request.of(req)
     history = st.kv_history if st is not None else []
     total = len(req.origin_input_ids) + len(req.output_ids)
     spans: List[dict] = []
-    for i, (start, epoch, label) in enumerate(history):
+    for i, (start, epoch, label, weight_id) in enumerate(history):
         end = history[i + 1][0] if i + 1 < len(history) else total
         end = min(end, total)
         if end <= start:
             continue
-        if spans and spans[-1]["version"] == label:
+        if spans and (spans[-1]["version"], spans[-1]["weight_id"]) == (label, weight_id):
             spans[-1]["end"] = end  # the span keeps the epoch it started under
             continue
-        spans.append({"version": label, "epoch": epoch, "start": start, "end": end})
+        spans.append({"version": label, "weight_id": weight_id, "epoch": epoch, "start": start, "end": end})
     return spans
 
 
@@ -69,12 +72,12 @@ def crossed(req) -> bool:
 
 
 def prefix_cache(req) -> Optional[dict]:
-    """`{cached_tokens, epoch, weight_version}` of the prefix KV the request reused (its bind epoch)."""
+    """`{cached_tokens, epoch, weight_version, weight_id}` of the prefix KV the request reused (its bind epoch)."""
     st = request.of(req)
     if st is None or not st.kv_history:
         return None
-    _, epoch, label = st.kv_history[0]
-    return {"cached_tokens": req.cached_tokens, "epoch": epoch, "weight_version": label}
+    _, epoch, label, weight_id = st.kv_history[0]
+    return {"cached_tokens": req.cached_tokens, "epoch": epoch, "weight_version": label, "weight_id": weight_id}
 
 
 def response_provenance(req) -> Optional[dict]:

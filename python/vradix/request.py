@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-#: (start position, epoch, label) — KV from `start` on was computed under `epoch`'s weights, published as `label`
-HistoryEntry = Tuple[int, int, Optional[str]]
+#: (start position, epoch, label, weight_id) — KV from `start` on was computed under `epoch`'s weights, published as
+#: `label`, with global identity `weight_id`
+HistoryEntry = Tuple[int, int, Optional[str], str]
 
 
 class UnstampedRequestError(RuntimeError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional
 
-from vradix import __version__, kernels
+from vradix import __version__, identity, kernels, namespace
 from vradix.guard import GuardConfig, GuardStats
 from vradix.ledger import PageLedger
 from vradix import ledger as kv_ledger
@@ -29,9 +29,12 @@ class Invalidation:
     tokens_pinned: int = 0
     requeued_rebound: int = 0
     latency_ms: float = 0.0
+    #: the global identity of the new epoch's weights
+    weight_id: Optional[str] = None
 
     def summary(self) -> str:
-        return (f"vradix: epoch {self.epoch_before}->{self.epoch_after} ({self.reason}, label={self.label!r}): "
+        return (f"vradix: epoch {self.epoch_before}->{self.epoch_after} ({self.reason}, label={self.label!r}, "
+                f"weight_id={self.weight_id}): "
                 f"freed {self.tokens_freed} stale tokens, {self.tokens_pinned} stale tokens pinned by "
                 f"{self.crossing_requests} crossing request(s) ({self.crossing_mid_prefill} mid-prefill), "
                 f"{self.requeued_rebound} queued request(s) re-bound")
@@ -40,6 +43,14 @@ class Invalidation:
         d = asdict(self)
         d["latency_ms"] = round(self.latency_ms, 3)
         return d
+
+
+@dataclass(frozen=True)
+class EpochIdentity:
+    """An epoch's weight identity and the namespace prefix its requests are stamped with."""
+
+    identity: identity.WeightIdentity
+    prefix: str
 
 
 @dataclass
@@ -75,6 +86,36 @@ class EpochState:
     lora_tokens_freed: int = 0
     #: `report.Metrics` when SGLang runs with --enable-metrics, else None
     metrics: Any = None
+    #: how each epoch's weight identity is chosen (`vradix.identity.MODES`)
+    identity_mode: str = "nonce"
+    #: epoch -> its identity and namespace prefix, for every epoch this engine has served (one entry per bump)
+    identities: Dict[int, EpochIdentity] = field(default_factory=dict)
+    _epoch_by_prefix: Dict[str, int] = field(default_factory=dict)
+
+    def bind_identity(self, epoch: int, ident: identity.WeightIdentity) -> str:
+        """Record `ident` as epoch `epoch`'s identity and return its namespace prefix: the bare `weight_id` the
+        first time this process serves it, else disambiguated by the epoch (one namespace per epoch)."""
+        reused = any(e.identity.weight_id == ident.weight_id for e in self.identities.values())
+        prefix = namespace.namespace(ident.weight_id, epoch if reused else None)
+        self.identities[epoch] = EpochIdentity(ident, prefix)
+        self._epoch_by_prefix[prefix] = epoch
+        return prefix
+
+    @property
+    def weight_id(self) -> str:
+        return self.identities[self.epoch].identity.weight_id
+
+    def prefix_of_epoch(self, epoch: int) -> str:
+        return self.identities[epoch].prefix
+
+    def epoch_of(self, extra_key: Optional[str]) -> Optional[int]:
+        """The epoch whose namespace `extra_key` was stamped with, or None (unstamped, or another engine's)."""
+        return self._epoch_by_prefix.get(namespace.prefix_of(extra_key))
+
+    def declared_before(self, text: str) -> bool:
+        """Whether an epoch of this process already carries the declared identity `text`."""
+        wid = identity.declared(text).weight_id
+        return any(e.identity.weight_id == wid for e in self.identities.values())
 
     def as_dict(self, pinned_tokens: int) -> dict:
         """The `vradix` block of server info (plain JSON types)."""
@@ -85,6 +126,8 @@ class EpochState:
             "tree_core": self.tree_core,
             "epoch": self.epoch,
             "label": self.label,
+            "weight_id": self.weight_id,
+            "weight_identity": {"mode": self.identity_mode, "source": self.identities[self.epoch].identity.source},
             "publications": self.publications,
             "lock_aware_flushes": self.flushes,
             "crossing_requests": len(self.crossing),
@@ -145,10 +188,14 @@ class WeightSession:
         return {"buckets": self.buckets, "failed_buckets": self.failed_buckets}
 
 
-def attach(tree_cache, with_ledger: bool = True) -> EpochState:
-    """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0, with a KV page ledger on its allocator unless
-    `with_ledger` is False. Raises `GuardConfigError` for an invalid VRADIX_VERIFY / VRADIX_AUDIT setting."""
-    state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardConfig.from_env())
+def attach(tree_cache, with_ledger: bool = True, weight_identity: Optional[identity.WeightIdentity] = None,
+           identity_mode: str = "nonce") -> EpochState:
+    """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0 under `weight_identity` (a fresh nonce when
+    None), with a KV page ledger on its allocator unless `with_ledger` is False. Raises `GuardConfigError` for an
+    invalid VRADIX_VERIFY / VRADIX_AUDIT setting."""
+    state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardConfig.from_env(),
+                       identity_mode=identity_mode)
+    state.bind_identity(0, weight_identity or identity.nonce())
     if with_ledger:
         state.ledger = kv_ledger.attach(tree_cache.token_to_kv_pool_allocator)
     tree_cache._vradix = state

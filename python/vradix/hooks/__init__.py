@@ -16,6 +16,9 @@ _TCM = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin"
 
 #: (target, hook type, hook) — the complete list of places vradix attaches, in data-path order.
 HOOKS = [
+    # server flags (launcher process): --vradix-weight-identity
+    ("sglang.srt.server_args.ServerArgs.add_cli_args", "AFTER", launcher.add_identity_flag),
+    ("sglang.srt.server_args.prepare_server_args", "AROUND", launcher.export_identity_flag),
     # engine start
     (f"{_SCHED}.__init__", "AFTER", startup.attach_to_scheduler),
     # 1. admission: stamp, and re-bind queued requests before they match

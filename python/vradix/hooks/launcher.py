@@ -2,10 +2,12 @@
 scheduler, so it changes nothing; a weight-update session holds generation from its begin to its end."""
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 import typing
 
-from vradix import epochs
+from vradix import epochs, identity
 
 logger = logging.getLogger("vradix")
 
@@ -122,3 +124,27 @@ async def release_generation_after_session(original, tokenizer_manager, obj, *ar
 async def resume_generation(tokenizer_manager) -> None:
     from sglang.srt.managers.io_struct import ContinueGenerationReqInput
     await tokenizer_manager.continue_generation(ContinueGenerationReqInput())
+
+
+FLAG = "--vradix-weight-identity"
+
+
+def add_identity_flag(_result, parser, *args, **kwargs):
+    """AFTER ServerArgs.add_cli_args: the server flag that chooses how each epoch's weight identity is set."""
+    parser.add_argument(FLAG, choices=identity.MODES, default=None,
+                        help="vradix: how each epoch's global weight_id is chosen: nonce (default; no reuse across "
+                             "restarts), fingerprint (content hash of the loaded weights), declared (the "
+                             "publication's weight_version label, which the publisher vouches is globally unique). "
+                             f"Same as {identity.ENV}.")
+
+
+def export_identity_flag(original, argv, *args, **kwargs):
+    """AROUND server_args.prepare_server_args: export the flag as VRADIX_WEIGHT_IDENTITY before any scheduler process
+    starts (they inherit the environment; ServerArgs has no field for it). An invalid value exits with argparse's
+    usage error."""
+    parser = argparse.ArgumentParser(prog="sglang serve", add_help=False)
+    parser.add_argument(FLAG, choices=identity.MODES, default=None)
+    known, _ = parser.parse_known_args(argv)
+    if known.vradix_weight_identity is not None:
+        os.environ[identity.ENV] = known.vradix_weight_identity
+    return original(argv, *args, **kwargs)

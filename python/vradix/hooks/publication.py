@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import logging
 
-from vradix import epochs, guard, overlap, report
-from vradix.state import Invalidation, UpdateScope, WeightSession, state_of
+from vradix import epochs, guard, identity, overlap, report
+from vradix.state import EpochState, Invalidation, UpdateScope, WeightSession, state_of
 
 logger = logging.getLogger("vradix")
 
@@ -22,13 +22,49 @@ def live_requests(scheduler) -> set:
 def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool = True) -> Invalidation:
     state = state_of(scheduler.tree_cache)
     live = live_requests(scheduler)
+    ident = publication_identity(scheduler, state, label) if is_publication else None
     inv = epochs.bump(state, scheduler.tree_cache, live, list(scheduler.waiting_queue),
-                      reason=reason, label=label, is_publication=is_publication)
+                      reason=reason, label=label, is_publication=is_publication, identity=ident)
     if state.ledger is not None:
         guard.audit(state.guard, state.guard_stats, state.ledger, scheduler.tree_cache, live, state.epoch)
     logger.info(inv.summary() + " in %.3f ms", inv.latency_ms)
     report.export_metrics(scheduler)
     return inv
+
+
+def publication_identity(scheduler, state: EpochState, label) -> identity.WeightIdentity:
+    """The identity of the weights a publication just installed, by the engine's mode: their fingerprint, the
+    declared label (when the publication set a new one), or a fresh nonce."""
+    if state.identity_mode == "fingerprint":
+        return proven_identity(scheduler)
+    if state.identity_mode == "declared" and identity.is_declaration(label) and label != state.label:
+        if not state.declared_before(label):
+            return identity.declared(label)
+        logger.error("vradix: declared identity %r was already used by an earlier publication of this engine; "
+                     "this epoch gets a fresh nonce instead", label)
+    return identity.nonce()
+
+
+def proven_identity(scheduler) -> identity.WeightIdentity:
+    """The content fingerprint of the scheduler's loaded model, as an identity (same on every TP rank)."""
+    group = getattr(getattr(scheduler, "tp_group", None), "cpu_group", None)
+    return identity.proven(identity.fingerprint_model(scheduler.tp_worker.model_runner.model, group))
+
+
+def refuse_reused_declaration(state: EpochState, label, output_type):
+    """In `declared` mode, a publication naming a declared identity an earlier publication of this engine already
+    used is refused before any weight changes: returns the failed response, or None."""
+    if state.identity_mode != "declared" or not identity.is_declaration(label) or label == state.label:
+        return None
+    try:
+        identity.check_declared(label)
+    except identity.InvalidIdentityError as e:
+        return output_type(success=False, message=f"vradix refused the update: {e}")
+    if state.declared_before(label):
+        return output_type(success=False, message=(
+            f"vradix refused the update: declared weight identity {label!r} was already used by an earlier "
+            "publication of this engine; declare a new identity (for example run id + step)"))
+    return None
 
 
 def current_label():
@@ -57,6 +93,12 @@ def publish_on_version_change(original, scheduler, new_version, *args, **kwargs)
     state = state_of(scheduler.tree_cache)
     if state is None or state.update_scope is not None or state.session is not None:
         return original(scheduler, new_version, *args, **kwargs)
+    if state.identity_mode == "declared" and new_version is not None and new_version != state.label \
+            and state.declared_before(new_version):
+        # /update_weight_version has no failure reply: the launcher refuses this first (launcher.py); keep the label
+        logger.error("vradix: refused label %r: declared identity already used by an earlier publication",
+                     new_version)
+        return None
     before = current_label()
     overlap.drain_inflight_batch(scheduler)
     result = original(scheduler, new_version, *args, **kwargs)
@@ -65,7 +107,7 @@ def publish_on_version_change(original, scheduler, new_version, *args, **kwargs)
     return result
 
 
-def _update_handler(source: str, needs_session: bool, refuse_before_load=None):
+def _update_handler(source: str, output_type_name: str, needs_session: bool, refuse_before_load=None):
     """The AROUND hook of one `update_weights_*` path.
 
     Invariants:
@@ -84,7 +126,10 @@ def _update_handler(source: str, needs_session: bool, refuse_before_load=None):
         state = state_of(scheduler.tree_cache) if scheduler is not None else None
         if state is None:
             return original(updater, recv_req, *args, **kwargs)
-        refused = refuse_before_load(updater, recv_req) if refuse_before_load is not None else None
+        refused = refuse_reused_declaration(state, getattr(recv_req, "weight_version", None),
+                                            io_output_type(output_type_name))
+        if refused is None and refuse_before_load is not None:
+            refused = refuse_before_load(updater, recv_req)
         if refused is not None:
             logger.error("vradix: %s refused before loading: %s", source, refused.message)
             return refused
@@ -104,6 +149,11 @@ def _update_handler(source: str, needs_session: bool, refuse_before_load=None):
 
     around_update.__name__ = f"publish_{source}"
     return around_update
+
+
+def io_output_type(name: str):
+    from sglang.srt.managers import io_struct
+    return getattr(io_struct, name)
 
 
 def record_bucket(session, out):
@@ -136,11 +186,14 @@ def refuse_disk_update_before_load(updater, recv_req):
     return UpdateWeightFromDiskReqOutput(success=False, message=message, num_paused_requests=0)
 
 
-publish_update_from_disk = _update_handler("update_weights_from_disk", needs_session=False,
-                                           refuse_before_load=refuse_disk_update_before_load)
-publish_update_from_distributed = _update_handler("update_weights_from_distributed", needs_session=True)
-publish_update_from_tensor = _update_handler("update_weights_from_tensor", needs_session=True)
-publish_update_from_ipc = _update_handler("update_weights_from_ipc", needs_session=False)
+publish_update_from_disk = _update_handler("update_weights_from_disk", "UpdateWeightFromDiskReqOutput",
+                                           needs_session=False, refuse_before_load=refuse_disk_update_before_load)
+publish_update_from_distributed = _update_handler("update_weights_from_distributed",
+                                                  "UpdateWeightsFromDistributedReqOutput", needs_session=True)
+publish_update_from_tensor = _update_handler("update_weights_from_tensor", "UpdateWeightsFromTensorReqOutput",
+                                             needs_session=True)
+publish_update_from_ipc = _update_handler("update_weights_from_ipc", "UpdateWeightsFromIPCReqOutput",
+                                          needs_session=False)
 
 
 def open_weight_session(original, updater, recv_req, *args, **kwargs):

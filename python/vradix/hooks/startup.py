@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import logging
 
-from vradix import __version__, report
-from vradix.hooks.publication import current_label
+from vradix import __version__, identity, report
+from vradix.hooks.publication import current_label, proven_identity
 from vradix.state import attach
 
 logger = logging.getLogger("vradix")
@@ -27,14 +27,28 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
         # KV written by these paths bypasses run_batch's stamp; a strict guard would reject every such prefix.
         logger.warning("vradix: KV page ledger disabled (KV also arrives via %s); the epoch namespace still applies",
                        ", ".join(unobserved))
-    state = attach(cache, with_ledger=not unobserved)
+    mode = identity.mode_from_env()
+    state = attach(cache, with_ledger=not unobserved, weight_identity=startup_identity(scheduler, mode),
+                   identity_mode=mode)
     state.guard = state.guard.for_ranks(getattr(scheduler, "tp_size", 1), getattr(scheduler, "pp_size", 1))
     state.label = current_label()
     state.metrics = report.metrics_for(scheduler)
     report.export_metrics(scheduler)
-    logger.info("vradix %s active: epoch-namespaced radix cache (%s, tree core %s), epoch %d; KV page ledger %s "
-                "(verify=%s, audit=%s)", __version__, type(cache).__name__, state.tree_core, state.epoch,
+    logger.info("vradix %s active: epoch-namespaced radix cache (%s, tree core %s), epoch %d, weight_id %s (%s); "
+                "KV page ledger %s (verify=%s, audit=%s)", __version__, type(cache).__name__, state.tree_core,
+                state.epoch, state.weight_id, mode,
                 "on" if state.ledger is not None else "off", state.guard.verify, state.guard.audit)
+
+
+def startup_identity(scheduler, mode: str) -> identity.WeightIdentity:
+    """The identity of the weights the engine started with: proven by fingerprint, declared by an explicit
+    `--weight-version` (not SGLang's default), or a fresh nonce."""
+    if mode == "fingerprint":
+        return proven_identity(scheduler)
+    label = current_label()
+    if mode == "declared" and identity.is_declaration(label):
+        return identity.declared(label)
+    return identity.nonce()
 
 
 def ledger_blind_spots(scheduler) -> list[str]:

@@ -1,0 +1,117 @@
+"""Weight identity: the global name (`weight_id`) of the weights an epoch serves.
+
+The epoch counter is process-local: it restarts at 0 on every boot, and two engines at the same epoch number may hold
+different weights. Every key that outlives the process or leaves it (HiCache L3 page keys, the P/D handshake) is
+therefore built from a `weight_id`, never from the bare epoch. One identity is chosen per epoch, by the engine's mode
+(`VRADIX_WEIGHT_IDENTITY`, or the server flag `--vradix-weight-identity`):
+
+- `nonce` (default): a fresh random 128-bit nonce per epoch. Safe everywhere; no reuse across restarts or engines.
+- `fingerprint` (proven): a content fingerprint of every loaded tensor (`vradix.kernels.fingerprint`), computed at
+  startup and after every weight change. Equal weights give equal ids, so L3 pages are reused across restarts and
+  engines; different weights differ unless the fingerprint collides.
+- `declared`: the publisher vouches that the publication's `weight_version` label is globally unique (for example a
+  run id plus a training step), and the label becomes the identity. A publication that keeps the current label, and
+  startup weights without an explicit `--weight-version`, get a nonce instead.
+
+Invariants:
+- different weights never share a `weight_id` (nonces are random; fingerprints cover every byte; a declared label is
+  refused when an earlier publication in this process used it);
+- the same weights share a `weight_id` only when proven (`fingerprint`) or declared;
+- a `weight_id` is printable, at most `MAX_WEIGHT_ID_CHARS` characters, and never contains the namespace delimiters.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+MODES = ("nonce", "fingerprint", "declared")
+ENV = "VRADIX_WEIGHT_IDENTITY"
+#: longest accepted declared identity (it is part of every cache key of its epoch)
+MAX_DECLARED_CHARS = 128
+MAX_WEIGHT_ID_CHARS = MAX_DECLARED_CHARS + len("declared:")
+#: SGLang's `--weight-version` default: not a declaration
+UNDECLARED_LABEL = "default"
+
+
+class InvalidIdentityError(ValueError):
+    """A declared weight identity that vradix refuses (nothing changes)."""
+
+
+class IdentityConfigError(ValueError):
+    """An invalid `VRADIX_WEIGHT_IDENTITY` / `--vradix-weight-identity` setting."""
+
+
+@dataclass(frozen=True)
+class WeightIdentity:
+    """The identity of one epoch's weights: `weight_id` is what keys are built from; `source` says why it is
+    trusted (`nonce`, `fingerprint` or `declared`)."""
+
+    weight_id: str
+    source: str
+
+    def as_dict(self) -> dict:
+        return {"weight_id": self.weight_id, "source": self.source}
+
+
+def mode_from_env(environ: Mapping[str, str] = os.environ) -> str:
+    """The engine's identity mode. Raises IdentityConfigError for an unknown value."""
+    mode = environ.get(ENV, "nonce").strip().lower() or "nonce"
+    if mode not in MODES:
+        raise IdentityConfigError(f"{ENV}={environ.get(ENV)!r}: expected one of {', '.join(MODES)}")
+    return mode
+
+
+def nonce() -> WeightIdentity:
+    """A fresh identity no other epoch, process or engine can hold."""
+    return WeightIdentity(f"nonce:{secrets.token_hex(16)}", "nonce")
+
+
+def proven(fingerprint: str) -> WeightIdentity:
+    """The identity of weights whose content fingerprint is `fingerprint` (hex)."""
+    return WeightIdentity(f"fp:{fingerprint}", "fingerprint")
+
+
+def declared(text: str) -> WeightIdentity:
+    """The identity a publisher declared. Raises InvalidIdentityError for an unusable declaration."""
+    check_declared(text)
+    return WeightIdentity(f"declared:{text}", "declared")
+
+
+def check_declared(text) -> None:
+    """A declared identity is a non-empty printable string of at most MAX_DECLARED_CHARS characters."""
+    if not isinstance(text, str):
+        raise InvalidIdentityError(f"invalid declared weight identity: expected a string, got {type(text).__name__}")
+    if not text.strip():
+        raise InvalidIdentityError("invalid declared weight identity: empty")
+    if len(text) > MAX_DECLARED_CHARS:
+        raise InvalidIdentityError(f"invalid declared weight identity: {len(text)} characters, at most "
+                                   f"{MAX_DECLARED_CHARS} allowed")
+    if not text.isprintable():
+        raise InvalidIdentityError("invalid declared weight identity: contains control characters")
+
+
+def is_declaration(label: Optional[str]) -> bool:
+    """Whether a label names a declared identity (SGLang's default `--weight-version` does not)."""
+    return label is not None and label != UNDECLARED_LABEL
+
+
+def fingerprint_model(model, tp_group=None) -> str:
+    """The content fingerprint of a loaded model (every parameter and buffer). With tensor parallelism each rank
+    holds a shard: the ranks' fingerprints are gathered over `tp_group` (a CPU process group) and hashed together, so
+    every rank of one engine gets the same identity."""
+    import hashlib
+
+    from vradix.kernels.fingerprint import fingerprint_module
+
+    local = fingerprint_module(model)
+    if tp_group is None:
+        return local
+    import torch.distributed as dist
+
+    if dist.get_world_size(tp_group) == 1:
+        return local
+    gathered = [None] * dist.get_world_size(tp_group)
+    dist.all_gather_object(gathered, local, group=tp_group)
+    return hashlib.sha256("|".join(gathered).encode()).hexdigest()[:32]

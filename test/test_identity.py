@@ -1,0 +1,114 @@
+"""Weight identity (`vradix.identity`): every epoch carries a global `weight_id`, its namespace is built from it, and
+so are HiCache storage keys (SGLang's own `get_storage_hash_str` over a stamped key, as HiCache computes them).
+
+Restarts and separate engines are separate `attach` calls on separate real caches: a restarted engine starts at epoch
+0 again, which is exactly how vradix's old per-process epoch collided."""
+import os
+
+import pytest
+import torch
+
+from sglang.srt.mem_cache.radix_cache import RadixKey
+from sglang.srt.mem_cache.utils import get_storage_hash_str
+from sglang.srt.server_args import prepare_server_args
+
+from vradix import identity, namespace
+from vradix.admission import stamp
+from vradix.epochs import bump
+from vradix.state import attach
+from vradix.testing.cache_fixture import build_cache
+
+TOKENS = list(range(100, 164))
+
+
+def engine(weight_identity=None, mode="nonce"):
+    """A freshly started engine (epoch 0) with the given startup identity."""
+    fx = build_cache("rust", 1, kv_tokens=256, max_reqs=4)
+    return fx, attach(fx.cache, weight_identity=weight_identity, identity_mode=mode)
+
+
+def storage_keys(fx, state, tokens=TOKENS, user_key=None):
+    """The HiCache L3 page keys a request of the engine's current epoch would read and write."""
+    req = fx.make_req(tokens, extra_key=user_key)
+    stamp(state, req)
+    return get_storage_hash_str(RadixKey(tokens, extra_key=req.extra_key), None, page_size=16)
+
+
+def test_stock_keys_carry_no_weight_identity_so_different_weights_collide():
+    """The bug (sglang #26792): without vradix the L3 key of a prompt is the same whatever weights computed it."""
+    assert get_storage_hash_str(RadixKey(TOKENS), None, page_size=16) == \
+        get_storage_hash_str(RadixKey(TOKENS), None, page_size=16)
+
+
+def test_restarted_engines_with_nonce_identities_never_share_storage_keys():
+    (fx1, s1), (fx2, s2) = engine(), engine()
+    assert s1.epoch == s2.epoch == 0 and s1.weight_id != s2.weight_id
+    assert not set(storage_keys(fx1, s1)) & set(storage_keys(fx2, s2))
+
+
+@pytest.mark.parametrize("make", [lambda: identity.declared("run-7/step-12"), lambda: identity.proven("ab" * 16)])
+def test_equal_declared_or_proven_identities_share_storage_keys_across_restarts(make):
+    (fx1, s1), (fx2, s2) = engine(make()), engine(make())
+    assert storage_keys(fx1, s1) == storage_keys(fx2, s2)
+    assert storage_keys(fx1, s1, user_key="tenant") != storage_keys(fx2, s2)  # user namespaces stay apart
+
+
+def test_different_declared_identities_never_share_storage_keys():
+    (fx1, s1), (fx2, s2) = engine(identity.declared("run-7/step-12")), engine(identity.declared("run-7/step-13"))
+    assert not set(storage_keys(fx1, s1)) & set(storage_keys(fx2, s2))
+
+
+def test_each_epoch_has_its_own_namespace_and_a_flush_keeps_the_weight_id():
+    fx, state = engine(identity.declared("step-1"))
+    keys0 = storage_keys(fx, state)
+    pub = bump(state, fx.cache, [], [], reason="test publication", identity=identity.declared("step-2"))
+    assert pub.weight_id == state.weight_id == "declared:step-2"
+    flush = bump(state, fx.cache, [], [], reason="lock-aware flush", is_publication=False)
+    assert flush.weight_id == "declared:step-2" and state.epoch == 2
+    prefixes = {state.prefix_of_epoch(e) for e in range(3)}
+    assert len(prefixes) == 3, "two epochs of one process share a namespace"
+    for e in range(3):
+        assert state.epoch_of(state.prefix_of_epoch(e) + "user") == e
+    # the same weights published again in one process: a new namespace, still built from their identity
+    bump(state, fx.cache, [], [], reason="republish", identity=identity.declared("step-1"))
+    assert "step-1" in state.prefix_of_epoch(3) and state.prefix_of_epoch(3) != state.prefix_of_epoch(0)
+    assert storage_keys(fx, state) != keys0
+
+
+def test_a_publication_without_an_identity_gets_a_fresh_nonce():
+    fx, state = engine()
+    seen = {state.weight_id}
+    for _ in range(5):
+        seen.add(bump(state, fx.cache, [], [], reason="publication").weight_id)
+    assert len(seen) == 6 and all(w.startswith("nonce:") for w in seen)
+
+
+@pytest.mark.parametrize("text,why", [("", "empty"), ("   ", "empty"), ("x" * 129, "129 characters"),
+                                      ("a\nb", "control characters"), (7, "expected a string")])
+def test_bad_declared_identities_are_refused(text, why):
+    with pytest.raises(identity.InvalidIdentityError, match=why):
+        identity.declared(text)
+
+
+def test_bad_identity_mode_is_refused():
+    with pytest.raises(identity.IdentityConfigError, match="expected one of nonce, fingerprint, declared"):
+        identity.mode_from_env({identity.ENV: "sometimes"})
+    assert identity.mode_from_env({}) == "nonce"
+
+
+def test_server_flag_sets_the_mode_for_scheduler_processes(models, monkeypatch):
+    """`--vradix-weight-identity` is accepted by SGLang's own parser and exported to the environment the scheduler
+    processes inherit; an invalid value is argparse's usage error."""
+    monkeypatch.delenv(identity.ENV, raising=False)
+    prepare_server_args(["--model-path", models[0], "--vradix-weight-identity", "declared"])
+    assert os.environ[identity.ENV] == "declared"
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", models[0], "--vradix-weight-identity", "bogus"])
+
+
+def test_the_weight_id_is_read_back_from_any_stamped_key():
+    fx, state = engine(identity.declared("step-1"))
+    bump(state, fx.cache, [], [], reason="flush", is_publication=False)  # same weights, suffixed namespace
+    for e in range(2):
+        assert namespace.weight_id_of(state.prefix_of_epoch(e) + "tenant") == "declared:step-1"
+    assert namespace.weight_id_of("tenant") is None and namespace.weight_id_of(None) is None
