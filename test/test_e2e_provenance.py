@@ -138,8 +138,11 @@ def test_publish_client_on_vradix_engine_in_place_and_fail_closed(server, models
     assert res.verified and res.vradix and res.state == "running"
     assert res.plan.pause_mode == "in_place" and not res.plan.flush
     assert res.epochs_before == [before] and res.epochs_after == [before + 1] and res.label_after == "c1"
+    assert res.identity_mode == "nonce" and res.weight_ids_after[0].startswith("nonce:")
+    assert res.weight_ids_after != res.weight_ids_before
     assert stream.result()["meta_info"]["num_retractions"] == 0  # in_place: the in-flight request kept its KV
-    assert s.generate(PROBE, 2)["meta_info"]["prefix_cache"]["weight_version"] == "c1"
+    prefix = s.generate(PROBE, 2)["meta_info"]["prefix_cache"]
+    assert prefix["weight_version"] == "c1" and prefix["weight_id"] == res.weight_ids_after[0]
 
     cli = [sys.executable, "-m", "vradix.publish", "--url", s.url]
     ok = subprocess.run(cli + ["--model-path", models[0], "--version", "c2"], capture_output=True, text=True,
@@ -147,6 +150,7 @@ def test_publish_client_on_vradix_engine_in_place_and_fail_closed(server, models
     assert ok.returncode == 0, ok.stderr
     line = json.loads(ok.stdout.strip().splitlines()[-1])
     assert line["verified"] and line["label_after"] == "c2" and line["epochs_after"] == [before + 2]
+    assert line["weight_ids_after"] == [s.vradix_info()["weight_id"]] != res.weight_ids_after
 
     bad = subprocess.run(cli + ["--model-path", "/nonexistent/weights", "--version", "c3"], capture_output=True,
                          text=True, timeout=300)

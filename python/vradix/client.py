@@ -2,7 +2,9 @@
 
 Verification is positive, never "HTTP 200":
 - **vradix engine** (server info has an active `vradix` block on every DP rank): pause `in_place`, update without a
-  flush, then every rank's epoch must have advanced and every rank, and `/model_info`, must report the new label.
+  flush, then every rank's epoch must have advanced, every rank, and `/model_info`, must report the new label, and
+  every rank must report one weight identity: in `declared` mode exactly `declared:<label>` (the label is the
+  identity the publisher vouches for), in `nonce` mode a new one.
 - **engine without vradix** (stock SGLang; radix state unknown counts as enabled): the predicate picks `retract` +
   flush. Before pausing, a fresh random probe prompt is sent twice; after the update and the flush, the probe's
   prefix must report `cached_tokens == 0`. A second probe before pausing that reports a hit proves the check is not
@@ -53,6 +55,9 @@ class EngineResult:
     vradix: bool = False
     epochs_before: List[Optional[int]] = field(default_factory=list)
     epochs_after: List[Optional[int]] = field(default_factory=list)
+    weight_ids_before: List[Optional[str]] = field(default_factory=list)
+    weight_ids_after: List[Optional[str]] = field(default_factory=list)
+    identity_mode: Optional[str] = None
     label_after: Optional[str] = None
     probe_cached_before: Optional[int] = None
     probe_cached_after: Optional[int] = None
@@ -71,7 +76,8 @@ class EngineResult:
             parts.append(f"plan={self.plan.pause_mode}/radix={'on' if self.plan.radix_enabled else 'off'}"
                          f"/flush={self.plan.flush}")
         if self.vradix:
-            parts.append(f"epochs {self.epochs_before}->{self.epochs_after}, label={self.label_after!r}")
+            parts.append(f"epochs {self.epochs_before}->{self.epochs_after}, label={self.label_after!r}, "
+                         f"weight_id {sorted(set(self.weight_ids_after)) or None} ({self.identity_mode})")
         if self.probe_cached_after is not None:
             parts.append(f"probe cached_tokens {self.probe_cached_before}->{self.probe_cached_after}")
         if self.update_message:
@@ -211,6 +217,8 @@ def _plan_and_arm(e: EngineHandle, res: EngineResult, colocated, prefer_sharing,
     res.vradix = d.vradix
     if res.vradix:
         res.epochs_before = [b["epoch"] for b in blocks]
+        res.weight_ids_before = [b.get("weight_id") for b in blocks]
+        res.identity_mode = (blocks[0].get("weight_identity") or {}).get("mode")
         return None
     if not res.plan.radix_enabled:
         return None
@@ -253,8 +261,24 @@ def _verify_paused(e: EngineHandle, res: EngineResult, version: str) -> None:
             raise RuntimeError(f"epoch did not advance on every rank: {res.epochs_before} -> {res.epochs_after}")
         if res.label_after != version or any(lbl != version for lbl in labels):
             raise RuntimeError(f"server reports label {res.label_after!r} (ranks {labels}), expected {version!r}")
+        res.weight_ids_after = [b.get("weight_id") if b else None for b in blocks]
+        check_weight_identity(res, version)
     elif res.label_after != version:
         raise RuntimeError(f"server reports weight_version {res.label_after!r}, expected {version!r}")
+
+
+def check_weight_identity(res: EngineResult, version: str) -> None:
+    """Every rank serves one identity after the publication: `declared:<version>` in declared mode, a new one in
+    nonce mode (fingerprint mode may legitimately keep it: the same weights published again)."""
+    ids = set(res.weight_ids_after)
+    if len(ids) != 1 or None in ids:
+        raise RuntimeError(f"ranks report different weight identities after the publication: {res.weight_ids_after}")
+    (weight_id,) = ids
+    if res.identity_mode == "declared" and weight_id != f"declared:{version}":
+        raise RuntimeError(f"declared-identity engine reports weight_id {weight_id!r}, expected 'declared:{version}' "
+                           "(was this label already used by an earlier publication?)")
+    if res.identity_mode == "nonce" and weight_id in res.weight_ids_before:
+        raise RuntimeError(f"weight_id {weight_id!r} did not change with the publication")
 
 
 def _probe(e: EngineHandle, res: EngineResult, probe: List[int]) -> None:

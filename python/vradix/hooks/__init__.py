@@ -48,6 +48,7 @@ HOOKS = [
     (f"{_TCM}.end_weight_update", "AROUND", launcher.release_generation_after_session),
     # bad input: an invalid publication request is refused in the launcher before anything changes
     (f"{_TCM}.update_weight_version", "BEFORE", launcher.reject_bad_version_label),
+    (f"{_TCM}.update_weight_version", "AROUND", launcher.refuse_reused_declared_label),
     (f"{_TM}.update_weights_from_disk", "AROUND", launcher.reject_bad_update_request),
     # overlap safety: nothing in flight while weights change
     (f"{_SCHED}.pause_generation", "BEFORE", publication.drain_before_in_place_pause),

@@ -148,3 +148,23 @@ def export_identity_flag(original, argv, *args, **kwargs):
     if known.vradix_weight_identity is not None:
         os.environ[identity.ENV] = known.vradix_weight_identity
     return original(argv, *args, **kwargs)
+
+
+async def refuse_reused_declared_label(original, tokenizer_manager, obj, *args, **kwargs):
+    """AROUND TokenizerControlMixin.update_weight_version: in `declared` identity mode a scheduler keeps its label when
+    the new one reuses an identity an earlier publication declared (`publication.publish_on_version_change`; the
+    scheduler has no failure reply for this call). Here that becomes an error (`/update_weight_version` answers HTTP
+    400) and the launcher's own label is put back, so nothing changed anywhere."""
+    from sglang.srt.runtime_context import get_serving
+
+    if identity.mode_from_env() != "declared":
+        return await original(tokenizer_manager, obj, *args, **kwargs)
+    before = get_serving().weight_version
+    result = await original(tokenizer_manager, obj, *args, **kwargs)
+    labels = [(s or {}).get("vradix", {}).get("label") for s in await tokenizer_manager.get_internal_state()]
+    if any(label != obj.new_version for label in labels):
+        tokenizer_manager._update_weight_version_if_provided(before)
+        raise identity.InvalidIdentityError(
+            f"declared weight identity {obj.new_version!r} was already used by an earlier publication of this "
+            f"engine; the label stays {before!r}")
+    return result
