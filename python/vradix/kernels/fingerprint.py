@@ -40,8 +40,9 @@ HEX_CHARS = 32
 def word_segments(t: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
     """The tensor's bytes as (1-D int32 tensor, position of its first word) segments on t's device.
 
-    The aligned body is a view when the layout allows it. A trailing partial word is copied into a zero-padded word at
-    position len(body).
+    The aligned body is a view when the layout allows it. A non-contiguous tensor, or one whose bytes are not 4-byte
+    aligned in its storage, is copied once. A trailing partial word is copied into a zero-padded word at position
+    len(body).
     """
     data = t.detach().contiguous().reshape(-1).view(torch.uint8)
     if data.storage_offset() % 4:  # an int32 view needs 4-byte alignment
