@@ -1,15 +1,19 @@
-// CUDA implementations of the vradix KV page-epoch kernels. Semantics: python/vradix/kernels/reference.py.
+// CUDA implementations of the vradix KV page-epoch kernels and the weight-fingerprint digest. Semantics:
+// python/vradix/kernels/reference.py.
 //
 //   stamp(page_epoch, loc, epoch, page_size)                     page_epoch[loc // page_size] = epoch
 //   verify(page_epoch, req_to_token, rows, prefix_lens,
 //          expected_epochs, page_size, width) -> int64[3]         [count, first_index, first_pos] (-1 when none)
 //   row_epochs(page_epoch, req_to_token, row, length, page_size) per-position epoch of one row (spans' gather)
 //   invalidate(page_epoch, epoch, pinned_mask?) -> int64[k]       ascending ids of unpinned pages with 0 <= e < epoch
+//   fingerprint_words(words, first_pos, out)                     out[l] += digest lane l of int32 words (in place)
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
+
+#include "fingerprint_digest.h"
 
 namespace {
 
@@ -105,6 +109,39 @@ __global__ void scatter_stale_kernel(const int* __restrict__ page_epoch, const u
 #pragma unroll
   for (int k = 0; k < kItems; ++k)
     if (stale[k]) out[offset++] = first + k;
+}
+
+// ---- weight fingerprint (per-word digest: fingerprint_digest.h) ------------------------------------------------------
+using vradix_fp::digest_word;
+using vradix_fp::kLanes;
+
+// Grid-stride: thread t digests kVec consecutive words per step (one 16-byte load when kVec == 4, which the host picks
+// only for a 16-byte aligned base), then each lane is block-reduced and added to out once per block. Addition mod 2^64
+// is order-free, so the result does not depend on the grid or the atomics' order.
+template <int kVec>
+__global__ void fingerprint_kernel(const uint32_t* __restrict__ words, int64_t n, int64_t first_pos,
+                                   unsigned long long* __restrict__ out) {
+  unsigned long long acc[kLanes] = {0, 0, 0, 0};
+  const int64_t step = (int64_t)gridDim.x * blockDim.x * kVec;
+  for (int64_t base = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * kVec; base < n; base += step) {
+    if (kVec == 4 && base + 4 <= n) {
+      const uint4 v = *reinterpret_cast<const uint4*>(words + base);
+      digest_word(v.x, first_pos + base, acc);
+      digest_word(v.y, first_pos + base + 1, acc);
+      digest_word(v.z, first_pos + base + 2, acc);
+      digest_word(v.w, first_pos + base + 3, acc);
+    } else {
+      for (int k = 0; k < kVec && base + k < n; ++k) digest_word(words[base + k], first_pos + base + k, acc);
+    }
+  }
+  using Reduce = cub::BlockReduce<unsigned long long, kThreads>;
+  __shared__ typename Reduce::TempStorage tmp;
+#pragma unroll
+  for (int l = 0; l < kLanes; ++l) {
+    const unsigned long long total = Reduce(tmp).Sum(acc[l]);
+    __syncthreads();
+    if (threadIdx.x == 0 && total != 0) atomicAdd(out + l, total);
+  }
 }
 
 void check_table(const torch::Tensor& page_epoch) {
@@ -213,13 +250,39 @@ torch::Tensor invalidate(torch::Tensor page_epoch, int64_t epoch, c10::optional<
   return out;
 }
 
+void fingerprint_words(torch::Tensor words, int64_t first_pos, torch::Tensor out) {
+  TORCH_CHECK(words.is_cuda() && words.scalar_type() == torch::kInt32 && words.dim() == 1 && words.is_contiguous(),
+              "vradix: words must be a contiguous 1-D int32 CUDA tensor");
+  TORCH_CHECK(out.device() == words.device() && out.scalar_type() == torch::kInt64 && out.numel() == kLanes &&
+                  out.is_contiguous(),
+              "vradix: out must be a contiguous int64 tensor of ", kLanes, " lanes on the words' device");
+  TORCH_CHECK(first_pos >= 0, "vradix: first_pos must be >= 0");
+  const int64_t n = words.numel();
+  if (n == 0) return;
+  const c10::cuda::CUDAGuard guard(words.device());
+  auto stream = at::cuda::getCurrentCUDAStream();
+  const auto* w = reinterpret_cast<const uint32_t*>(words.data_ptr<int>());
+  auto* o = reinterpret_cast<unsigned long long*>(out.data_ptr<int64_t>());
+  const bool vec = reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  const int64_t per_block = (int64_t)kThreads * (vec ? 4 : 1);
+  const int64_t max_blocks = (int64_t)at::cuda::getCurrentDeviceProperties()->multiProcessorCount * 8;
+  const int blocks = static_cast<int>(std::min<int64_t>((n + per_block - 1) / per_block, max_blocks));
+  if (vec)
+    fingerprint_kernel<4><<<blocks, kThreads, 0, stream>>>(w, n, first_pos, o);
+  else
+    fingerprint_kernel<1><<<blocks, kThreads, 0, stream>>>(w, n, first_pos, o);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "vradix KV page-epoch kernels (CUDA)";
+  m.doc() = "vradix KV page-epoch kernels and weight-fingerprint digest (CUDA)";
   m.def("stamp", &stamp, "page_epoch[loc // page_size] = epoch");
   m.def("verify", &verify, "fused prefix-epoch check -> [count, first_index, first_pos]");
   m.def("row_epochs", &row_epochs, "per-position epoch of one req_to_token row");
   m.def("invalidate", &invalidate, "ascending ids of unpinned pages stamped with an older epoch",
         py::arg("page_epoch"), py::arg("epoch"), py::arg("pinned_mask") = py::none());
+  m.def("fingerprint_words", &fingerprint_words, "out[l] += fingerprint digest lane l of 1-D int32 words, in place",
+        py::arg("words"), py::arg("first_pos"), py::arg("out"));
 }

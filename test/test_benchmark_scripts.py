@@ -1,6 +1,7 @@
 """The benchmark scripts whose tables the docs cite still run (tiny sizes; the figures themselves are not checked
 here). A renamed module or a changed API otherwise only shows up when someone re-measures."""
 import os
+import re
 import subprocess
 import sys
 
@@ -23,7 +24,14 @@ def test_bench_publication_prints_both_tables():
     assert "| rust | 2000 |" in out and "| python | 2000 |" in out
 
 
-@pytest.mark.parametrize("script", ["benchmark/bench_kernels.py", "benchmark/tie_check.py",
+def test_bench_fingerprint_smoke_prints_the_table():
+    out = run_script("benchmark/bench_fingerprint.py", "--smoke")
+    assert re.search(r"^what +impl +device +bytes +time s +GB/s +s/GB", out, re.M)
+    assert re.search(r"^weight 1 MiB +torch +cpu +1048576 ", out, re.M)
+    assert re.search(r"^tiny llama \(module\) +torch +cpu +\d+ ", out, re.M)
+
+
+@pytest.mark.parametrize("script", ["benchmark/bench_kernels.py", "benchmark/bench_fingerprint.py", "benchmark/tie_check.py",
                                     "benchmark/soak_publications.py", "benchmark/bench_rl_rollout.py",
                                     "scripts/hook_table.py"])
 def test_every_script_answers_help(script):

@@ -1,5 +1,6 @@
 """CI compile check for csrc/: `scripts/build_csrc.sh` builds `vradix._C` for sm_90 with the venv's CUDA torch 2.14.1
-(nothing CUDA runs here). The result must load, expose the four kernels and carry sm_90 device code.
+(nothing CUDA runs here). The result must load, expose the four page-epoch kernels and the fingerprint digest, and
+carry sm_90 device code.
 
 Needs nvcc (CUDA 13 toolkit, as on the CI machines). VRADIX_SKIP_CSRC_BUILD=1 skips it explicitly (e.g. a laptop
 without the toolkit); it never skips on its own."""
@@ -31,5 +32,5 @@ def test_csrc_compiles_for_sm90_and_loads():
     import torch  # noqa: F401  (the extension links against torch's libraries)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert {"stamp", "verify", "row_epochs", "invalidate"} <= set(dir(mod))
+    assert {"stamp", "verify", "row_epochs", "invalidate", "fingerprint_words"} <= set(dir(mod))
     assert set(re.findall(rb"sm_\d+a?", Path(so).read_bytes())) == {b"sm_90"}

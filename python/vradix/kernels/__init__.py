@@ -3,7 +3,8 @@
 `impl_for(tensor)` picks the CUDA extension (`vradix._C`, built by setup.py) for CUDA tensors when it is importable,
 else Triton for CUDA tensors, else the torch reference. CPU tensors always use the torch reference unless a caller
 (the tests, under `TRITON_INTERPRET=1`) asks for `impl="triton"` explicitly. `VRADIX_KERNELS=cuda|triton|torch`
-forces one implementation for every call (an unavailable one is an error, not a silent fallback).
+forces one implementation for every call (an unavailable one is an error, not a silent fallback). The weight
+fingerprint (`vradix.kernels.fingerprint`) dispatches its digest through the same `impl_for`.
 """
 from __future__ import annotations
 

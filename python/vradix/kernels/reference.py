@@ -1,4 +1,4 @@
-"""Torch reference implementations of the four KV page-epoch kernels.
+"""Torch reference implementations of the four KV page-epoch kernels and of the weight-fingerprint digest.
 
 These define the semantics; the Triton (`triton_impl`) and CUDA (`vradix._C`) implementations must return identical
 results (the tests compare them on the same inputs). Conventions shared by all three:
@@ -7,6 +7,9 @@ results (the tests compare them on the same inputs). Conventions shared by all t
   (-1) marks a page the allocator owns, a value >= 0 is the weight epoch of the forward pass that last wrote it.
 * `req_to_token` is SGLang's `ReqToTokenPool.req_to_token` (int32 or int64, [rows, max_context]) or any 2-D table of
   KV slots laid out the same way.
+* The fingerprint digest (`fingerprint_words`, bottom of this file) works on a tensor's bytes as 32-bit words held in
+  int64 and keeps every product below 2**63, so torch's int64 arithmetic, Triton's uint32 and CUDA's uint32 compute
+  the same bits.
 """
 from __future__ import annotations
 
@@ -80,3 +83,51 @@ def invalidate(page_epoch: torch.Tensor, epoch: int, pinned_mask: torch.Tensor |
     if pinned_mask is not None:
         stale &= ~pinned_mask.to(torch.bool)
     return torch.nonzero(stale).flatten().to(torch.int64)
+
+
+# ---- weight fingerprint ---------------------------------------------------------------------------------------------
+# Per word w (the tensor's bytes read as little-endian uint32) at position p (0-based within the tensor) and lane l:
+#     g = lo32(p) * POS_LO[l] + hi32(p) * POS_HI[l] + SEEDS[l]      (mod 2**32: a per-lane Weyl sequence)
+#     lane[l] += mix32(w ^ g)                                     (mod 2**64)
+# mix32 is a bijection of 32 bits, so changing any single word changes every lane (the lane moves by a nonzero amount
+# below 2**32); position enters through g, so swaps and shifts change the lanes too. These constants are part of the
+# fingerprint: changing any of them changes every fingerprint (bump fingerprint.VERSION).
+LANES = 4
+MASK32 = 0xFFFFFFFF
+MIX_MUL = (0x21F0AAAD, 0x735A2D97)  # "lowbias32" (hash-prospector); both below 2**31, so x * c < 2**63 for x < 2**32
+POS_LO = (0x27D4EB2F, 0x165667B1, 0x61C88647, 0x7FEB352D)  # odd, below 2**31
+POS_HI = (0x5BD1E995, 0x1B873593, 0x2545F491, 0x4CF5AD43)  # below 2**31
+SEEDS = (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344)
+#: words per step: on CPU cache-sized int64 temporaries below torch's intra-op grain size (larger steps ran up to 10x
+#: slower on a 2-core machine); on an accelerator large steps, to amortise the launches
+FINGERPRINT_CHUNK = {"cpu": 1 << 15}
+FINGERPRINT_CHUNK_DEFAULT = 1 << 24
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """32-bit avalanche finalizer, in place, on an int64 tensor holding values in [0, 2**32); returns x."""
+    x.bitwise_xor_(x >> 16)
+    x.mul_(MIX_MUL[0]).bitwise_and_(MASK32)
+    x.bitwise_xor_(x >> 15)
+    x.mul_(MIX_MUL[1]).bitwise_and_(MASK32)
+    return x.bitwise_xor_(x >> 15)
+
+
+def position_keys(pos: torch.Tensor, lane: int) -> torch.Tensor:
+    """g for int64 positions `pos` (>= 0) in lane `lane`: a new tensor with values in [0, 2**32)."""
+    lo, hi = pos & MASK32, pos >> 32
+    g = lo.mul_(POS_LO[lane]).bitwise_and_(MASK32)
+    return g.add_(hi.mul_(POS_HI[lane]).bitwise_and_(MASK32)).add_(SEEDS[lane]).bitwise_and_(MASK32)
+
+
+def fingerprint_words(words: torch.Tensor, first_pos: int, out: torch.Tensor) -> None:
+    """out[l] += sum over i of mix32(words[i] ^ g_l(first_pos + i)), in place (int64, wrapping).
+
+    `words` is a 1-D int32 tensor (a tensor's bytes); `out` an int64 [LANES] tensor on the same device. Every word is
+    read. The lanes are sums, so a tensor may be digested in segments (its tail word is one) in any order.
+    """
+    n, chunk = words.numel(), FINGERPRINT_CHUNK.get(words.device.type, FINGERPRINT_CHUNK_DEFAULT)
+    for start in range(0, n, chunk):
+        w = words[start:start + chunk].to(torch.int64).bitwise_and_(MASK32)
+        pos = torch.arange(first_pos + start, first_pos + start + w.numel(), dtype=torch.int64, device=w.device)
+        out += torch.stack([mix32(position_keys(pos, lane).bitwise_xor_(w)).sum() for lane in range(LANES)])

@@ -1,4 +1,5 @@
-"""Triton implementations of the four KV page-epoch kernels (semantics: `vradix.kernels.reference`).
+"""Triton implementations of the four KV page-epoch kernels and the fingerprint digest (semantics:
+`vradix.kernels.reference`).
 
 On CPU they run only under `TRITON_INTERPRET=1`, which must be set before this module is imported; the dispatch never
 picks them for CPU tensors on its own. Under the interpreter each program is a numpy step, so block sizes are large.
@@ -11,12 +12,13 @@ import torch
 import triton
 import triton.language as tl
 
-from vradix.kernels.reference import NO_VIOLATION, runs_of
+from vradix.kernels.reference import MIX_MUL, NO_VIOLATION, POS_HI, POS_LO, SEEDS, runs_of
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _BLOCK = 1 << 16 if _INTERPRET else 1024
 _ROW_BLOCK = 1 << 14 if _INTERPRET else 1024
 _NO_KEY = 2 ** 62
+_WORD_BLOCK = 1 << 16 if _INTERPRET else 4096
 
 
 @triton.jit
@@ -79,6 +81,45 @@ def _scatter_stale_kernel(page_epoch_ptr, pinned_ptr, n, epoch, starts_ptr, out_
     tl.store(out_ptr + dest, offs.to(tl.int64), mask=stale > 0)
 
 
+# The fingerprint's constants, as globals the kernels read at compile time. Each meets a uint32 operand, so the
+# arithmetic is uint32 (literals below 2**31 are int32, and int32 with uint32 promotes to uint32).
+MIX_A, MIX_B = (tl.constexpr(c) for c in MIX_MUL)
+POS_LO0, POS_LO1, POS_LO2, POS_LO3 = (tl.constexpr(c) for c in POS_LO)
+POS_HI0, POS_HI1, POS_HI2, POS_HI3 = (tl.constexpr(c) for c in POS_HI)
+SEED0, SEED1, SEED2, SEED3 = (tl.constexpr(c) for c in SEEDS)
+
+
+@triton.jit
+def _mix32(x):
+    x = x ^ (x >> 16)
+    x = x * MIX_A
+    x = x ^ (x >> 15)
+    x = x * MIX_B
+    return x ^ (x >> 15)
+
+
+@triton.jit
+def _lane_sum(w, lo, hi, m, pos_lo, pos_hi, seed):
+    """One lane's partial sum; uint32 arithmetic wraps mod 2**32 exactly like the reference's masked int64."""
+    g = lo * pos_lo + hi * pos_hi + seed
+    return tl.sum(tl.where(m, _mix32(w ^ g), 0).to(tl.int64), axis=0)
+
+
+@triton.jit
+def _fingerprint_kernel(words_ptr, n, first_pos, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    w = tl.load(words_ptr + offs, mask=m, other=0).to(tl.uint32, bitcast=True)
+    pos = offs + first_pos
+    lo = pos.to(tl.uint32)  # truncation: the low 32 bits
+    hi = (pos >> 32).to(tl.uint32)
+    tl.atomic_add(out_ptr + 0, _lane_sum(w, lo, hi, m, POS_LO0, POS_HI0, SEED0))
+    tl.atomic_add(out_ptr + 1, _lane_sum(w, lo, hi, m, POS_LO1, POS_HI1, SEED1))
+    tl.atomic_add(out_ptr + 2, _lane_sum(w, lo, hi, m, POS_LO2, POS_HI2, SEED2))
+    tl.atomic_add(out_ptr + 3, _lane_sum(w, lo, hi, m, POS_LO3, POS_HI3, SEED3))
+
+
+
 def stamp(page_epoch: torch.Tensor, loc: torch.Tensor, epoch: int, page_size: int) -> None:
     n = loc.numel()
     if n:
@@ -135,3 +176,9 @@ def invalidate(page_epoch: torch.Tensor, epoch: int, pinned_mask: torch.Tensor |
         _scatter_stale_kernel[(blocks,)](page_epoch, pinned, n, epoch, ends - counts, out, HAS_PIN=has_pin,
                                          BLOCK=_BLOCK)
     return out
+
+
+def fingerprint_words(words: torch.Tensor, first_pos: int, out: torch.Tensor) -> None:
+    n = words.numel()
+    if n:
+        _fingerprint_kernel[(triton.cdiv(n, _WORD_BLOCK),)](words, n, first_pos, out, BLOCK=_WORD_BLOCK)
