@@ -47,3 +47,17 @@ def test_a_reused_declaration_is_refused_on_every_path_and_changes_nothing(decla
     assert requests.get(s.url + "/model_info", timeout=30).json()["weight_version"] == before[3]  # launcher's too
     r = s.post("/update_weight_version", {"new_version": "run1-step2"})  # a new declaration is a publication
     assert r.status_code == 200 and identity_of(s)[0] == "declared:run1-step2"
+
+
+def test_fingerprint_identities_are_equal_for_equal_weights_across_servers_and_publications(models):
+    """Two servers started on the same checkpoint prove the same identity; publishing other weights changes it;
+    publishing the first weights again brings it back (the same bytes, the same proof)."""
+    flags = ["--vradix-weight-identity", "fingerprint"]
+    with CpuServer(models[0], extra_args=flags) as s1, CpuServer(models[0], extra_args=flags) as s2:
+        (a1, how, _, _), (a2, _, _, _) = identity_of(s1), identity_of(s2)
+        assert a1 == a2 and a1.startswith("fp:") and how == {"mode": "fingerprint", "source": "fingerprint"}
+        assert s1.post("/update_weights_from_disk", {"model_path": models[1]}).json()["success"]
+        b = identity_of(s1)[0]
+        assert b.startswith("fp:") and b != a1
+        assert s1.post("/update_weights_from_disk", {"model_path": models[0]}).json()["success"]
+        assert identity_of(s1)[0] == a1

@@ -355,3 +355,34 @@ def test_declared_mode_keeps_the_label_when_a_relabel_reuses_an_identity():
     assert (e.counters(), e.state.weight_id, publication.current_label()) == before
     e.scheduler.record_weight_version_change("step-4")
     assert e.state.weight_id == "declared:step-4" and e.state.epoch == before[0][0] + 1
+
+
+# ---- weight identity (fingerprint mode): the identity is the content fingerprint of the loaded model ----
+def fingerprint_engine():
+    import torch
+    e = Engine()
+    e.state.identity_mode = "fingerprint"
+    torch.manual_seed(0)
+    e.model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    e.scheduler.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=e.model))
+    return e
+
+
+def test_fingerprint_mode_proves_equal_weights_and_tells_different_ones_apart():
+    import torch
+    e = fingerprint_engine()
+    update = succeeding_update(e)
+    publication.publish_update_from_disk(update, e.updater, disk_request("a"))
+    first = e.state.weight_id
+    assert first.startswith("fp:") and e.state.identities[e.state.epoch].identity.source == "fingerprint"
+    original = e.model[0].weight[3, 5].item()
+    with torch.no_grad():
+        e.model[0].weight[3, 5] = torch.nextafter(torch.tensor(original), torch.tensor(1.0))  # one bit: new weights
+    publication.publish_update_from_disk(update, e.updater, disk_request("b"))
+    assert e.state.weight_id != first
+    with torch.no_grad():
+        e.model[0].weight[3, 5] = original
+    publication.publish_update_from_disk(update, e.updater, disk_request("c"))
+    assert e.state.weight_id == first  # the same bytes again: the same identity, proven
+    # ... but a namespace of its own inside this process (suffixed by the epoch)
+    assert e.state.prefix_of_epoch(e.state.epoch) != e.state.prefix_of_epoch(e.state.epoch - 2)
