@@ -386,3 +386,4 @@ def test_fingerprint_mode_proves_equal_weights_and_tells_different_ones_apart():
     assert e.state.weight_id == first  # the same bytes again: the same identity, proven
     # ... but a namespace of its own inside this process (suffixed by the epoch)
     assert e.state.prefix_of_epoch(e.state.epoch) != e.state.prefix_of_epoch(e.state.epoch - 2)
+    assert e.state.last_publication.identity_ms > 0  # the fingerprint's cost is reported with each publication

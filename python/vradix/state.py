@@ -29,8 +29,10 @@ class Invalidation:
     tokens_pinned: int = 0
     requeued_rebound: int = 0
     latency_ms: float = 0.0
-    #: the global identity of the new epoch's weights
+    #: the global identity of the new epoch's weights, and the time spent establishing it (a fingerprint reads every
+    #: weight; not part of `latency_ms`)
     weight_id: Optional[str] = None
+    identity_ms: float = 0.0
 
     def summary(self) -> str:
         return (f"vradix: epoch {self.epoch_before}->{self.epoch_after} ({self.reason}, label={self.label!r}, "
@@ -42,6 +44,7 @@ class Invalidation:
     def as_dict(self) -> dict:
         d = asdict(self)
         d["latency_ms"] = round(self.latency_ms, 3)
+        d["identity_ms"] = round(self.identity_ms, 3)
         return d
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from vradix import epochs, guard, identity, overlap, report
 from vradix.state import EpochState, Invalidation, UpdateScope, WeightSession, state_of
@@ -22,9 +23,12 @@ def live_requests(scheduler) -> set:
 def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool = True) -> Invalidation:
     state = state_of(scheduler.tree_cache)
     live = live_requests(scheduler)
+    t0 = time.perf_counter()
     ident = publication_identity(scheduler, state, label) if is_publication else None
+    identity_ms = (time.perf_counter() - t0) * 1e3
     inv = epochs.bump(state, scheduler.tree_cache, live, list(scheduler.waiting_queue),
                       reason=reason, label=label, is_publication=is_publication, identity=ident)
+    inv.identity_ms = identity_ms
     if state.ledger is not None:
         guard.audit(state.guard, state.guard_stats, state.ledger, scheduler.tree_cache, live, state.epoch)
     logger.info(inv.summary() + " in %.3f ms", inv.latency_ms)
