@@ -14,7 +14,8 @@ of each rank, which every rank reaches through the same control message. Between
 holds a cache entry, so clearing there is race-free; entries are rebuilt on the next miss with the current weights.
 
 Invariant: after a bump, every embedding the cache can return was computed after that bump, i.e. with the weights of
-the current epoch (generation is paused or drained across the weight change itself).
+the current epoch (weights change on the scheduler thread, after the in-flight overlap batch was drained, so no
+forward pass runs between the weight change and its bump).
 
 Not covered here: the preprocessing cache of the tokenizer manager (`multimodal.cache.preprocess_cache`) holds
 processor outputs (pixel values), which do not depend on the weights; the encoder server of encoder disaggregation
