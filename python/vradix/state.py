@@ -28,6 +28,8 @@ class Invalidation:
     crossing_mid_prefill: int = 0
     tokens_pinned: int = 0
     requeued_rebound: int = 0
+    #: entries dropped from SGLang's multimodal embedding cache (`mm_embeddings.clear_all`)
+    mm_embeddings_cleared: int = 0
     latency_ms: float = 0.0
     #: the global identity of the new epoch's weights, and the time spent establishing it (a fingerprint reads every
     #: weight; not part of `latency_ms`)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import time
 
-from vradix import epochs, guard, identity, overlap, report
+from vradix import epochs, guard, identity, mm_embeddings, overlap, report
 from vradix.state import EpochState, Invalidation, UpdateScope, WeightSession, state_of
 
 logger = logging.getLogger("vradix")
@@ -29,9 +29,12 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     inv = epochs.bump(state, scheduler.tree_cache, live, list(scheduler.waiting_queue),
                       reason=reason, label=label, is_publication=is_publication, identity=ident)
     inv.identity_ms = identity_ms
+    # multimodal embeddings are keyed by content only: the ones the old weights computed must not be reused
+    inv.mm_embeddings_cleared = mm_embeddings.clear_all()
     if state.ledger is not None:
         guard.audit(state.guard, state.guard_stats, state.ledger, scheduler.tree_cache, live, state.epoch)
-    logger.info(inv.summary() + " in %.3f ms", inv.latency_ms)
+    logger.info(inv.summary() + " in %.3f ms; %d multimodal embedding(s) cleared", inv.latency_ms,
+                inv.mm_embeddings_cleared)
     report.export_metrics(scheduler)
     return inv
 

@@ -1,7 +1,7 @@
 """Step 3 hooks (scheduler process): free stale KV when a crossing request releases it; flush lock-aware."""
 from __future__ import annotations
 
-from vradix import epochs, provenance, report, request
+from vradix import epochs, mm_embeddings, provenance, report, request
 from vradix import ledger as kv_ledger
 from vradix.hooks.publication import bump_scheduler, current_label
 from vradix.state import Invalidation, state_of
@@ -39,7 +39,8 @@ def lock_aware_flush(original, scheduler, *args, **kwargs):
         if ok:
             state.flushes += 1
             state.stale_tokens_freed_total += cached
-            state.last = Invalidation(state.epoch, state.epoch, state.label, "flush (idle reset)", tokens_freed=cached)
+            state.last = Invalidation(state.epoch, state.epoch, state.label, "flush (idle reset)", tokens_freed=cached,
+                                      mm_embeddings_cleared=mm_embeddings.clear_all())
             report.export_metrics(scheduler)
         return ok
     if scope is not None:

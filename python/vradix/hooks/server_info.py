@@ -1,7 +1,7 @@
 """Step 4 hooks (scheduler process): what /flush_cache and /get_server_info report."""
 from __future__ import annotations
 
-from vradix import __version__, report
+from vradix import __version__, mm_embeddings, report
 from vradix.state import state_of
 
 
@@ -25,6 +25,7 @@ def report_server_info(result, internal_state, *args, **kwargs):
         block = report.state_block(scheduler)
         block["chunked_prefill_in_progress"] = scheduler.chunked_req is not None
         block["pool"] = pool_accounting(scheduler)
+        block["mm_embedding_cache"] = mm_embeddings.stats()
         if state.metrics is not None:
             state.metrics.export(block)
     result.internal_state["vradix"] = block
