@@ -49,6 +49,8 @@ DRIVEN_BY = {
     "vradix.hooks.launcher.reject_bad_update_request": "test_weight_sessions.py::test_malformed_disk_updates_are_refused_and_change_nothing",
     "vradix.hooks.publication.drain_before_in_place_pause": "test_fault_injection.py::test_abort_of_requests_paused_in_place",
     "vradix.overlap.skip_drained_result": "test_e2e_server.py::test_overlap_batch_in_flight_at_pause_is_labelled_with_its_weights",
+    "vradix.hooks.storage.discard_stale_prefetch": "test_l3.py::test_the_landing_guard_discards_a_prefetch_the_publication_did_not_revoke",
+    "vradix.hooks.storage.record_storage_backup": "test_l3.py::test_each_stored_page_is_attributed_to_its_identity_and_gc_deletes_only_dead_ones",
     "vradix.hooks.reclaim.reclaim_on_release": "test_cache_level.py::test_crossing_request_keeps_its_kv_and_frees_stale_path_at_release",
     "vradix.hooks.reclaim.lock_aware_flush": "test_model_based.py::test_versioned_cache_state_machine",
     "vradix.hooks.server_info.report_flush": "test_e2e_provenance.py::test_server_info_metrics_and_flush_report",

@@ -3,7 +3,7 @@ every vradix step; `vradix.plugin.register()` does so only inside its fail-close
 from __future__ import annotations
 
 from vradix import ledger, overlap, report
-from vradix.hooks import admission, forward, launcher, lora, publication, reclaim, server_info, startup
+from vradix.hooks import admission, forward, launcher, lora, publication, reclaim, server_info, startup, storage
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
@@ -13,6 +13,7 @@ _PAGED_ALLOC = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator
 _OUT = "sglang.srt.managers.scheduler_components.output_streamer"
 _TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
 _TCM = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin"
+_URC = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
 
 #: (target, hook type, hook) — the complete list of places vradix attaches, in data-path order.
 HOOKS = [
@@ -53,6 +54,10 @@ HOOKS = [
     # overlap safety: nothing in flight while weights change
     (f"{_SCHED}.pause_generation", "BEFORE", publication.drain_before_in_place_pause),
     (f"{_SCHED}.process_batch_result", "AROUND", overlap.skip_drained_result),
+    # HiCache L3: a storage prefetch of an older epoch never lands (the publication revokes the queued ones); each
+    # page written to a `file` store is attributed to its weight identity, for garbage collection
+    (f"{_URC}._handle_prefetch_result", "AROUND", storage.discard_stale_prefetch),
+    (f"{_URC}.write_backup_storage", "BEFORE", storage.record_storage_backup),
     # 3. reclaim: lock-aware, at release and on flush
     (f"{_COMMON}.release_kv_cache", "AROUND", reclaim.reclaim_on_release),
     (f"{_SCHED}.flush_cache", "AROUND", reclaim.lock_aware_flush),

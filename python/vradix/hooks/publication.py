@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import time
 
-from vradix import epochs, guard, identity, mm_embeddings, overlap, report
+from vradix import epochs, guard, identity, mm_embeddings, overlap, prefetch, report
 from vradix.state import EpochState, Invalidation, UpdateScope, WeightSession, state_of
 
 logger = logging.getLogger("vradix")
@@ -21,16 +21,26 @@ def live_requests(scheduler) -> set:
 
 
 def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool = True) -> Invalidation:
+    """One epoch bump on the scheduler's engine. With an external KV store, the queued requests the bump re-binds
+    end their cache attempt first (their storage prefetches are revoked) and are looked up again afterwards under the
+    new namespace (`vradix.prefetch`)."""
     state = state_of(scheduler.tree_cache)
     live = live_requests(scheduler)
+    queued = list(scheduler.waiting_queue)
     t0 = time.perf_counter()
     ident = publication_identity(scheduler, state, label) if is_publication else None
     identity_ms = (time.perf_counter() - t0) * 1e3
-    inv = epochs.bump(state, scheduler.tree_cache, live, list(scheduler.waiting_queue),
+    lookups = prefetch.storage_lookups(scheduler)
+    revoked = prefetch.end_queued_attempts(scheduler.tree_cache, queued) if lookups else 0
+    inv = epochs.bump(state, scheduler.tree_cache, live, queued,
                       reason=reason, label=label, is_publication=is_publication, identity=ident)
     inv.identity_ms = identity_ms
     # multimodal embeddings are keyed by content only: the ones the old weights computed must not be reused
     inv.mm_embeddings_cleared = mm_embeddings.clear_all()
+    if lookups:
+        reissued = prefetch.reissue(scheduler, state, queued)
+        logger.info("vradix: %d storage prefetch(es) revoked, %d lookup(s) re-issued under the new namespace",
+                    revoked, reissued)
     if state.ledger is not None:
         guard.audit(state.guard, state.guard_stats, state.ledger, scheduler.tree_cache, live, state.epoch)
     logger.info(inv.summary() + " in %.3f ms; %d multimodal embedding(s) cleared", inv.latency_ms,
