@@ -71,15 +71,18 @@ def file_store_dir(backend) -> Optional[str]:
 
 
 def writer_for(backend) -> Optional[ManifestWriter]:
-    """This process's writer for the store behind `backend`, or None when it is not a `file` store."""
-    store = file_store_dir(backend)
-    if store is None:
-        return None
-    key = os.path.realpath(store)
-    writer = _writers.get(key)
-    if writer is None:
-        writer = _writers[key] = ManifestWriter(store)
-    return writer
+    """This process's writer for the store behind `backend`, or None when it is not a `file` store. Resolved once per
+    backend object (the hook runs at every backup)."""
+    if not hasattr(backend, "_vradix_manifest"):
+        store = file_store_dir(backend)
+        writer = None
+        if store is not None:
+            key = os.path.realpath(store)
+            if key not in _writers:
+                _writers[key] = ManifestWriter(store)
+            writer = _writers[key]
+        backend._vradix_manifest = writer
+    return backend._vradix_manifest
 
 
 def read(store_dir: str) -> Dict[str, Set[str]]:
