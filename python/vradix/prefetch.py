@@ -17,8 +17,9 @@ started before it fetches the old weights' KV for a request that can no longer u
    host-locked when stale nodes are freed, and before a reset (nothing held), which would drop that state blindly.
 2. `reissue`, after the bump: the re-bound requests' storage lookups are issued again under the new namespace
    (`Scheduler._prefetch_kvcache`), when that namespace may already be in a store: a fingerprint or declared identity
-   used for the first time in this process (`may_be_stored`). A nonce, or an identity this process already used
-   (whose namespace carries the epoch), names keys no store can hold, so a lookup would only miss.
+   used for the first time in this process (`may_be_stored`). A nonce's keys are in no store, and a namespace that
+   carries the epoch (an identity this process already used) is shared with another process only by coincidence, so
+   neither is looked up again.
 3. `stale`/`discard`, the landing guard: a prefetch whose key is not of the current epoch is never inserted; its host
    pages go back to the pool. This covers prefetches the bump did not see (a request outside the waiting queue, e.g.
    a P/D prefill request in its bootstrap queue, is re-bound at its next match) and callers of `epochs.bump` alone.

@@ -8,7 +8,7 @@ writes the store must be named or kept: an identity nobody names is dead.
 
 Invariants:
 - a page file is deleted only when the manifests (`vradix.l3.manifest`) attribute it and every identity they
-  attribute it to is dead; a page nobody attributed (a stock engine's, a line not flushed yet, anything not a page)
+  attribute it to is dead; a page nobody attributed (a stock engine's, one whose line a crash tore, anything not a page)
   is reported and kept;
 - the manifests are read before the servers are asked for their identities: a page attributed in that snapshot
   belongs to an identity that was already published when the servers answered, so it is dead only if no server
