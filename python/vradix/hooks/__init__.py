@@ -3,7 +3,8 @@ every vradix step; `vradix.plugin.register()` does so only inside its fail-close
 from __future__ import annotations
 
 from vradix import ledger, overlap, report
-from vradix.hooks import admission, forward, launcher, lora, publication, reclaim, server_info, startup, storage
+from vradix.hooks import (admission, forward, hicache, launcher, lora, publication, reclaim, server_info, startup,
+                          storage)
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
@@ -14,6 +15,8 @@ _OUT = "sglang.srt.managers.scheduler_components.output_streamer"
 _TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
 _TCM = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin"
 _URC = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
+_HICACHE_CTRL = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller.HybridCacheController"
+_HOST_POOL = "sglang.srt.mem_cache.pool_host.base.HostKVCache"
 
 #: (target, hook type, hook) — the complete list of places vradix attaches, in data-path order.
 HOOKS = [
@@ -27,6 +30,7 @@ HOOKS = [
     (f"{_SCHED}._add_request_to_queue", "BEFORE", admission.stamp_unstamped_on_queue),
     (f"{_COMMON}.match_kv_cache", "BEFORE", admission.rebind_before_match),
     (f"{_COMMON}.match_kv_cache", "AROUND", admission.verify_match),
+    (f"{_URC}.init_load_back", "AROUND", admission.verify_load_back),
     ("sglang.srt.mem_cache.allocation.alloc_for_extend", "AFTER", admission.sample_verify_prefill_batch),
     # forward: the KV page ledger records which epoch wrote each page, and which pages are free
     (f"{_SCHED}.run_batch", "BEFORE", forward.stamp_forward_batch),
@@ -35,6 +39,12 @@ HOOKS = [
     (f"{_PAGED_ALLOC}.free_page_ids", "BEFORE", ledger.on_free_pages),
     (f"{_TOKEN_ALLOC}.clear", "AFTER", ledger.on_clear),
     (f"{_PAGED_ALLOC}.clear", "AFTER", ledger.on_clear),
+    # HiCache: a page's epoch travels with its copies (device <-> host pool, L3 storage -> host pool)
+    (f"{_HICACHE_CTRL}.write", "AFTER", hicache.carry_epochs_to_host),
+    (f"{_HICACHE_CTRL}.load", "AFTER", hicache.carry_epochs_to_device),
+    (f"{_URC}._handle_prefetch_result", "BEFORE", hicache.stamp_prefetched_pages),
+    (f"{_HOST_POOL}.free", "BEFORE", ledger.on_free_slots),
+    (f"{_HOST_POOL}.clear", "AFTER", ledger.on_clear),
     # 2. publication: every way the weights (or their label) change bumps the epoch once
     (f"{_UPDATER}.update_weights_from_disk", "AROUND", publication.publish_update_from_disk),
     (f"{_UPDATER}.update_weights_from_distributed", "AROUND", publication.publish_update_from_distributed),

@@ -1,7 +1,9 @@
-"""Step 1 hooks (scheduler process): stamp at admission, re-bind before a match, verify what a match adopts."""
+"""Step 1 hooks (scheduler process): stamp at admission, re-bind before a match, verify what a match adopts (and
+what a load-back from the HiCache host pool adds to it)."""
 from __future__ import annotations
 
-from vradix import admission, guard, request
+from vradix import admission, guard, hicache, request
+from vradix.ledger import ledger_of
 from vradix.namespace import ReservedNamespaceError
 from vradix.state import state_of
 
@@ -82,3 +84,32 @@ def sample_verify_prefill_batch(_result, batch, *args, **kwargs):
             f"prefill batch: {found.count} reused prefix positions not written under their request's epoch (first: "
             f"request {picked[found.first_index][0].rid} position {found.first_pos}) — detected after the fact "
             "(sample mode)"))
+
+
+def verify_load_back(original, cache, params, *args, **kwargs):
+    """AROUND UnifiedRadixCache.init_load_back (strict guard): the host copies a request is about to load back must
+    carry its epoch (their pages' epochs travel with them, `vradix.hicache`). On a violation nothing is loaded: the
+    request recomputes that span, as after a load-back SGLang declines, and is barred from inserting."""
+    state = state_of(cache)
+    req = params.req
+    if (state is None or state.ledger is None or state.guard.verify != "strict" or req is None
+            or params.host_hit_length <= 0):
+        return original(cache, params, *args, **kwargs)
+    host = ledger_of(hicache.kv_host_pool(cache))
+    slots = hicache.host_copies_to_load(cache, params.best_match_node) if host is not None else None
+    if slots is None or slots.numel() == 0:
+        return original(cache, params, *args, **kwargs)
+    expected = request.require(req).epoch
+    found = guard.matched_prefix_violations(host, slots.to(host.device), expected)
+    state.guard_stats.prefixes_verified += 1
+    if found.count == 0:
+        return original(cache, params, *args, **kwargs)
+    guard.record_violation(state.guard_stats, (
+        f"request {req.rid}: {found.count} of {slots.numel()} host-cached positions to load back were not written "
+        f"under epoch {expected} (first at position {req.prefix_len + found.first_pos}); "
+        + ("detected only (more than one TP/PP rank)" if state.guard.detect_only
+           else "recomputing them instead of loading")))
+    if state.guard.detect_only:
+        return original(cache, params, *args, **kwargs)
+    req.skip_radix_cache_insert = True
+    return 0, req.last_node

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from vradix import __version__, identity, report
+from vradix import __version__, hicache, identity, report
 from vradix.hooks.publication import current_label, proven_identity
 from vradix.state import attach
 
@@ -30,6 +30,8 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
     mode = identity.mode_from_env()
     state = attach(cache, with_ledger=not unobserved, weight_identity=startup_identity(scheduler, mode),
                    identity_mode=mode)
+    if state.ledger is not None and getattr(scheduler, "enable_hierarchical_cache", False):
+        hicache.attach(cache, state.ledger)
     state.guard = state.guard.for_ranks(getattr(scheduler, "tp_size", 1), getattr(scheduler, "pp_size", 1))
     state.label = current_label()
     state.metrics = report.metrics_for(scheduler)
@@ -52,11 +54,16 @@ def startup_identity(scheduler, mode: str) -> identity.WeightIdentity:
 
 
 def ledger_blind_spots(scheduler) -> list[str]:
-    """KV write paths the ledger does not observe in this engine (HiCache load-back, P/D transfer, speculative
-    drafts)."""
+    """KV write paths the ledger does not observe in this engine: P/D transfer, speculative drafts, the external
+    cache linker, and HiCache only where its host pool cannot carry epochs (`hicache.unobservable_host_pool`)."""
     spots = []
     if getattr(scheduler, "enable_hierarchical_cache", False):
-        spots.append("HiCache load-back")
+        host_spot = hicache.unobservable_host_pool(scheduler.tree_cache)
+        if host_spot:
+            spots.append(host_spot)
+    if getattr(scheduler, "enable_unified_cache_external_linker", False):
+        # its loads land in request-private device slots straight from the external store, outside the host pool
+        spots.append("the external cache linker")
     mode = getattr(getattr(scheduler, "disaggregation_mode", None), "value", "null")
     if mode not in ("null", None):
         spots.append(f"P/D disaggregation ({mode})")

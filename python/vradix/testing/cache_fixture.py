@@ -189,5 +189,6 @@ def build_cache(tree_core: str = "rust", page_size: int = 1, kv_tokens: int = 40
     params = CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=alloc,
                              page_size=page_size, tree_components=(ComponentType.FULL,), tree_core_backend=tree_core)
     cache = UnifiedRadixCache(params)
+    cache.cache_init_params = params  # what SGLang's test kit reads to initialize HiCache on it (`_init_hicache`)
     return CacheFixture(cache=cache, allocator=alloc, req_pool=req_pool, page_size=page_size,
                         total=alloc.available_size())

@@ -11,13 +11,16 @@ DMA, and ordering races between the load/backup streams and the forward pass (CP
 
 Servers load these aids as a separate `sglang.srt.plugins` entry point (`vradix_cpu_aids`) from the folder
 `plugin/`, which `vradix.testing.server.CpuServer` puts on PYTHONPATH only for HiCache servers; cache-level tests call
-`apply()` directly. `apply()` refuses to run where CUDA is available.
+`apply()` directly (and `kit_hicache_on_cpu()` around SGLang's test-kit HiCache init). `apply()` refuses to run
+where CUDA is available.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
+from unittest import mock
 
 import torch
 
@@ -69,3 +72,20 @@ def apply() -> None:
 def register() -> None:
     """`sglang.srt.plugins` entry point of the `vradix_cpu_aids` test plugin."""
     apply()
+
+
+@contextlib.contextmanager
+def kit_hicache_on_cpu():
+    """Apply the aids and, inside the context, make SGLang's test kit (`sglang.test.kits.unified_radix_cache`)
+    initialize HiCache on the copy path they provide: its `_init_hicache` builds `ServerArgs` with
+    `hicache_io_backend="kernel"` and the default `page_first` layout, which need the CUDA copy kernels."""
+    from sglang.srt.server_args import ServerArgs
+    from sglang.test.kits.unified_radix_cache import mixins
+
+    apply()
+
+    def direct_layer_first(**kwargs):
+        return ServerArgs(**{**kwargs, "hicache_io_backend": "direct", "hicache_mem_layout": "layer_first"})
+
+    with mock.patch.object(mixins, "ServerArgs", direct_layer_first):
+        yield
