@@ -22,6 +22,7 @@ from sglang.test.kits.unified_radix_cache.storage import UnifiedRadixCacheStorag
 
 from vradix import guard, hicache
 from vradix.admission import stamp
+from vradix.hooks.startup import ledger_blind_spots
 from vradix.kernels import FREE
 from vradix.ledger import ledger_of
 from vradix.namespace import namespace
@@ -179,4 +180,26 @@ def test_pages_prefetched_from_storage_carry_their_key_epoch_through_load_back(p
     slots = cache.tree_core.collect_full_device_indices(req.last_node, cache.root_node_handle(namespace(0)))
     assert len(slots) == len(P) and epochs_of(state.ledger, slots) == {0}
     assert ledger_of(hicache.kv_host_pool(cache)) is host
+    kit.doCleanups()
+
+
+def test_freed_host_copies_are_free_in_the_host_ledger(env):
+    kit, fx, state, host = env
+    host_slots = demote(fx, cached_prompt(fx, state, P))
+    assert epochs_of(host, host_slots) == {0}
+    assert fx.cache.evict_host(len(P)) >= len(P)  # SGLang drops the host-only copy
+    assert epochs_of(host, host_slots) == {FREE}
+    host_slots = demote(fx, cached_prompt(fx, state, [t + 1000 for t in P]))
+    assert epochs_of(host, host_slots) == {0}
+    fx.cache.reset()  # clears the host pool too
+    assert bool((host.page_epoch == FREE).all())
+
+
+def test_hicache_keeps_the_ledger_on_and_external_kv_stores_turn_it_off():
+    kit, fx, state, host = hicache_env("rust", 1)
+    scheduler = fx.scheduler_view()
+    scheduler.enable_hierarchical_cache = True
+    assert ledger_blind_spots(scheduler) == []
+    scheduler.enable_unified_cache_external_linker = scheduler.enable_lmcache = True
+    assert ledger_blind_spots(scheduler) == ["the external cache linker", "LMCache"]
     kit.doCleanups()

@@ -12,7 +12,9 @@ Kept in step with the allocator at the cheapest points that see every write and 
 * writes: once per forward batch, on `batch.out_cache_loc` (one scatter per batch, on the scheduler's stream, which
   orders it after the alloc and before the next free of those slots);
 * frees: on the allocator's `free` / `free_page_ids` (a free group marks at `free` time and again at group end;
-  marking twice is harmless), and `clear` marks everything free.
+  marking twice is harmless), and `clear` marks everything free;
+* HiCache copies (load-back writes device KV without a forward pass): the destination pages take the epochs of the
+  host copies they load (`vradix.hicache`, which keeps the host pool's ledger).
 """
 from __future__ import annotations
 

@@ -54,16 +54,19 @@ def startup_identity(scheduler, mode: str) -> identity.WeightIdentity:
 
 
 def ledger_blind_spots(scheduler) -> list[str]:
-    """KV write paths the ledger does not observe in this engine: P/D transfer, speculative drafts, the external
-    cache linker, and HiCache only where its host pool cannot carry epochs (`hicache.unobservable_host_pool`)."""
+    """KV write paths the ledger does not observe in this engine: P/D transfer, speculative drafts, external KV
+    stores (the cache linker, LMCache), and HiCache only where its host pool cannot carry epochs
+    (`hicache.unobservable_host_pool`)."""
     spots = []
     if getattr(scheduler, "enable_hierarchical_cache", False):
         host_spot = hicache.unobservable_host_pool(scheduler.tree_cache)
         if host_spot:
             spots.append(host_spot)
+    # these load device KV straight from an external store, outside the HiCache host pool
     if getattr(scheduler, "enable_unified_cache_external_linker", False):
-        # its loads land in request-private device slots straight from the external store, outside the host pool
         spots.append("the external cache linker")
+    if getattr(scheduler, "enable_lmcache", False):
+        spots.append("LMCache")
     mode = getattr(getattr(scheduler, "disaggregation_mode", None), "value", "null")
     if mode not in ("null", None):
         spots.append(f"P/D disaggregation ({mode})")
