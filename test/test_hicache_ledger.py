@@ -20,12 +20,11 @@ from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle, EvictPara
 from sglang.test.kits.unified_radix_cache.config import CacheConfig
 from sglang.test.kits.unified_radix_cache.storage import UnifiedRadixCacheStorageFixtures
 
-from vradix import guard, hicache
+from vradix import guard, hicache_ledger, identity
 from vradix.admission import stamp
 from vradix.hooks.startup import ledger_blind_spots
 from vradix.kernels import FREE
 from vradix.ledger import ledger_of
-from vradix.namespace import namespace
 from vradix.state import attach
 from vradix.testing import cpu_aids
 from vradix.testing.cache_fixture import build_cache
@@ -41,16 +40,16 @@ class Kit(UnifiedRadixCacheStorageFixtures, unittest.TestCase):
         pass
 
 
-def hicache_env(core, ps, **init_kwargs):
+def hicache_env(core, ps, weight_identity=None, **init_kwargs):
     """A vradix-versioned cache with HiCache (host pool twice the device pool) and both ledgers."""
     kit = Kit()
     kit.cfg = CacheConfig(page_size=ps)
     fx = build_cache(core, ps, kv_tokens=512)
-    state = attach(fx.cache)
+    state = attach(fx.cache, weight_identity=weight_identity)
     with cpu_aids.kit_hicache_on_cpu():
         kit._init_hicache(fx.cache, **init_kwargs)
-    assert hicache.unobservable_host_pool(fx.cache) is None
-    host = hicache.attach(fx.cache, state.ledger)
+    assert hicache_ledger.unobservable_host_pool(fx.cache) is None
+    host = hicache_ledger.attach(fx.cache, state.ledger)
     return kit, fx, state, host
 
 
@@ -78,7 +77,7 @@ def demote(fx, node):
     assert cache.backup_node_for_write_back(node)
     cache.evict(EvictParams(num_tokens=fx.total))
     assert cache.tree_core.is_full_device_evicted(node)
-    return hicache.host_copies_to_load(cache, node)
+    return hicache_ledger.host_copies_to_load(cache, node)
 
 
 def admit_with_load_back(fx, state, tokens):
@@ -101,7 +100,7 @@ def test_load_back_carries_the_epoch_of_the_host_copy_and_the_strict_guard_verif
     kit, fx, state, host = env
     cache, ledger = fx.cache, state.ledger
     node = cached_prompt(fx, state, P)
-    written = cache.tree_core.collect_full_device_indices(node, cache.root_node_handle(namespace(0)))
+    written = cache.tree_core.collect_full_device_indices(node, cache.root_node_handle(state.prefix_of_epoch(0)))
     kit._fill_full_kv(fx.allocator, written, marker=3.0)
     expected_kv = kit._snapshot_full_kv(fx.allocator, written)
     host_slots = demote(fx, node)
@@ -112,7 +111,7 @@ def test_load_back_carries_the_epoch_of_the_host_copy_and_the_strict_guard_verif
     assert loaded == len(P) and state.guard_stats.violations_caught == 0
     assert state.guard_stats.prefixes_verified == 1  # the host copies it loads, checked before loading
     kit._finish_pending_loads(cache)
-    slots = cache.tree_core.collect_full_device_indices(node, cache.root_node_handle(namespace(0)))
+    slots = cache.tree_core.collect_full_device_indices(node, cache.root_node_handle(state.prefix_of_epoch(0)))
     assert epochs_of(ledger, slots) == {0}, "load-back wrote device KV the ledger does not know"
     assert all(torch.equal(a, b) for a, b in zip(kit._snapshot_full_kv(fx.allocator, slots), expected_kv))
 
@@ -134,7 +133,8 @@ def test_a_host_copy_of_an_older_epoch_is_not_loaded_for_a_newer_request(env, mo
     node = cached_prompt(fx, state, P)
     host_slots = demote(fx, node)
     assert epochs_of(host, host_slots) == {0}
-    state.epoch = 1  # the weights changed (the publication's reclaim is not what this test is about)
+    state.bind_identity(1, identity.nonce())  # new weights: epoch 1 (the publication's reclaim is not tested here)
+    state.epoch = 1
 
     req, loaded = admit_with_load_back(fx, state, P + [2])
     assert loaded == 0, "a host copy written under epoch 0 was loaded for an epoch-1 request"
@@ -146,7 +146,8 @@ def test_a_host_copy_of_an_older_epoch_is_not_loaded_for_a_newer_request(env, mo
 def test_a_corrupted_page_is_still_caught_after_a_round_trip_through_host(env):
     kit, fx, state, host = env
     node = cached_prompt(fx, state, P)
-    written = fx.cache.tree_core.collect_full_device_indices(node, fx.cache.root_node_handle(namespace(0)))
+    cache = fx.cache
+    written = cache.tree_core.collect_full_device_indices(node, cache.root_node_handle(state.prefix_of_epoch(0)))
     state.ledger.page_epoch[int(written[40]) // fx.page_size] = 7  # this page says: written by other weights
     demote(fx, node)
 
@@ -157,10 +158,12 @@ def test_a_corrupted_page_is_still_caught_after_a_round_trip_through_host(env):
 
 @pytest.mark.parametrize("ps", [1, 16])
 def test_pages_prefetched_from_storage_carry_their_key_epoch_through_load_back(ps):
-    """L3 (`file` backend): a producer engine stores an epoch-0 prefix; a fresh consumer engine prefetches it into
-    its host pool (which stamps the pages with the epoch their key names), loads it back, and verifies it."""
+    """L3 (`file` backend): a producer engine stores a prefix; a fresh consumer engine with the same weight identity
+    (a restart) prefetches it into its host pool (which stamps the pages with the epoch that serves their key's
+    namespace), loads it back, and verifies it."""
     storage = Kit()._make_storage_dir()
-    init = dict(storage_backend="file", storage_dir=storage, prefetch_threshold=1)
+    init = dict(storage_backend="file", storage_dir=storage, prefetch_threshold=1,
+                weight_identity=identity.declared("run-1/step-5"))
     kit, producer, pstate, _ = hicache_env("rust", ps, **init)
     node = cached_prompt(producer, pstate, P)
     assert producer.cache.backup_node_for_write_back(node)
@@ -171,15 +174,15 @@ def test_pages_prefetched_from_storage_carry_their_key_epoch_through_load_back(p
     kit, fx, state, host = hicache_env("rust", ps, **init)
     cache = fx.cache
     handle = CacheRequestHandle("prefetch", 0)
-    cache.prefetch_from_storage(handle, cache.root_node_handle(), array("q", P), extra_key=namespace(0))
+    cache.prefetch_from_storage(handle, cache.root_node_handle(), array("q", P), extra_key=state.prefix_of_epoch(0))
     kit._run_prefetch_to_completion(cache, handle)
     req, loaded = admit_with_load_back(fx, state, P + [2])
     assert loaded == len(P) and state.guard_stats.prefixes_verified == 1
     assert state.guard_stats.violations_caught == 0
     kit._finish_pending_loads(cache)
-    slots = cache.tree_core.collect_full_device_indices(req.last_node, cache.root_node_handle(namespace(0)))
+    slots = cache.tree_core.collect_full_device_indices(req.last_node, cache.root_node_handle(req.extra_key))
     assert len(slots) == len(P) and epochs_of(state.ledger, slots) == {0}
-    assert ledger_of(hicache.kv_host_pool(cache)) is host
+    assert ledger_of(hicache_ledger.kv_host_pool(cache)) is host
     kit.doCleanups()
 
 

@@ -14,7 +14,7 @@ Kept in step with the allocator at the cheapest points that see every write and 
 * frees: on the allocator's `free` / `free_page_ids` (a free group marks at `free` time and again at group end;
   marking twice is harmless), and `clear` marks everything free;
 * HiCache copies (load-back writes device KV without a forward pass): the destination pages take the epochs of the
-  host copies they load (`vradix.hicache`, which keeps the host pool's ledger).
+  host copies they load (`vradix.hicache_ledger`, which keeps the host pool's ledger).
 """
 from __future__ import annotations
 

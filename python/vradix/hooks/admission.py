@@ -2,7 +2,7 @@
 what a load-back from the HiCache host pool adds to it)."""
 from __future__ import annotations
 
-from vradix import admission, guard, hicache, request
+from vradix import admission, guard, hicache_ledger, request
 from vradix.ledger import ledger_of
 from vradix.namespace import ReservedNamespaceError
 from vradix.state import state_of
@@ -88,15 +88,15 @@ def sample_verify_prefill_batch(_result, batch, *args, **kwargs):
 
 def verify_load_back(original, cache, params, *args, **kwargs):
     """AROUND UnifiedRadixCache.init_load_back (strict guard): the host copies a request is about to load back must
-    carry its epoch (their pages' epochs travel with them, `vradix.hicache`). On a violation nothing is loaded: the
-    request recomputes that span, as after a load-back SGLang declines, and is barred from inserting."""
+    carry its epoch (their pages' epochs travel with them, `vradix.hicache_ledger`). On a violation nothing is
+    loaded: the request recomputes that span, as after a load-back SGLang declines, and is barred from inserting."""
     state = state_of(cache)
     req = params.req
     if (state is None or state.ledger is None or state.guard.verify != "strict" or req is None
             or params.host_hit_length <= 0):
         return original(cache, params, *args, **kwargs)
-    host = ledger_of(hicache.kv_host_pool(cache))
-    slots = hicache.host_copies_to_load(cache, params.best_match_node) if host is not None else None
+    host = ledger_of(hicache_ledger.kv_host_pool(cache))
+    slots = hicache_ledger.host_copies_to_load(cache, params.best_match_node) if host is not None else None
     if slots is None or slots.numel() == 0:
         return original(cache, params, *args, **kwargs)
     expected = request.require(req).epoch

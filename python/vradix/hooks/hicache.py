@@ -1,33 +1,36 @@
-"""HiCache hooks (scheduler process): KV page epochs travel with HiCache's copies (see `vradix.hicache`)."""
+"""HiCache hooks (scheduler process): KV page epochs travel with HiCache's copies (see `vradix.hicache_ledger`)."""
 from __future__ import annotations
 
-from vradix import hicache
+from vradix import hicache_ledger
 from vradix.ledger import ledger_of
+from vradix.state import state_of
 
 
 def carry_epochs_to_host(host_slots, controller, device_indices, *args, **kwargs):
     """AFTER HybridCacheController.write: the backup just queued copies `device_indices` into `host_slots` (None
     when the host pool had no room and nothing was queued)."""
-    device, host = hicache.ledgers_of(controller)
+    device, host = hicache_ledger.ledgers_of(controller)
     if host_slots is not None and device is not None and host is not None:
-        hicache.carry(device.page_epoch, device_indices, host.page_epoch, host_slots, host.page_size)
+        hicache_ledger.carry(device.page_epoch, device_indices, host.page_epoch, host_slots, host.page_size)
 
 
 def carry_epochs_to_device(device_slots, controller, host_indices, *args, **kwargs):
     """AFTER HybridCacheController.load: the load-back just queued copies `host_indices` into `device_slots` (None
     when it could not be queued)."""
-    device, host = hicache.ledgers_of(controller)
+    device, host = hicache_ledger.ledgers_of(controller)
     if device_slots is not None and device is not None and host is not None:
-        hicache.carry(host.page_epoch, host_indices, device.page_epoch, device_slots, device.page_size)
+        hicache_ledger.carry(host.page_epoch, host_indices, device.page_epoch, device_slots, device.page_size)
 
 
 def stamp_prefetched_pages(cache, operation, *args, **kwargs):
     """BEFORE UnifiedRadixCache._handle_prefetch_result: the host slots this prefetch filled from storage (its
-    `completed_tokens` first ones) hold KV stored under its key's namespace. The slots are inserted into the tree or
-    freed right after, so every path out of the handler sees them stamped or `FREE`."""
-    host = ledger_of(hicache.kv_host_pool(cache))
+    `completed_tokens` first ones) hold KV stored under its key's namespace, so they get the epoch that serves that
+    namespace here. The slots are inserted into the tree or freed right after, so every path out of the handler sees
+    them stamped or `FREE`."""
+    state = state_of(cache)
+    host = ledger_of(hicache_ledger.kv_host_pool(cache))
     ongoing = cache.ongoing_prefetch.get(operation.handle)
-    if host is None or ongoing is None:
+    if state is None or host is None or ongoing is None:
         return
     _anchor, prefetch_key, host_slots = ongoing[:3]
-    host.stamp_fetched(host_slots[: operation.completed_tokens], prefetch_key.extra_key)
+    host.stamp_fetched(host_slots[: operation.completed_tokens], state.epoch_of(prefetch_key.extra_key))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from vradix import __version__, hicache, identity, report
+from vradix import __version__, hicache_ledger, identity, report
 from vradix.hooks.publication import current_label, proven_identity
 from vradix.state import attach
 
@@ -31,7 +31,7 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
     state = attach(cache, with_ledger=not unobserved, weight_identity=startup_identity(scheduler, mode),
                    identity_mode=mode)
     if state.ledger is not None and getattr(scheduler, "enable_hierarchical_cache", False):
-        hicache.attach(cache, state.ledger)
+        hicache_ledger.attach(cache, state.ledger)
     state.guard = state.guard.for_ranks(getattr(scheduler, "tp_size", 1), getattr(scheduler, "pp_size", 1))
     state.label = current_label()
     state.metrics = report.metrics_for(scheduler)
@@ -56,10 +56,10 @@ def startup_identity(scheduler, mode: str) -> identity.WeightIdentity:
 def ledger_blind_spots(scheduler) -> list[str]:
     """KV write paths the ledger does not observe in this engine: P/D transfer, speculative drafts, external KV
     stores (the cache linker, LMCache), and HiCache only where its host pool cannot carry epochs
-    (`hicache.unobservable_host_pool`)."""
+    (`hicache_ledger.unobservable_host_pool`)."""
     spots = []
     if getattr(scheduler, "enable_hierarchical_cache", False):
-        host_spot = hicache.unobservable_host_pool(scheduler.tree_cache)
+        host_spot = hicache_ledger.unobservable_host_pool(scheduler.tree_cache)
         if host_spot:
             spots.append(host_spot)
     # these load device KV straight from an external store, outside the HiCache host pool

@@ -12,9 +12,10 @@ allocator) and moves epochs along with the data, at the points where SGLang pair
   the epoch of the host page it copies. This happens before the tree commits the loaded slots, so no match ever
   sees them unstamped.
 * prefetch (L3 -> host): L3 keeps no ledger. A stored page is found by a hash chain seeded with its key's
-  `extra_key` (`storage_namespace_seed`), which carries the epoch namespace, so when SGLang inserts prefetched pages
-  into the tree (`UnifiedRadixCache._handle_prefetch_result`), they get the epoch their key names (`FREE` for a key
-  without a namespace, which no request's epoch equals).
+  `extra_key` (`storage_namespace_seed`), whose namespace is built from a global `weight_id`, so when SGLang inserts
+  prefetched pages into the tree (`UnifiedRadixCache._handle_prefetch_result`), they get the epoch of this engine
+  that serves that namespace (`EpochState.epoch_of`), or `FREE` when none does (no namespace, or another engine's
+  weights), which no request's epoch equals.
 * frees: a freed host page is `FREE`; clearing the host pool frees every page.
 
 Invariant (for the supported host pools, `unobservable_host_pool`): `host_epoch[h] == FREE` once host page h has
@@ -31,7 +32,6 @@ import torch
 from vradix import kernels
 from vradix.kernels import FREE
 from vradix.ledger import PageLedger, ledger_of
-from vradix.namespace import epoch_of
 
 
 class HostLedger:
@@ -47,9 +47,9 @@ class HostLedger:
     def num_pages_of(self, host_pool) -> int:
         return int(host_pool.logical_size) // self.page_size + 1
 
-    def stamp_fetched(self, slots: torch.Tensor, extra_key: Optional[str]) -> None:
-        """`slots` now hold KV fetched from storage under the key namespace `extra_key`."""
-        epoch = epoch_of(extra_key)
+    def stamp_fetched(self, slots: torch.Tensor, epoch: Optional[int]) -> None:
+        """`slots` now hold KV fetched from storage under the namespace of `epoch` (None: of no epoch of this
+        engine)."""
         kernels.stamp(self.page_epoch, slots.to(self.device), FREE if epoch is None else epoch, self.page_size)
 
     def mark_freed_slots(self, slots: torch.Tensor) -> None:
