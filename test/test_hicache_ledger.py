@@ -2,9 +2,12 @@
 16), its real HybridCacheController, host pool and L3 `file` backend on CPU (`vradix.testing.cpu_aids`).
 
 HiCache steps come from SGLang's test kit (`sglang.test.kits.unified_radix_cache`: `_init_hicache`,
-`_load_back_node`, `_finish_pending_loads`, and the storage mixins for L3). A node is backed up through SGLang's own
-`UnifiedRadixCache.backup_node_for_write_back` (the write-back eviction's backup): the kit's `_backup_node` needs the
-kit's inspection TreeCores, whose Rust build the wheel does not ship.
+`_finish_pending_loads`, `_fill_full_kv`/`_snapshot_full_kv`, and the storage mixins `_flush_l3_backups` and
+`_run_prefetch_to_completion`, which poll SGLang's storage threads against a deadline). Two steps go through SGLang's
+own entry points instead of the kit's: a node is backed up by `UnifiedRadixCache.backup_node_for_write_back` (the
+write-back eviction's backup; the kit's `_backup_node` needs the kit's inspection TreeCores, whose Rust build the
+wheel does not ship), and loaded back by `init_load_back`, the PrefillAdder's entry point that the guard wraps (the
+kit's `_load_back_node` calls `load_back`, below it).
 
 Checked: a page's epoch travels with its copy device -> host -> device and storage -> host -> device; the strict
 guard verifies a loaded prefix and reuses it; a copy of other weights is never loaded for a request (it is
@@ -53,11 +56,19 @@ def hicache_env(core, ps, weight_identity=None, **init_kwargs):
     return kit, fx, state, host
 
 
+@pytest.fixture
+def make_env(request):
+    """`hicache_env`, with the kit's cleanups (host pool, storage threads) run when the test ends."""
+    def make(*args, **kwargs):
+        env = hicache_env(*args, **kwargs)
+        request.addfinalizer(env[0].doCleanups)
+        return env
+    return make
+
+
 @pytest.fixture(params=CONFIGS, ids=[f"{c}-ps{p}" for c, p in CONFIGS])
-def env(request):
-    kit, fx, state, host = hicache_env(*request.param)
-    yield kit, fx, state, host
-    kit.doCleanups()
+def env(request, make_env):
+    return make_env(*request.param)
 
 
 def cached_prompt(fx, state, tokens):
@@ -157,21 +168,19 @@ def test_a_corrupted_page_is_still_caught_after_a_round_trip_through_host(env):
 
 
 @pytest.mark.parametrize("ps", [1, 16])
-def test_pages_prefetched_from_storage_carry_their_key_epoch_through_load_back(ps):
+def test_pages_prefetched_from_storage_carry_their_key_epoch_through_load_back(ps, make_env, tmp_path):
     """L3 (`file` backend): a producer engine stores a prefix; a fresh consumer engine with the same weight identity
     (a restart) prefetches it into its host pool (which stamps the pages with the epoch that serves their key's
     namespace), loads it back, and verifies it."""
-    storage = Kit()._make_storage_dir()
-    init = dict(storage_backend="file", storage_dir=storage, prefetch_threshold=1,
+    init = dict(storage_backend="file", storage_dir=str(tmp_path), prefetch_threshold=1,
                 weight_identity=identity.declared("run-1/step-5"))
-    kit, producer, pstate, _ = hicache_env("rust", ps, **init)
+    kit, producer, pstate, _ = make_env("rust", ps, **init)
     node = cached_prompt(producer, pstate, P)
     assert producer.cache.backup_node_for_write_back(node)
     producer.cache.write_backup_storage(node)
     kit._flush_l3_backups(producer.cache)
-    kit.doCleanups()
 
-    kit, fx, state, host = hicache_env("rust", ps, **init)
+    kit, fx, state, host = make_env("rust", ps, **init)
     cache = fx.cache
     handle = CacheRequestHandle("prefetch", 0)
     cache.prefetch_from_storage(handle, cache.root_node_handle(), array("q", P), extra_key=state.prefix_of_epoch(0))
@@ -183,7 +192,6 @@ def test_pages_prefetched_from_storage_carry_their_key_epoch_through_load_back(p
     slots = cache.tree_core.collect_full_device_indices(req.last_node, cache.root_node_handle(req.extra_key))
     assert len(slots) == len(P) and epochs_of(state.ledger, slots) == {0}
     assert ledger_of(hicache_ledger.kv_host_pool(cache)) is host
-    kit.doCleanups()
 
 
 def test_freed_host_copies_are_free_in_the_host_ledger(env):
@@ -198,11 +206,10 @@ def test_freed_host_copies_are_free_in_the_host_ledger(env):
     assert bool((host.page_epoch == FREE).all())
 
 
-def test_hicache_keeps_the_ledger_on_and_external_kv_stores_turn_it_off():
-    kit, fx, state, host = hicache_env("rust", 1)
+def test_hicache_keeps_the_ledger_on_and_external_kv_stores_turn_it_off(make_env):
+    kit, fx, state, host = make_env("rust", 1)
     scheduler = fx.scheduler_view()
     scheduler.enable_hierarchical_cache = True
     assert ledger_blind_spots(scheduler) == []
     scheduler.enable_unified_cache_external_linker = scheduler.enable_lmcache = True
     assert ledger_blind_spots(scheduler) == ["the external cache linker", "LMCache"]
-    kit.doCleanups()
