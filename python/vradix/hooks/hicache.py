@@ -29,8 +29,7 @@ def stamp_prefetched_pages(cache, operation, *args, **kwargs):
     them stamped or `FREE`."""
     state = state_of(cache)
     host = ledger_of(hicache_ledger.kv_host_pool(cache))
-    ongoing = cache.ongoing_prefetch.get(operation.handle)
-    if state is None or host is None or ongoing is None:
+    info = cache.ongoing_prefetch.get(operation.handle)
+    if state is None or host is None or info is None:
         return
-    _anchor, prefetch_key, host_slots = ongoing[:3]
-    host.stamp_fetched(host_slots[: operation.completed_tokens], state.epoch_of(prefetch_key.extra_key))
+    host.stamp_fetched(info.host_indices[: operation.completed_tokens], state.epoch_of(info.prefetch_key.extra_key))
