@@ -22,6 +22,7 @@ the examples per configuration. The executed-rule counts are printed at the end 
 from __future__ import annotations
 
 import os
+from array import array
 from collections import Counter
 
 import pytest
@@ -32,19 +33,28 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from sglang.srt.managers.schedule_batch import FINISH_ABORT
 from sglang.srt.mem_cache import common
 
+from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+from sglang.srt.mem_cache.radix_cache import RadixKey
+
 from vradix import namespace, request
 from vradix.admission import stamp
 from vradix.hooks.publication import bump_scheduler
 from vradix.hooks.reclaim import lock_aware_flush
 from vradix.state import attach
 from vradix.testing.cache_fixture import build_cache
+from vradix.testing.hicache_fixture import build_hicache
 
 CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
+#: HiCache host tier: each core and page size once, each write policy twice
+HICACHE_CONFIGS = [("rust", 1, "write_through"), ("rust", 16, "write_back"), ("python", 1, "write_back"),
+                   ("python", 16, "write_through")]
 PROFILES = {  # examples per configuration, steps per example
     "ci": dict(max_examples=120, stateful_step_count=50, derandomize=True),
     "long": dict(max_examples=3000, stateful_step_count=100, derandomize=False),
 }
 PROFILE = os.environ.get("VRADIX_MBT_PROFILE", "ci")
+#: the HiCache configurations' share of the profile (their steps cost more)
+HICACHE_PROFILE = {"ci": dict(max_examples=60), "long": {}}[PROFILE]
 RULES_RUN: Counter = Counter()
 
 #: a small vocabulary of shared prefixes so that prompts collide (paged: multiples of and across page boundaries)
@@ -62,16 +72,24 @@ class VersionedCacheMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        kv = 256 if self.page_size == 1 else 512
-        self.fx = build_cache(self.core, self.page_size, kv_tokens=kv, max_reqs=6, max_context_len=256)
-        self.state = attach(self.fx.cache)
+        self.fx = self.build_fixture(kv_tokens=256 if self.page_size == 1 else 512)
+        self.state = attach(self.fx.cache, with_ledger=not self.hicache)  # as at engine start: no ledger with HiCache
         self.queued = []  # stamped, hold no KV
         self.held = []  # hold a row and a tree lock
         self.paused = False
         self.slot_meta = {}  # slot -> (epoch, user key, prefix hash): what the KV in the slot was computed from
         self.crossed = set()  # rids the model says hold KV across a bump
 
+    hicache = False
+
+    def build_fixture(self, kv_tokens):
+        return build_cache(self.core, self.page_size, kv_tokens=kv_tokens, max_reqs=6, max_context_len=256)
+
     # ---- helpers --------------------------------------------------------------------------------------------------
+    def meta_at(self, slot):
+        """(epoch, user key, prefix hash) of the KV in device slot `slot`: what computed it."""
+        return self.slot_meta.get(slot)
+
     def count(self, name):
         RULES_RUN[name] += 1
 
@@ -137,21 +155,27 @@ class VersionedCacheMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 100), n=st.integers(1, 40))
     def admit_match_lock_prefill(self, i, n):
         """PrefillAdder + prepare_for_extend: match, lock, take a row and compute the first chunk of n tokens."""
+        if self.admit_one(self.pick(self.queued, i), n):
+            self.count("admit_match_lock_prefill")
+
+    def admit_one(self, req, n) -> bool:
+        """Admit queued `req` and compute up to n tokens of it; False when no row or pool space is left."""
         ps = self.page_size
         if self.fx.req_pool.available_size() == 0 or not self.can_allocate(0, -(-n // ps) * ps):
-            return
-        req = self.pick(self.queued, i)
+            return False
         self.fx.admit(req)
         self.queued.remove(req)
         self.held.append(req)
         assert self.state.epoch_of(req.extra_key) == self.state.epoch, "admitted under an old epoch"
         toks, key = self.tokens(req), request.of(req).user_key
         for pos, slot in enumerate(self.row(req, req.prefix_len)):
-            got = self.slot_meta.get(slot)
+            got = self.meta_at(slot)
             assert got == (self.state.epoch, key, prefix_hash(toks, pos + 1)), (
                 f"match returned slot {slot} at position {pos} holding {got}, expected epoch {self.state.epoch}")
-        self.compute(req, min(len(req.origin_input_ids), req.prefix_len + n))
-        self.count("admit_match_lock_prefill")
+        upto = min(len(req.origin_input_ids), req.prefix_len + n)
+        if self.can_allocate(req.extend_end, upto):  # a HiCache load-back may have taken the space
+            self.compute(req, upto)
+        return True
 
     @precondition(lambda self: any(r.extend_end < len(r.origin_input_ids) for r in self.held) and not self.paused)
     @rule(i=st.integers(0, 100), n=st.integers(1, 40))
@@ -307,7 +331,7 @@ class VersionedCacheMachine(RuleBasedStateMachine):
                 pinned.update(cache.tree_core.collect_full_device_indices(r.lock.node, cache.root_node_handle())
                               .tolist())
         for slot in cache.tree_core.all_values_flatten().tolist():
-            epoch = self.slot_meta[slot][0]
+            epoch = self.meta_at(slot)[0]
             assert epoch == self.state.epoch or slot in pinned, (
                 f"tree slot {slot} of epoch {epoch} (current {self.state.epoch}) is neither fresh nor pinned")
 
@@ -324,6 +348,112 @@ class VersionedCacheMachine(RuleBasedStateMachine):
             self.drain()
 
 
+class HiCacheMachine(VersionedCacheMachine):
+    """The same machine over a cache with a HiCache host tier (L2, SGLang's real host pool and controller; host pool
+    as large as the device pool, so it is under pressure). Admission loads host hits back, write-through backs every
+    insert up (write-back: device eviction does), device eviction demotes backed-up nodes, and the rules below add the
+    host tier's own steps. The model reads KV provenance from the KV itself: every computed slot carries a code of
+    (epoch, user key, prefix hash), which real backups and load-backs copy. Extra invariants: no host page ever holds
+    KV of an older epoch, SGLang's tree sanity check, and after a drain the host pool is whole again."""
+    hicache = True
+    write_policy = "write_through"
+
+    def build_fixture(self, kv_tokens):
+        self.metas = []
+        fx = build_hicache(self.core, self.page_size, kv_tokens=kv_tokens, write_policy=self.write_policy,
+                           host_ratio=1.0, max_reqs=6, max_context_len=256)
+        fx.kv_code = self.code_for
+        load_host_hit = fx.load_host_hit
+
+        def counted_load_host_hit(req):
+            before = req.prefix_len
+            load_host_hit(req)
+            if req.prefix_len > before:
+                self.count("load_back")
+
+        fx.load_host_hit = counted_load_host_hit
+        return fx
+
+    def code_for(self, req, pos):
+        self.metas.append((self.state.epoch, request.of(req).user_key, prefix_hash(self.tokens(req), pos + 1)))
+        return len(self.metas)
+
+    def meta_at(self, slot):
+        code = self.fx.device_codes([slot])[0]
+        return self.metas[code - 1] if 0 < code <= len(self.metas) else None
+
+    def acks_pending(self):
+        cc = self.fx.cache.cache_controller
+        return bool(cc.write_queue or cc.ack_write_queue or cc.ack_load_queue)
+
+    @precondition(acks_pending)
+    @rule(rare=st.integers(1, 3))
+    def poll_hicache_acks(self, rare):
+        """The scheduler's per-step `check_hicache_events`: backup and load-back acks. Other rules run in between, so
+        publications, releases and evictions meet transfers in flight."""
+        if rare != 2:  # hypothesis favours boundary values; act on a middle one to keep this rule rare
+            return
+        self.fx.process_acks()
+        self.count("poll_hicache_acks")
+
+    @precondition(lambda self: len(self.held) < 4 and not self.paused)
+    @rule(p=st.integers(1, len(PREFIXES) - 1), k=st.integers(0, len(USER_KEYS) - 1),
+          first=st.lists(st.integers(1, 3), min_size=1, max_size=8),
+          second=st.lists(st.integers(1, 3), min_size=1, max_size=8), n=st.integers(1, 40))
+    def reuse_a_prefix_through_host(self, p, k, first, second, n):
+        """A request runs to its end on a shared prefix (write-through backs its insert up), the scheduler takes the
+        acks, device pressure demotes the prefix to host (write-back backs it up there), and a second request on the
+        prefix is admitted: it loads the prefix back (the copy starts; its ack is left to the next poll)."""
+        a = self.fx.make_req((PREFIXES[p] + first)[:MAX_PROMPT], extra_key=USER_KEYS[k])
+        stamp(self.state, a)
+        self.queued.append(a)
+        if not self.admit_one(a, MAX_PROMPT) or a.extend_end < len(a.origin_input_ids):
+            return
+        self.fx.finish(a)
+        self.release(a)
+        self.fx.process_acks()
+        common.evict_from_tree_cache(self.fx.cache, self.fx.total)
+        b = self.fx.make_req((PREFIXES[p] + second)[:MAX_PROMPT], extra_key=USER_KEYS[k])
+        stamp(self.state, b)
+        self.queued.append(b)
+        self.admit_one(b, n)
+        self.count("reuse_a_prefix_through_host")
+
+    @rule(p=st.integers(0, len(PREFIXES) - 1), k=st.integers(0, len(USER_KEYS) - 1))
+    def backup_prefix(self, p, k):
+        """Back a cached prefix of the current epoch up to host, parent first (SGLang's backup chain)."""
+        cache = self.fx.cache
+        key = RadixKey(array("q", PREFIXES[p]), extra_key=namespace.stamped(self.state.epoch, USER_KEYS[k]))
+        node = cache.match_prefix(MatchPrefixParams(key=key)).last_device_node
+        if not cache.is_root(node):  # the call an insert's write-through makes (its backup locks the node until the ack)
+            cache._execute_and_commit_kv_backup(cache.tree_core.build_backup_kv_action(node))
+        self.count("backup_prefix")
+
+    @rule(n=st.integers(1, 256), rare=st.integers(1, 3))
+    def evict_host_under_pressure(self, n, rare):
+        if rare != 2:  # hypothesis favours boundary values; act on a middle one to keep this rule rare
+            return
+        self.fx.cache.evict_host(n)
+        self.count("evict_host_under_pressure")
+
+    @invariant()
+    def host_holds_no_stale_kv(self):
+        for host_slot, code in self.fx.host_codes().items():
+            meta = self.metas[code - 1] if 0 < code <= len(self.metas) else None
+            assert meta is not None and meta[0] == self.state.epoch, (
+                f"host slot {host_slot} holds {meta} (current epoch {self.state.epoch})")
+
+    @invariant()
+    def tree_is_sane(self):
+        # the Rust TreeCore's check reports a load-back whose ack is pending ("Full host coexistence missing")
+        if not self.fx.cache.ongoing_load_back:
+            self.fx.cache.sanity_check()
+
+    def drain(self):
+        super().drain()
+        assert self.fx.host_idle_leaks() == [], self.fx.host_figures()
+
+
 def free_slots(fx):
     pages = fx.allocator.free_pages.tolist()
     if fx.page_size == 1:
@@ -331,13 +461,16 @@ def free_slots(fx):
     return [p * fx.page_size + i for p in pages for i in range(fx.page_size)]
 
 
-def machine_for(core, page_size):
-    return type(f"VersionedCache_{core}_ps{page_size}", (VersionedCacheMachine,),
-                {"core": core, "page_size": page_size})
+def machine_for(core, page_size, write_policy=None):
+    if write_policy is None:
+        return type(f"VersionedCache_{core}_ps{page_size}", (VersionedCacheMachine,),
+                    {"core": core, "page_size": page_size})
+    return type(f"HiCache_{core}_ps{page_size}_{write_policy}", (HiCacheMachine,),
+                {"core": core, "page_size": page_size, "write_policy": write_policy})
 
 
-def profile_settings():
-    cfg = dict(PROFILES[PROFILE])
+def profile_settings(**overrides):
+    cfg = dict(PROFILES[PROFILE], **overrides)
     if os.environ.get("VRADIX_MBT_EXAMPLES"):
         cfg["max_examples"] = int(os.environ["VRADIX_MBT_EXAMPLES"])
     return settings(deadline=None, database=None, print_blob=True,
@@ -356,3 +489,9 @@ def report_rule_counts():
 @pytest.mark.parametrize("core,page_size", CONFIGS, ids=[f"{c}-ps{p}" for c, p in CONFIGS])
 def test_versioned_cache_state_machine(core, page_size):
     run_state_machine_as_test(machine_for(core, page_size), settings=profile_settings())
+
+
+@pytest.mark.timeout(3600 * 6)
+@pytest.mark.parametrize("core,page_size,policy", HICACHE_CONFIGS, ids=[f"{c}-ps{p}-{w}" for c, p, w in HICACHE_CONFIGS])
+def test_hicache_state_machine(core, page_size, policy):
+    run_state_machine_as_test(machine_for(core, page_size, policy), settings=profile_settings(**HICACHE_PROFILE))

@@ -9,15 +9,17 @@
    lock on stale nodes is remembered so those nodes are freed when it releases;
 3. re-bind every queued request that holds no KV to the new epoch;
 4. free every unlocked stale node in one batched eviction (`reclaim.free_all_unlocked`), or, when no request holds
-   KV and nothing is locked, drop the whole tree at once (`reclaim.free_all_by_reset`).
-Between 1 and 4 nothing can be inserted under the new epoch, so "evictable" is exactly "unlocked and stale".
+   KV and nothing is locked, drop the whole tree at once (`reclaim.free_all_by_reset`);
+5. with a HiCache host tier, free the stale host copies too (`host_tier`): transfers in flight are settled before 4,
+   and every host copy nothing pins is evicted after it.
+Between 1 and 5 nothing can be inserted under the new epoch, so "evictable" is exactly "unlocked and stale".
 """
 from __future__ import annotations
 
 import time
 from typing import Iterable, Optional
 
-from vradix import admission, identity as weight_identity, provenance, reclaim, request
+from vradix import admission, host_tier, identity as weight_identity, provenance, reclaim, request
 from vradix.state import EpochState, Invalidation
 
 #: longest accepted publication label (SGLang `weight_version`); labels travel in every response's meta_info
@@ -73,11 +75,17 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
             inv.crossing_mid_prefill += req.kv.kv_committed_len < len(req.origin_input_ids)
     for req in queued_reqs:
         inv.requeued_rebound += admission.rebind_if_unheld(state, req)
+    host_before = host_tier.available(cache)
+    host_tier.settle_transfers(cache)
     if holders == 0 and cache.protected_size() == 0:
         inv.tokens_freed = reclaim.free_all_by_reset(cache)
     else:
         inv.tokens_freed = reclaim.free_all_unlocked(cache)
+        host_tier.free_stale_host(cache)
     state.stale_tokens_freed_total += inv.tokens_freed
+    if host_before is not None:
+        inv.host_tokens_freed = host_tier.available(cache) - host_before
+        state.stale_host_tokens_freed_total += inv.host_tokens_freed
     inv.crossing_requests = len(state.crossing)
     inv.tokens_pinned = reclaim.stale_tokens_pinned(cache, holder_nodes(state))
     inv.latency_ms = (time.perf_counter() - t0) * 1e3
@@ -122,9 +130,12 @@ def on_release(state: EpochState, cache, req, released_node) -> int:
     """
     freed = 0
     if state.crossing.pop(id(req), None) is not None:
+        host_before = host_tier.available(cache)
         freed = reclaim.free_released_path(cache, released_node)
         state.stale_tokens_freed_total += freed
         state.stale_tokens_freed_at_release += freed
+        if host_before is not None:
+            state.stale_host_tokens_freed_total += host_tier.available(cache) - host_before
     st = request.of(req)
     if st is not None and st.crossed and not req.finished():
         req.skip_radix_cache_insert = st.skip_insert_before

@@ -5,10 +5,12 @@ Three entry points, all against SGLang's real tree cache API (identical on the R
   `evict(evictable_size)` call frees them all (cascading up to locked paths) inside one allocator free group, i.e. one
   batched `free` of the slot tensors.
 - `free_all_by_reset(cache)`: the same result when no request holds KV at all (nothing can be locked), at the cost
-  of a stock flush: drop the tree and free all its slots in one call.
+  of a stock flush: drop the tree and free all its slots in one call (SGLang's reset also clears a HiCache host pool).
 - `free_released_path(cache, node)`: when a crossing request releases its lock on a stale node, read its path once
   and evict, from the node towards the root, each node that is now an unlocked leaf. Stops at the first node another
-  holder still locks or that still has children. Linear in the path length.
+  holder still locks or that still has children. Linear in the path length. Stale KV is dropped, never backed up to
+  a HiCache host pool (`free_stale_leaf`).
+The HiCache host copies of stale nodes are freed by `vradix.host_tier` at the bump.
 
 Invariant maintained between bumps: every node of an older epoch is locked by a live crossing request. Nothing of an
 old epoch is ever inserted (crossing requests skip insertion), so a stale node can only lose locks, and the moment it
@@ -121,10 +123,9 @@ def free_released_path(cache, node_id) -> int:
     """Evict the now-unlocked stale suffix of the path ending at `node_id`. Returns tokens freed.
 
     Linear in the path length: one `collect_path_info` query, one lock read (`unlocked_suffix_len`), then one
-    `_evict_device_leaf` per victim. Every victim is an unlocked leaf when it is evicted, which the Rust TreeCore
-    requires (it panics and poisons itself otherwise): a victim that SGLang does not evict at once (HiCache
-    write-back defers it behind a backup, returned as a `BackupKV`) keeps its parent an inner node, so the walk stops
-    there and leaves the rest to SGLang's own eviction."""
+    `free_stale_leaf` per victim. Every victim is an unlocked leaf when it is evicted, which the Rust TreeCore
+    requires (it panics and poisons itself otherwise): a victim that SGLang does not free at once keeps its parent an
+    inner node, so the walk stops there and leaves the rest to SGLang's own eviction."""
     if node_id is None or cache.is_root(node_id):
         return 0
     (path,) = cache.tree_core.collect_path_info([node_id])
@@ -134,9 +135,27 @@ def free_released_path(cache, node_id) -> int:
     tracker = {ct: 0 for ct in cache.tree_components}
     with batched_frees(cache.token_to_kv_pool_allocator):
         for victim in victims:
-            if cache._evict_device_leaf(victim, tracker) is not None:
+            if not free_stale_leaf(cache, victim, tracker):
                 break
     return tracker[ComponentType.FULL]
+
+
+def free_stale_leaf(cache, node_id, tracker) -> bool:
+    """Free one unlocked stale device leaf, never backing it up. Returns False when SGLang kept the node.
+
+    Stale KV has no future reader, so it is dropped, not saved: SGLang's write-back eviction would first back an
+    unbacked leaf up to host (it returns that backup as a `BackupKV` and keeps the node until it ran), so under
+    write-back such a leaf is dropped with SGLang's own no-backup path (`drop_subtree_no_host`, which frees it and
+    nothing else here: the victim has no other child). Write-through deletes an unbacked leaf outright; a backed-up
+    one would be demoted, but none is: the bump freed the host copies of the stale nodes crossing requests hold
+    (`host_tier.free_stale_host`)."""
+    core = cache.tree_core
+    if cache.is_write_back and not core.is_backuped(node_id):
+        result = core.drop_subtree_no_host(node_id)
+        cache._apply_eviction_result(result)
+        cache._accumulate_tracker(tracker, result.tracker)
+        return result.is_dropped
+    return cache._evict_device_leaf(node_id, tracker) is None
 
 
 def stale_tokens_pinned(cache, holder_nodes) -> int:

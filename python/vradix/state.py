@@ -35,11 +35,14 @@ class Invalidation:
     #: weight; not part of `latency_ms`)
     weight_id: Optional[str] = None
     identity_ms: float = 0.0
+    #: HiCache host-pool tokens given back by the bump (None without a host tier)
+    host_tokens_freed: Optional[int] = None
 
     def summary(self) -> str:
+        host = f" and {self.host_tokens_freed} stale host tokens" if self.host_tokens_freed is not None else ""
         return (f"vradix: epoch {self.epoch_before}->{self.epoch_after} ({self.reason}, label={self.label!r}, "
                 f"weight_id={self.weight_id}): "
-                f"freed {self.tokens_freed} stale tokens, {self.tokens_pinned} stale tokens pinned by "
+                f"freed {self.tokens_freed} stale tokens{host}, {self.tokens_pinned} stale tokens pinned by "
                 f"{self.crossing_requests} crossing request(s) ({self.crossing_mid_prefill} mid-prefill), "
                 f"{self.requeued_rebound} queued request(s) re-bound")
 
@@ -69,6 +72,8 @@ class EpochState:
     flushes: int = 0
     stale_tokens_freed_total: int = 0
     stale_tokens_freed_at_release: int = 0
+    #: HiCache host-pool tokens of older epochs given back (bumps and crossing releases)
+    stale_host_tokens_freed_total: int = 0
     forged_keys_rejected: int = 0
     #: id(req) -> live request that holds a lock on KV of an older epoch (freed when it releases); keyed by identity
     #: because user rids need not be unique
@@ -140,6 +145,8 @@ class EpochState:
             "stale_tokens_freed_total": self.stale_tokens_freed_total,
             "stale_tokens_freed_at_release": self.stale_tokens_freed_at_release,
             "stale_tokens_freed_last": last.tokens_freed if last else 0,
+            "stale_host_tokens_freed_total": self.stale_host_tokens_freed_total,
+            "stale_host_tokens_freed_last": last.host_tokens_freed if last else None,
             "last_publication_latency_ms": (round(self.last_publication.latency_ms, 3)
                                             if self.last_publication else None),
             "last_invalidation": last.summary() if last else None,

@@ -1,7 +1,7 @@
 """Step 3 hooks (scheduler process): free stale KV when a crossing request releases it; flush lock-aware."""
 from __future__ import annotations
 
-from vradix import epochs, mm_embeddings, provenance, report, request
+from vradix import epochs, host_tier, mm_embeddings, provenance, report, request
 from vradix import ledger as kv_ledger
 from vradix.hooks.publication import bump_scheduler, current_label
 from vradix.state import Invalidation, state_of
@@ -35,12 +35,16 @@ def lock_aware_flush(original, scheduler, *args, **kwargs):
         return True
     if scheduler.is_fully_idle(ignore_waiting=scheduler._engine_paused):
         cached = scheduler.tree_cache.evictable_size() + scheduler.tree_cache.protected_size()
+        host_before = host_tier.available(scheduler.tree_cache)
         ok = original(scheduler, *args, **kwargs)
         if ok:
             state.flushes += 1
             state.stale_tokens_freed_total += cached
             state.last = Invalidation(state.epoch, state.epoch, state.label, "flush (idle reset)", tokens_freed=cached,
                                       mm_embeddings_cleared=mm_embeddings.clear_all())
+            if host_before is not None:
+                state.last.host_tokens_freed = host_tier.available(scheduler.tree_cache) - host_before
+                state.stale_host_tokens_freed_total += state.last.host_tokens_freed
             report.export_metrics(scheduler)
         return ok
     if scope is not None:

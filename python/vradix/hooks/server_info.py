@@ -1,7 +1,7 @@
 """Step 4 hooks (scheduler process): what /flush_cache and /get_server_info report."""
 from __future__ import annotations
 
-from vradix import __version__, mm_embeddings, report
+from vradix import __version__, host_tier, mm_embeddings, report
 from vradix.state import state_of
 
 
@@ -36,7 +36,9 @@ def pool_accounting(scheduler) -> dict:
     """The terms of SGLang's idle memory check, read on the scheduler thread (one consistent snapshot).
 
     When `idle` is true, no request holds KV, so `available + evictable + protected == total` and
-    `req_slots_free == req_slots_total` must hold exactly (clients use this as a strict leak check)."""
+    `req_slots_free == req_slots_total` must hold exactly (clients use this as a strict leak check). With a HiCache
+    host tier, `host` gives the host pool's terms (`host_tier.pool_figures`): right after a bump on an idle engine
+    its `available == total`."""
     cache = scheduler.tree_cache
     return {
         "total": scheduler.max_total_num_tokens,
@@ -49,4 +51,5 @@ def pool_accounting(scheduler) -> dict:
         "running_requests": len(scheduler.running_batch.reqs),
         "paused": bool(scheduler._engine_paused),
         "idle": bool(scheduler.is_fully_idle()),
+        "host": host_tier.pool_figures(cache),
     }

@@ -73,6 +73,7 @@ class CacheFixture:
         """Match the prefix, lock it and give the request a row (PrefillAdder + prepare_for_extend). Returns hit len."""
         # like the scheduler, always recompute at least the last prompt token
         common.match_kv_cache(req, self.cache, req.origin_input_ids, max_prefix_len=len(req.origin_input_ids) - 1)
+        self.load_host_hit(req)
         req.kv.cache_protected_len = req.prefix_len
         req.lock = self.cache.lock(req.last_node)
         self.req_pool.alloc([req])
@@ -81,6 +82,9 @@ class CacheFixture:
             self.req_pool.write((req.kv.req_pool_idx, slice(0, req.prefix_len)), prefix.to(torch.int32))
         req.extend_end = req.prefix_len
         return req.prefix_len
+
+    def load_host_hit(self, req: Req) -> None:
+        """What the scheduler does with a match's host hit (none without a HiCache host tier)."""
 
     def prefill(self, req: Req, upto: Optional[int] = None, checkpoint: bool = True) -> None:
         """Allocate and 'compute' KV for tokens [extend_end, upto), then checkpoint it into the tree like the
@@ -175,20 +179,22 @@ class SchedulerView:
 
 
 def build_cache(tree_core: str = "rust", page_size: int = 1, kv_tokens: int = 4096, max_reqs: int = 64,
-                max_context_len: int = 2048) -> CacheFixture:
-    """Build the FULL-attention UnifiedRadixCache SGLang builds by default, on CPU, with the named TreeCore."""
+                max_context_len: int = 2048, dtype: torch.dtype = torch.bfloat16,
+                fixture_class: type = CacheFixture) -> CacheFixture:
+    """Build the FULL-attention UnifiedRadixCache SGLang builds by default, on CPU, with the named TreeCore. Its
+    `CacheInitParams` stay on it as `cache.cache_init_params` (as in SGLang's test kit), for `init_hicache`."""
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page_size))
     req_pool = ReqToTokenPool(size=max_reqs, max_context_len=max_context_len, device="cpu", enable_memory_saver=False)
-    kv = MHATokenToKVPool(size=kv_tokens, page_size=page_size, dtype=torch.bfloat16, head_num=1, head_dim=8,
+    kv = MHATokenToKVPool(size=kv_tokens, page_size=page_size, dtype=dtype, head_num=1, head_dim=8,
                           layer_num=1, device="cpu", enable_memory_saver=False)
     if page_size == 1:
-        alloc = TokenToKVPoolAllocator(size=kv_tokens, dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=False)
+        alloc = TokenToKVPoolAllocator(size=kv_tokens, dtype=dtype, device="cpu", kvcache=kv, need_sort=False)
     else:
-        alloc = PagedTokenToKVPoolAllocator(size=kv_tokens, page_size=page_size, dtype=torch.bfloat16, device="cpu",
+        alloc = PagedTokenToKVPoolAllocator(size=kv_tokens, page_size=page_size, dtype=dtype, device="cpu",
                                             kvcache=kv, need_sort=False)
     params = CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=alloc,
                              page_size=page_size, tree_components=(ComponentType.FULL,), tree_core_backend=tree_core)
     cache = UnifiedRadixCache(params)
     cache.cache_init_params = params  # what SGLang's test kit reads to initialize HiCache on it (`_init_hicache`)
-    return CacheFixture(cache=cache, allocator=alloc, req_pool=req_pool, page_size=page_size,
-                        total=alloc.available_size())
+    return fixture_class(cache=cache, allocator=alloc, req_pool=req_pool, page_size=page_size,
+                         total=alloc.available_size())
