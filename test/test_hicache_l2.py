@@ -7,6 +7,7 @@ load-backs copy it between device and host; `check` reads it back after every st
 - device accounting: available + evictable + protected + request-owned == total; no slot free twice or free and owned;
 - host accounting: the host pool's allocation flags agree with its free count, and every allocated host page holds KV
   of the current epoch (a stale host copy is a leak of the publication);
+- the strict KV page ledger guard (on with HiCache, as at engine start) never fires;
 - SGLang's own tree sanity check.
 """
 import pytest
@@ -16,7 +17,7 @@ from sglang.srt.mem_cache import common
 from vradix import epochs, host_tier
 from vradix.admission import stamp
 from vradix.state import attach
-from vradix.testing.hicache_fixture import build_hicache
+from vradix.testing.hicache_fixture import build_hicache, versioned
 
 CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
 IDS = [f"{c}-ps{p}" for c, p in CONFIGS]
@@ -30,7 +31,7 @@ def core_ps(request):
 
 def env(core_ps, write_policy="write_through", **kw):
     fx = build_hicache(*core_ps, write_policy=write_policy, **kw)
-    state = attach(fx.cache, with_ledger=False)  # as at engine start: the KV page ledger is off with HiCache
+    state = versioned(fx)  # as at engine start: the KV page ledger and the host ledger are on
     fx.kv_code = lambda req, pos: (state.epoch + 1) * STRIDE + pos
     return fx, state
 
@@ -80,6 +81,7 @@ def check(fx, state, live=()):
     codes = fx.host_codes()
     stale = {h: c for h, c in codes.items() if epoch_of_code(c) != state.epoch}
     assert not stale, f"{len(stale)} host slots hold KV of older epochs (current {state.epoch})"
+    assert state.guard_stats.violations_caught == 0, state.guard_stats.last_violation  # the strict ledger guard
     fx.cache.sanity_check()
 
 
@@ -274,7 +276,7 @@ def test_the_kits_python_inspector_sees_no_stale_host_node(core_ps, monkeypatch)
     monkeypatch.setattr(fixtures, "get_device", lambda: "cpu")  # the kit builds on the accelerator it finds
     cache, allocator, _ = fixtures.build_fixture(CacheConfig(page_size=ps, kv_size=512), tree_core_backend="python")
     init_host_tier(cache)
-    state = attach(cache, with_ledger=False)
+    state = attach(cache, with_ledger=False)  # the kit's token allocator serves page size 16 too: no page ledger
     core_ = cache.tree_core
     pool = cache.cache_controller.mem_pool_host
 
@@ -283,7 +285,7 @@ def test_the_kits_python_inspector_sees_no_stale_host_node(core_ps, monkeypatch)
         return sum(len(v) for v in values if v is not None)
 
     def insert(tokens, epoch):
-        key = RadixKey(array("q", tokens), extra_key=namespace.stamped(epoch, None))
+        key = RadixKey(array("q", tokens), extra_key=namespace.stamped(state.prefix_of_epoch(epoch), None))
         result = cache.insert(InsertParams(key=key, value=allocator.alloc(len(tokens))))
         cache.writing_check(write_back=True)  # write-through backed it up at the insert; take the ack
         return result.last_device_node

@@ -42,7 +42,7 @@ from vradix.hooks.publication import bump_scheduler
 from vradix.hooks.reclaim import lock_aware_flush
 from vradix.state import attach
 from vradix.testing.cache_fixture import build_cache
-from vradix.testing.hicache_fixture import build_hicache
+from vradix.testing.hicache_fixture import build_hicache, versioned
 
 CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
 #: HiCache host tier: each core and page size once, each write policy twice
@@ -73,17 +73,18 @@ class VersionedCacheMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.fx = self.build_fixture(kv_tokens=256 if self.page_size == 1 else 512)
-        self.state = attach(self.fx.cache, with_ledger=not self.hicache)  # as at engine start: no ledger with HiCache
+        self.state = self.start_vradix()
         self.queued = []  # stamped, hold no KV
         self.held = []  # hold a row and a tree lock
         self.paused = False
         self.slot_meta = {}  # slot -> (epoch, user key, prefix hash): what the KV in the slot was computed from
         self.crossed = set()  # rids the model says hold KV across a bump
 
-    hicache = False
-
     def build_fixture(self, kv_tokens):
         return build_cache(self.core, self.page_size, kv_tokens=kv_tokens, max_reqs=6, max_context_len=256)
+
+    def start_vradix(self):
+        return attach(self.fx.cache)
 
     # ---- helpers --------------------------------------------------------------------------------------------------
     def meta_at(self, slot):
@@ -355,7 +356,6 @@ class HiCacheMachine(VersionedCacheMachine):
     host tier's own steps. The model reads KV provenance from the KV itself: every computed slot carries a code of
     (epoch, user key, prefix hash), which real backups and load-backs copy. Extra invariants: no host page ever holds
     KV of an older epoch, SGLang's tree sanity check, and after a drain the host pool is whole again."""
-    hicache = True
     write_policy = "write_through"
 
     def build_fixture(self, kv_tokens):
@@ -373,6 +373,9 @@ class HiCacheMachine(VersionedCacheMachine):
 
         fx.load_host_hit = counted_load_host_hit
         return fx
+
+    def start_vradix(self):
+        return versioned(self.fx)  # with the KV page ledger and the host ledger, as a HiCache engine starts
 
     def code_for(self, req, pos):
         self.metas.append((self.state.epoch, request.of(req).user_key, prefix_hash(self.tokens(req), pos + 1)))
@@ -423,7 +426,8 @@ class HiCacheMachine(VersionedCacheMachine):
     def backup_prefix(self, p, k):
         """Back a cached prefix of the current epoch up to host, parent first (SGLang's backup chain)."""
         cache = self.fx.cache
-        key = RadixKey(array("q", PREFIXES[p]), extra_key=namespace.stamped(self.state.epoch, USER_KEYS[k]))
+        prefix = self.state.prefix_of_epoch(self.state.epoch)
+        key = RadixKey(array("q", PREFIXES[p]), extra_key=namespace.stamped(prefix, USER_KEYS[k]))
         node = cache.match_prefix(MatchPrefixParams(key=key)).last_device_node
         if not cache.is_root(node):  # the call an insert's write-through makes (its backup locks the node until the ack)
             cache._execute_and_commit_kv_backup(cache.tree_core.build_backup_kv_action(node))

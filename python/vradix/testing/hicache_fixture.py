@@ -2,9 +2,10 @@
 
 `build_hicache(...)` is `cache_fixture.build_cache` plus `init_host_tier`, which makes the call a server makes for
 `--enable-hierarchical-cache`, SGLang's own `UnifiedRadixCache.init_hicache`: the real host pool,
-`HybridCacheController` and L2 transfer engine. It selects the copy path the CPU aids provide (`direct` I/O,
-`layer_first` host layout, `vradix.testing.cpu_aids.apply()`), because SGLang's test kit (`_init_hicache`) hard-codes
-the `kernel` backend and the `page_first` layout, which need CUDA. `init_host_tier` works on any cache that keeps its
+`HybridCacheController` and L2 transfer engine, with a server's defaults (write-through on a node's first insert,
+load-backs under 10 tokens recomputed). It selects the copy path the CPU aids provide (`direct` I/O, `layer_first`
+host layout, `vradix.testing.cpu_aids.apply()`); SGLang's test kit (`_init_hicache`, usable on CPU inside
+`cpu_aids.kit_hicache_on_cpu()`) sets test thresholds instead. `init_host_tier` works on any cache that keeps its
 `cache_init_params`, e.g. one from the kit's `fixtures.build_fixture`.
 
 `HiCacheFixture` is a `CacheFixture` that drives requests the way the scheduler does with a host tier:
@@ -15,10 +16,12 @@ the `kernel` backend and the `page_first` layout, which need CUDA. `init_host_ti
   backups and load-backs carry it between device and host (`device_codes`, `host_codes`): checks see what the copies
   did, not only what the tree claims;
 - host figures: `host_used_slots` (SGLang's per-slot allocation flags) and `host_idle_leaks`.
+`versioned(fx)` then starts vradix on it as a HiCache engine does (epoch state, KV page ledger and host ledger).
 Not exercised on CPU: the CUDA copy kernels, pinned-memory DMA, and copy/forward overlap (copies are synchronous).
 """
 from __future__ import annotations
 
+import atexit
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -38,8 +41,6 @@ TEST_HOST_BUDGET_BYTES = 256 << 20
 def init_host_tier(cache, *, write_policy: str = "write_through", host_ratio: float = 2.0) -> None:
     """Attach SGLang's HiCache host tier to `cache` (which must carry `cache_init_params`) with the CPU copy path.
     `write_policy` is `--hicache-write-policy`; `host_ratio` is `--hicache-ratio` (host pool size over device)."""
-    import atexit
-
     from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
 
     cpu_aids.apply()
@@ -124,12 +125,22 @@ class HiCacheFixture(CacheFixture):
         return host_tier.idle_leaks(self.cache)
 
 
+def versioned(fx: HiCacheFixture, **attach_kwargs):
+    """vradix's engine start on `fx`'s cache, as `hooks.startup.attach_to_scheduler` does it for a HiCache engine:
+    the epoch state with the KV page ledger on the allocator, and the host ledger on the host pool. Returns the
+    `EpochState`."""
+    from vradix import hicache_ledger
+    from vradix.state import attach
+
+    state = attach(fx.cache, **attach_kwargs)
+    hicache_ledger.attach(fx.cache, state.ledger)
+    return state
+
+
 def build_hicache(tree_core: str = "rust", page_size: int = 1, kv_tokens: int = 256, *,
                   write_policy: str = "write_through", host_ratio: float = 2.0, max_reqs: int = 16,
                   max_context_len: int = 512) -> HiCacheFixture:
-    """A FULL-attention UnifiedRadixCache with the named TreeCore and a HiCache host tier, float32 KV (for `stamp`).
-    SGLang's defaults apply: write-through backs a node up on its first insert, load-backs under 10 tokens are
-    skipped (recomputed)."""
+    """A FULL-attention UnifiedRadixCache with the named TreeCore and a HiCache host tier, float32 KV (for `stamp`)."""
     fx = build_cache(tree_core, page_size, kv_tokens=kv_tokens, max_reqs=max_reqs, max_context_len=max_context_len,
                      dtype=torch.float32, fixture_class=HiCacheFixture)
     init_host_tier(fx.cache, write_policy=write_policy, host_ratio=host_ratio)
