@@ -34,8 +34,7 @@ from vradix.testing import cpu_aids
 from vradix.testing.cache_fixture import CacheFixture, build_cache
 
 
-#: the host memory a test host pool may take
-TEST_HOST_BUDGET_BYTES = 256 << 20
+TEST_HOST_BUDGET_BYTES = cpu_aids.TEST_HOST_BUDGET_BYTES
 
 
 def init_host_tier(cache, *, write_policy: str = "write_through", host_ratio: float = 2.0) -> None:

@@ -29,6 +29,9 @@ PLUGIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugin")
 #: server flags that select the copy path the aids provide
 HICACHE_CPU_FLAGS = ["--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first"]
 
+#: the host memory a test host pool may take (cache-level tests build pools of kilobytes)
+TEST_HOST_BUDGET_BYTES = 256 << 20
+
 _applied = False
 
 
@@ -78,7 +81,10 @@ def register() -> None:
 def kit_hicache_on_cpu():
     """Apply the aids and, inside the context, make SGLang's test kit (`sglang.test.kits.unified_radix_cache`)
     initialize HiCache on the copy path they provide: its `_init_hicache` builds `ServerArgs` with
-    `hicache_io_backend="kernel"` and the default `page_first` layout, which need the CUDA copy kernels."""
+    `hicache_io_backend="kernel"` and the default `page_first` layout, which need the CUDA copy kernels. Host pools
+    built inside are booked against a fixed test budget, not against the machine's free memory (SGLang keeps 10 GiB
+    back for a server, which would make a test depend on the machine's load)."""
+    from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
     from sglang.srt.server_args import ServerArgs
     from sglang.test.kits.unified_radix_cache import mixins
 
@@ -87,5 +93,5 @@ def kit_hicache_on_cpu():
     def direct_layer_first(**kwargs):
         return ServerArgs(**{**kwargs, "hicache_io_backend": "direct", "hicache_mem_layout": "layer_first"})
 
-    with mock.patch.object(mixins, "ServerArgs", direct_layer_first):
+    with mock.patch.object(mixins, "ServerArgs", direct_layer_first), host_memory_budget_scope(TEST_HOST_BUDGET_BYTES):
         yield
