@@ -149,7 +149,7 @@ def readers(models, store, wave1):
         assert "Traceback" not in r.s.logs(), r.s.tail(80)
 
 
-# ---- 1. sglang #26792 across a restart: stock reads the old weights' pages, vradix (nonce) does not -------------------
+# ---- 1. sglang #26792 across a restart: stock reads the old weights' pages, vradix (nonce) does not ------------------
 def test_stock_restart_on_new_weights_serves_the_old_weights_kv_from_storage(wave1, readers, oracle):
     """The bug: same store, same served name, same label, different weights. Stock's B server loads A's pages."""
     written, _ = wave1["stock"]
@@ -173,7 +173,7 @@ def test_vradix_restart_on_new_weights_never_reads_the_old_weights_pages(wave1, 
     assert written["output_ids"] == oracle["A"]["prompt"]
 
 
-# ---- 2. the same weights across a restart: a declared (or proven) identity reuses the pages ------------------------
+# ---- 2. the same weights across a restart: a declared (or proven) identity reuses the pages --------------------------
 @pytest.mark.parametrize("reader", ["declared", "declared_peer"])
 def test_declared_identity_reuses_storage_across_a_restart(wave1, readers, oracle, reader):
     written, before = wave1["declared"]
@@ -195,7 +195,7 @@ def test_fingerprint_identity_reuses_storage_across_a_restart(wave1, readers, or
     assert r["output_ids"] == oracle["A"]["prompt"]
 
 
-# ---- 4. two engines running at once on one store -------------------------------------------------------------------
+# ---- 4. two engines running at once on one store ---------------------------------------------------------------------
 def test_concurrent_engines_on_different_weights_never_read_each_others_pages(readers, oracle, store):
     a, b = readers["declared"].s, readers["nonce"].s  # A (declared run1-step5) and B (nonce), both running
     a.generate(P_DECLARED, NEW)

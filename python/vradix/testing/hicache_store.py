@@ -26,7 +26,8 @@ from vradix.testing.reliability import wait_until
 from vradix.testing.server import CpuServer
 
 SERVED_NAME = "tiny"
-#: the device pool of every HiCache server here; the host pool is twice that (`--hicache-ratio 2`)
+#: the device pool of a HiCache server here unless the caller sets one; the host pool is twice the device pool
+#: (`--hicache-ratio 2`)
 DEVICE_TOKENS = 4096
 HICACHE_ARGS = ["--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-storage-backend", "file",
                 "--hicache-storage-prefetch-policy", "wait_complete", "--served-model-name", SERVED_NAME]
@@ -34,17 +35,18 @@ STORE_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
 
 
 def hicache_server(model: str, store: str, *, vradix: bool = True, identity: Optional[str] = None,
-                   weight_version: Optional[str] = None, env: Optional[dict] = None, **kw) -> CpuServer:
+                   weight_version: Optional[str] = None, env: Optional[dict] = None, extra_args: Sequence[str] = (),
+                   **kw) -> CpuServer:
     """A CPU server with L2 (host pool) and L3 (`store`), served as `SERVED_NAME`. `identity` is vradix's weight
     identity mode (`--vradix-weight-identity`; None: the default), `weight_version` the startup label."""
-    args = list(HICACHE_ARGS)
+    args = list(HICACHE_ARGS) + list(extra_args)
     if identity is not None:
         args += ["--vradix-weight-identity", identity]
     if weight_version is not None:
         args += ["--weight-version", weight_version]
     kw.setdefault("startup_timeout", 600.0)
-    return CpuServer(model, vradix=vradix, extra_args=args, env={STORE_ENV: store, **(env or {})},
-                     max_total_tokens=DEVICE_TOKENS, **kw)
+    kw.setdefault("max_total_tokens", DEVICE_TOKENS)
+    return CpuServer(model, vradix=vradix, extra_args=args, env={STORE_ENV: store, **(env or {})}, **kw)
 
 
 def tiers(response: dict) -> dict:
