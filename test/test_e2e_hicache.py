@@ -22,9 +22,9 @@ import importlib.util
 import pytest
 
 from vradix.state import Invalidation
+from vradix.testing.hicache_store import hicache_server, stored_pages, tiers, wait_stored
 from vradix.testing.reliability import strict_idle_check
 from vradix.testing.scenario import PROBE, stale_prefix_publication
-from vradix.testing.hicache_store import hicache_server, stored_pages, tiers, wait_stored
 from vradix.testing.server import CpuServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
@@ -37,7 +37,8 @@ def prompt(seed: int, n: int = 600) -> list:
 PROMPT = prompt(0)
 #: prompts each written by one engine and read by another while both run (test 4)
 P_DECLARED, P_NONCE, P_SHARED = prompt(1), prompt(2), prompt(3)
-#: 6 x 700 new tokens: more than the 4096-token device pool holds beside PROMPT, less than the 8192-token host pool
+#: 6 x 700 new tokens: more than the 4096-token device pool holds beside PROMPT; the 8192-token host pool keeps them,
+#: PROMPT and the test-4 prompts
 FLOOD = [prompt(10 + k, 700) for k in range(6)]
 NEW = 6
 STEP5, STEP6 = "run1-step5", "run1-step6"
