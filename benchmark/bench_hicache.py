@@ -13,7 +13,7 @@ Three tables:
 2. **L3 reuse after a restart on the same weights**: a writer serves the prompts on A and stops; a restarted server
    on A with the same identity mode serves them again. Storage hit rate = storage-hit tokens / prompt tokens. A
    nonce identity is new at every start, so it never reuses; a declared identity (`--weight-version run1-step5`)
-   and, once `vradix.kernels.fingerprint` is present, a fingerprint identity do. (No latency column: for a tiny
+   and a fingerprint identity do. (No latency column: for a tiny
    model on CPU, reading a page file costs about as much as recomputing its token, so latency would say nothing about
    a real model.)
 3. **Stale L3 hits after a restart on new weights** (sglang #26792): a writer on A, then a server on B on the same
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import importlib.util
 import os
 import sys
 import tempfile
@@ -45,11 +44,9 @@ from vradix.testing.server import CpuServer
 from vradix.testing.tiny_model import generate
 
 NEW = 4
-FINGERPRINT = importlib.util.find_spec("vradix.kernels.fingerprint") is not None
 #: identity modes of the restart table: server keyword arguments (see `hicache_server`)
-IDENTITIES = {"nonce (default)": {}, "declared run1-step5": dict(identity="declared", weight_version="run1-step5")}
-if FINGERPRINT:
-    IDENTITIES["fingerprint"] = dict(identity="fingerprint")
+IDENTITIES = {"nonce (default)": {}, "declared run1-step5": dict(identity="declared", weight_version="run1-step5"),
+              "fingerprint": dict(identity="fingerprint")}
 
 
 def prompt_set(count: int, length: int, seed: int = 0) -> list:
@@ -202,8 +199,6 @@ def main(argv=None) -> None:
     print("\n# 2. L3 reuse after a restart on the same weights (A)")
     table(["identity", "same weight_id", "prompts", "prompt tokens", "storage-hit tokens", "storage hit rate"],
           reuse_rows(wave1, readers, prompts))
-    if not FINGERPRINT:
-        print("(fingerprint identity: not measured, vradix.kernels.fingerprint is not in this build)")
     print("\n# 3. stale L3 hits after a restart on new weights (A wrote, B reads; same store, served name, label)")
     table(["server on B", "responses", "responses with a storage hit (stale)", "stale tokens loaded",
            "outputs != fresh B"], stale_rows(readers, wave1["fresh B"]))

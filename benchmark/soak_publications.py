@@ -12,9 +12,9 @@ equal the greedy output of a fresh server on the weights its label names (the or
 prompt pool on fresh stock servers); a mismatch is a stale hit. Every `--leak-check-every` publications the load is
 paused, and SGLang's strict idle memory check is read from the scheduler (`vradix.testing.reliability`).
 The server runs with SGLang's busy-time memory and KV page checks on, so a leak or use-after-free stops it.
-With `--hicache` the server also has HiCache L2 (host pool) and L3 (SGLang's `file` backend in the workdir), with a
-4096-token device pool (`vradix.testing.hicache_store`), so prefixes are demoted to host, loaded back and read from
-storage between publications.
+With `--hicache` the server also has HiCache L2 (host pool, twice the device pool) and L3 (SGLang's `file` backend in
+the workdir), and a device pool of `--device-tokens` (default 512), smaller than the prompt pool's KV, so that
+between publications prefixes are demoted to host, loaded back, and read from storage once the host pool overflows.
 
 Prints: publications, requests, responses checked against the oracle, stale hits (must be 0), leak checks, and the
 p50/p99 of the publication latency (client-side update call, and vradix's server-side bump).
@@ -140,16 +140,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hicache", action="store_true", help="HiCache L2 + L3 (file store in the workdir)")
+    p.add_argument("--device-tokens", type=int, default=512, help="device KV pool with --hicache")
     return p
 
 
-def soak_server(models: dict, workdir: str, hicache: bool) -> CpuServer:
+def soak_server(models: dict, workdir: str, a: argparse.Namespace) -> CpuServer:
     """The vradix server under test, on A, with SGLang's strict checks on."""
-    if not hicache:
+    if not a.hicache:
         return CpuServer(models["A"], env=STRICT_CHECK_ENV)
     store = os.path.join(workdir, "l3")
     os.makedirs(store, exist_ok=True)
-    return hicache_server(models["A"], store, env=STRICT_CHECK_ENV)
+    return hicache_server(models["A"], store, env=STRICT_CHECK_ENV, max_total_tokens=a.device_tokens)
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
@@ -167,7 +168,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
 
     update_ms, bump_ms, leak_checks = [], [], 0
     t_start = time.monotonic()
-    with soak_server(models, workdir, a.hicache) as server:
+    with soak_server(models, workdir, a) as server:
         soak = Soak(server, prompts, a.max_new_tokens)
         workers = [threading.Thread(target=soak.worker, args=(a.seed * 1000 + k,), daemon=True)
                    for k in range(a.concurrency)]

@@ -9,15 +9,16 @@ The oracle is a stock server without HiCache started on B; it then loads A and f
 resets the cache), and every oracle answer is asserted to be computed from scratch (`cached_tokens == 0`).
 
 Start-up dominates on CPU, so servers start in two concurrent waves and are shared:
-- wave 1, the writers (stock, vradix with a nonce identity, vradix with the declared identity `run1-step5`, all on A),
-  and the oracle: each writer serves PROMPT, waits until its pages are in the store, and stops;
-- wave 2, the readers, on the same store: stock on B, vradix (nonce) on B, and two vradix servers declared
-  `run1-step5` on A. Each serves PROMPT first (the restart tests), then the concurrent-engine tests use them;
+- wave 1, the writers (stock, vradix with a nonce identity, with the declared identity `run1-step5`, and with a
+  fingerprint identity, all on A), and the oracle: each writer serves PROMPT, waits until its pages are in the store,
+  and stops;
+- wave 2, the readers, on the same store: stock on B, vradix (nonce) on B, two vradix servers declared `run1-step5`
+  on A, and a fingerprint one on A. Each serves PROMPT first (the restart tests), then the concurrent-engine tests
+  use them;
 - last, three publications run at once, one per reader (the in_place publication with L2 and L3 populated, and the
   stale-prefix scenario on stock and on vradix), and their tests check the outcomes.
 """
 import concurrent.futures as cf
-import importlib.util
 
 import pytest
 
@@ -103,18 +104,14 @@ def store(tmp_path_factory):
     return str(tmp_path_factory.mktemp("l3"))
 
 
-FINGERPRINT = importlib.util.find_spec("vradix.kernels.fingerprint") is not None
-NO_FINGERPRINT = ("fingerprint mode needs vradix.kernels.fingerprint (the weight fingerprint kernels), which this "
-                  "build does not have yet")
 FINGERPRINT_ENV = {"VRADIX_WEIGHT_IDENTITY": "fingerprint"}  # the env form of --vradix-weight-identity
 
 
 @pytest.fixture(scope="module")
 def wave1(models, store):
     """The oracle and the writers, concurrently."""
-    specs = {"stock": dict(vradix=False), "nonce": {}, "declared": dict(identity="declared", weight_version=STEP5)}
-    if FINGERPRINT:
-        specs["fingerprint"] = dict(env=FINGERPRINT_ENV)
+    specs = {"stock": dict(vradix=False), "nonce": {}, "declared": dict(identity="declared", weight_version=STEP5),
+             "fingerprint": dict(env=FINGERPRINT_ENV)}
     with cf.ThreadPoolExecutor(len(specs) + 1) as pool:
         futs = {"oracle": pool.submit(oracle_outputs, models),
                 **{k: pool.submit(write_prompt, models[0], store, **kw) for k, kw in specs.items()}}
@@ -134,9 +131,8 @@ def readers(models, store, wave1):
     """The readers, started concurrently once every writer has stopped; stopped at the end of the module."""
     declared = dict(identity="declared", weight_version=STEP5)
     specs = {"stock": (models[1], dict(vradix=False)), "nonce": (models[1], {}),
-             "declared": (models[0], declared), "declared_peer": (models[0], declared)}
-    if FINGERPRINT:
-        specs["fingerprint"] = (models[0], dict(env=FINGERPRINT_ENV))
+             "declared": (models[0], declared), "declared_peer": (models[0], declared),
+             "fingerprint": (models[0], dict(env=FINGERPRINT_ENV))}
     with cf.ThreadPoolExecutor(len(specs)) as pool:
         started, error = results({k: pool.submit(Reader, m, store, **kw) for k, (m, kw) in specs.items()})
     try:
@@ -184,9 +180,9 @@ def test_declared_identity_reuses_storage_across_a_restart(wave1, readers, oracl
     assert written["meta_info"]["cached_tokens"] == 0
     assert tiers(r)["storage"] == len(PROMPT) - 1, r["meta_info"]
     assert r["output_ids"] == oracle["A"]["prompt"]
+    assert after["kv_ledger"]["violations_caught"] == 0  # the strict guard accepted the pages loaded from L3
 
 
-@pytest.mark.skipif(not FINGERPRINT, reason=NO_FINGERPRINT)
 def test_fingerprint_identity_reuses_storage_across_a_restart(wave1, readers, oracle):
     _, before = wave1["fingerprint"]
     r, after = readers["fingerprint"].first, readers["fingerprint"].info
@@ -221,18 +217,22 @@ def test_concurrent_engines_with_an_equal_declared_identity_share_pages(readers,
 # ---- 3. and 5. publications on HiCache servers, the three at once ----------------------------------------------------
 def in_place_publication_with_l2_and_l3(s, new_model):
     """On the declared reader (A, run1-step5; PROMPT came from L3): demote PROMPT to host, show that the host holds
-    it, then publish `new_model` in place as run1-step6. Returns the update response, the server info right after
-    the publication, and the first answer to PROMPT after it."""
+    it (and what the KV page ledger saw), then publish `new_model` in place as run1-step6. Returns the answer loaded
+    back from host, the ledger before and after it, the update response, the server info right after the
+    publication, and the first answer to PROMPT after it."""
     for p in FLOOD:  # PROMPT leaves the device pool, its host copy stays
         s.generate(p, 1, timeout=300)
+    ledger_before = s.vradix_info()["kv_ledger"]
     held = s.generate(PROMPT, NEW)
     assert tiers(held) == {"device": 0, "host": len(PROMPT) - 1, "storage": 0}, held["meta_info"]
+    ledger_held = s.vradix_info()["kv_ledger"]
     assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
     upd = s.post("/update_weights_from_disk", {"model_path": new_model, "flush_cache": False,
                                                "weight_version": STEP6}, timeout=300).json()
     assert s.post("/continue_generation").status_code == 200
     info = s.vradix_info()
-    return {"update": upd, "info": info, "probe": s.generate(PROMPT, NEW)}
+    return {"held": held, "ledger_before": ledger_before, "ledger_held": ledger_held, "update": upd, "info": info,
+            "probe": s.generate(PROMPT, NEW)}
 
 
 @pytest.fixture(scope="module")
@@ -244,6 +244,19 @@ def published(models, readers):
                 "stock": pool.submit(stale_prefix_publication, readers["stock"].s, models[0]),
                 "vradix": pool.submit(stale_prefix_publication, readers["nonce"].s, models[0])}
         return {k: f.result() for k, f in futs.items()}
+
+
+def test_ledger_verifies_a_prefix_loaded_back_from_the_host_pool(published, readers, oracle):
+    """The KV page ledger and its strict guard stay on with HiCache (L2 and L3): PROMPT, read from L3 at the restart
+    and demoted to host by the flood, is loaded back, verified and reused with the fresh server's output."""
+    s = readers["declared"].s
+    assert "KV page ledger on" in s.logs() and "KV page ledger disabled" not in s.logs()
+    p = published["in_place"]
+    before, after = p["ledger_before"], p["ledger_held"]
+    assert before["enabled"] and before["verify_mode"] == "strict"
+    assert p["held"]["output_ids"] == oracle["A"]["prompt"]
+    assert after["violations_caught"] == 0, after["last_violation"]
+    assert after["prefixes_verified"] > before["prefixes_verified"]  # the loaded-back prefix itself was verified
 
 
 def test_in_place_publication_misses_device_host_and_storage(published, readers, oracle):
