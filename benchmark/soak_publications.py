@@ -13,8 +13,10 @@ prompt pool on fresh stock servers); a mismatch is a stale hit. Every `--leak-ch
 paused, and SGLang's strict idle memory check is read from the scheduler (`vradix.testing.reliability`).
 The server runs with SGLang's busy-time memory and KV page checks on, so a leak or use-after-free stops it.
 With `--hicache` the server also has HiCache L2 (host pool, twice the device pool) and L3 (SGLang's `file` backend in
-the workdir), and a device pool of `--device-tokens` (default 512), smaller than the prompt pool's KV, so that
-between publications prefixes are demoted to host, loaded back, and read from storage once the host pool overflows.
+the workdir), and a device pool of `--device-tokens` (default 256), smaller than the shared prefixes, so that between
+publications prefixes are demoted to host and loaded back, and read from storage once the host pool overflows (more
+`--requests-between` publications make that likelier). The summary then adds the share of responses with a host hit
+and with a storage hit.
 
 Prints: publications, requests, responses checked against the oracle, stale hits (must be 0), leak checks, and the
 p50/p99 of the publication latency (client-side update call, and vradix's server-side bump).
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import concurrent.futures as cf
+import json
 import os
 import random
 import statistics
@@ -140,7 +143,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hicache", action="store_true", help="HiCache L2 + L3 (file store in the workdir)")
-    p.add_argument("--device-tokens", type=int, default=512, help="device KV pool with --hicache")
+    p.add_argument("--device-tokens", type=int, default=256, help="device KV pool with --hicache")
     return p
 
 
@@ -150,7 +153,11 @@ def soak_server(models: dict, workdir: str, a: argparse.Namespace) -> CpuServer:
         return CpuServer(models["A"], env=STRICT_CHECK_ENV)
     store = os.path.join(workdir, "l3")
     os.makedirs(store, exist_ok=True)
-    return hicache_server(models["A"], store, env=STRICT_CHECK_ENV, max_total_tokens=a.device_tokens)
+    # SGLang looks a request up in L3 only when at least `prefetch_threshold` tokens (default 256) are not on device or
+    # host; the soak's prompts differ by 2 tokens
+    l3_lookups = ["--hicache-storage-backend-extra-config", json.dumps({"prefetch_threshold": 1})]
+    return hicache_server(models["A"], store, env=STRICT_CHECK_ENV, max_total_tokens=a.device_tokens,
+                          extra_args=l3_lookups)
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
