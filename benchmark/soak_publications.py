@@ -12,6 +12,11 @@ equal the greedy output of a fresh server on the weights its label names (the or
 prompt pool on fresh stock servers); a mismatch is a stale hit. Every `--leak-check-every` publications the load is
 paused, and SGLang's strict idle memory check is read from the scheduler (`vradix.testing.reliability`).
 The server runs with SGLang's busy-time memory and KV page checks on, so a leak or use-after-free stops it.
+With `--hicache` the server also has HiCache L2 (host pool, twice the device pool) and L3 (SGLang's `file` backend in
+the workdir), and a device pool of `--device-tokens` (default 256), smaller than the shared prefixes, so that between
+publications prefixes are demoted to host and loaded back, and read from storage once the host pool overflows (more
+`--requests-between` publications make that likelier). The summary then adds the share of responses with a host hit
+and with a storage hit.
 
 Prints: publications, requests, responses checked against the oracle, stale hits (must be 0), leak checks, and the
 p50/p99 of the publication latency (client-side update call, and vradix's server-side bump).
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import concurrent.futures as cf
+import json
 import os
 import random
 import statistics
@@ -31,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
+from vradix.testing.hicache_store import hicache_server, tiers
 from vradix.testing.reliability import STRICT_CHECK_ENV, oracle_output_sets, strict_idle_check
 from vradix.testing.server import CpuServer
 from vradix.testing.tiny_model import generate
@@ -55,6 +62,8 @@ class Response:
     label: str
     output: list
     cached: int
+    #: cached tokens from (device, host, storage); all from device without HiCache
+    tiers: Tuple[int, int, int] = (0, 0, 0)
 
 
 @dataclass
@@ -84,9 +93,10 @@ class Soak:
                 r = self.server.generate(self.prompts[i], self.max_new_tokens, timeout=300)
                 t1 = time.monotonic()
                 meta = r["meta_info"]
+                t = tiers(r)
                 with self.lock:
                     self.responses.append(Response(i, t0, t1, meta["weight_version"], r["output_ids"],
-                                                   meta["cached_tokens"]))
+                                                   meta["cached_tokens"], (t["device"], t["host"], t["storage"])))
             except Exception as e:  # recorded and reported; the soak fails on any error
                 self.errors.append(repr(e))
             finally:
@@ -132,7 +142,22 @@ def parser() -> argparse.ArgumentParser:
                    help="publish again once this many requests sent after the last publication have completed")
     p.add_argument("--workdir", default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hicache", action="store_true", help="HiCache L2 + L3 (file store in the workdir)")
+    p.add_argument("--device-tokens", type=int, default=256, help="device KV pool with --hicache")
     return p
+
+
+def soak_server(models: dict, workdir: str, a: argparse.Namespace) -> CpuServer:
+    """The vradix server under test, on A, with SGLang's strict checks on."""
+    if not a.hicache:
+        return CpuServer(models["A"], env=STRICT_CHECK_ENV)
+    store = os.path.join(workdir, "l3")
+    os.makedirs(store, exist_ok=True)
+    # SGLang looks a request up in L3 only when at least `prefetch_threshold` tokens (default 256) are not on device or
+    # host; the soak's prompts differ by 2 tokens
+    l3_lookups = ["--hicache-storage-backend-extra-config", json.dumps({"prefetch_threshold": 1})]
+    return hicache_server(models["A"], store, env=STRICT_CHECK_ENV, max_total_tokens=a.device_tokens,
+                          extra_args=l3_lookups)
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
@@ -150,7 +175,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
 
     update_ms, bump_ms, leak_checks = [], [], 0
     t_start = time.monotonic()
-    with CpuServer(models["A"], env=STRICT_CHECK_ENV) as server:
+    with soak_server(models, workdir, a) as server:
         soak = Soak(server, prompts, a.max_new_tokens)
         workers = [threading.Thread(target=soak.worker, args=(a.seed * 1000 + k,), daemon=True)
                    for k in range(a.concurrency)]
@@ -222,6 +247,10 @@ def main(argv: Optional[List[str]] = None) -> dict:
         "stale_tokens_freed_total": info["stale_tokens_freed_total"],
         "soak_s": round(elapsed, 1), "oracle_s": round(t_oracle, 1),
     }
+    if a.hicache:
+        for k, tier in ((1, "host"), (2, "storage")):
+            summary[f"{tier}_hit_share"] = round(statistics.mean(r.tiers[k] > 0 for r in soak.responses), 3) \
+                if soak.responses else 0.0
     print("| " + " | ".join(summary) + " |")
     print("|" + "---|" * len(summary))
     print("| " + " | ".join(str(v) for v in summary.values()) + " |")

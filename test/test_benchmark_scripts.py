@@ -31,7 +31,18 @@ def test_bench_fingerprint_smoke_prints_the_table():
     assert re.search(r"^tiny llama \(module\) +torch +cpu +\d+ ", out, re.M)
 
 
-@pytest.mark.parametrize("script", ["benchmark/bench_kernels.py", "benchmark/bench_fingerprint.py", "benchmark/tie_check.py",
+@pytest.mark.e2e
+@pytest.mark.timeout(1200)
+def test_bench_hicache_smoke_prints_three_tables():
+    """Starts real CPU servers (two waves)."""
+    out = run_script("benchmark/bench_hicache.py", "--smoke", timeout=1100)
+    assert "# 1. in_place publication with L2 populated" in out and "\n| 1 | " in out
+    assert "| nonce (default) | False | 2 | 1200 |" in out and "| declared run1-step5 | True | 2 | 1200 |" in out
+    assert "| stock | 2 |" in out and "| vradix (nonce) | 2 |" in out
+
+
+@pytest.mark.parametrize("script", ["benchmark/bench_kernels.py", "benchmark/bench_fingerprint.py",
+                                    "benchmark/bench_hicache.py", "benchmark/tie_check.py",
                                     "benchmark/soak_publications.py", "benchmark/bench_rl_rollout.py",
                                     "scripts/hook_table.py"])
 def test_every_script_answers_help(script):

@@ -1,6 +1,7 @@
 """Fault injection on a real SGLang CPU server with vradix (tiny float32 models with peaky logits).
 
-One vradix server runs every scenario in turn (server start is the expensive part on CPU). It runs with SGLang's own
+One vradix server runs every scenario in turn (server start is the expensive part on CPU); a second one with HiCache
+L2 and L3 (`hicache_engine`) runs the publication scenarios again at the end of the module. It runs with SGLang's own
 busy-time memory accounting and KV page checks switched on (`STRICT_CHECK_ENV`), so a leak or a use-after-free inside
 any step stops the scheduler and fails the test. After each scenario:
 - no stale hit: probes must equal the greedy output of a fresh server on the weights the engine now serves (oracle);
@@ -14,6 +15,7 @@ import concurrent.futures as cf
 import pytest
 import requests
 
+from vradix.testing.hicache_store import hicache_server
 from vradix.testing.reliability import STRICT_CHECK_ENV, oracles, publish, strict_idle_check, wait_until
 from vradix.testing.scenario import PREFIX, PROBE, StreamingRequest
 from vradix.testing.server import CpuServer
@@ -296,3 +298,29 @@ def test_malformed_update_requests_get_clear_errors(engine, oracle):
         assert engine.s.vradix_info()["epoch"] == before + bumps, body
     assert stream.result(300)["meta_info"]["completion_tokens"] == 30
     engine.check(oracle)
+
+
+# ---- the publication scenarios again, on HiCache (L2 host pool, L3 file store) --------------------------------------
+@pytest.fixture(scope="module")
+def hicache_engine(models, oracle, tmp_path_factory):
+    """A vradix server with HiCache L2 and L3 and the same strict checks and device pool as `engine` (the scenarios
+    size their requests for it: three 2000-token requests must run at once)."""
+    with hicache_server(models["A"], str(tmp_path_factory.mktemp("l3")), chunked_prefill_size=CHUNK,
+                        max_total_tokens=8192, env=STRICT_CHECK_ENV,
+                        extra_args=["--max-running-requests", str(MAX_RUNNING)]) as s:
+        e = Engine(s, models)
+        e.check(oracle)
+        yield e
+        assert "Traceback" not in s.logs(), s.tail(80)
+
+
+HICACHE_SCENARIOS = [test_publication_during_chunked_prefill, test_abort_of_requests_paused_in_place,
+                     test_storm_of_publications_while_paused, test_failed_update_from_bad_path_while_requests_in_flight,
+                     test_publication_while_the_waiting_queue_holds_many_requests,
+                     test_pause_continue_without_publication_keeps_the_cache,
+                     test_in_place_pauses_under_decode_load_lose_no_request]
+
+
+@pytest.mark.parametrize("scenario", HICACHE_SCENARIOS, ids=lambda f: f.__name__[len("test_"):])
+def test_on_hicache(hicache_engine, oracle, scenario):
+    scenario(hicache_engine, oracle)
