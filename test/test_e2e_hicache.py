@@ -22,7 +22,6 @@ import concurrent.futures as cf
 
 import pytest
 
-from vradix.state import Invalidation
 from vradix.testing.hicache_store import hicache_server, stored_pages, tiers, wait_stored
 from vradix.testing.reliability import strict_idle_check
 from vradix.testing.scenario import PROBE, stale_prefix_publication
@@ -45,7 +44,6 @@ NEW = 6
 STEP5, STEP6 = "run1-step5", "run1-step6"
 ORACLE_PROMPTS = {"prompt": PROMPT, "declared": P_DECLARED, "nonce": P_NONCE, "shared": P_SHARED, "probe": PROBE}
 #: the host-tier report of the stale-host reclaim (a publication frees the stale epoch's HiCache host copies)
-HOST_REPORT = "host_tokens_freed" in Invalidation.__dataclass_fields__
 
 
 def fresh_outputs(s, weights):
@@ -273,8 +271,6 @@ def test_in_place_publication_misses_device_host_and_storage(published, readers,
     strict_idle_check(readers["declared"].s)
 
 
-@pytest.mark.skipif(not HOST_REPORT, reason="needs the host-tier reclaim report (Invalidation.host_tokens_freed, "
-                                            "server info pool.host); enable once the stale-host reclaim is merged")
 def test_in_place_publication_frees_the_stale_host_copies(published):
     info = published["in_place"]["info"]  # read right after the publication, the engine idle
     assert info["last_publication"]["host_tokens_freed"] >= len(PROMPT) - 1, info["last_publication"]
