@@ -43,7 +43,6 @@ FLOOD = [prompt(10 + k, 700) for k in range(6)]
 NEW = 6
 STEP5, STEP6 = "run1-step5", "run1-step6"
 ORACLE_PROMPTS = {"prompt": PROMPT, "declared": P_DECLARED, "nonce": P_NONCE, "shared": P_SHARED, "probe": PROBE}
-#: the host-tier report of the stale-host reclaim (a publication frees the stale epoch's HiCache host copies)
 
 
 def fresh_outputs(s, weights):
