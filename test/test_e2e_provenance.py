@@ -55,9 +55,9 @@ def publish_in_place(s, model, version):
 
 def test_provenance_in_meta_info_across_two_publications(server, models):
     s = server
-    e0 = s.vradix_info()["epoch"]
+    e0, w0 = s.vradix_info()["epoch"], s.vradix_info()["weight_id"]
     first = s.generate(PROBE, 4)["meta_info"]
-    assert first["prefix_cache"] == {"cached_tokens": 0, "epoch": e0, "weight_version": "default"}
+    assert first["prefix_cache"] == {"cached_tokens": 0, "epoch": e0, "weight_version": "default", "weight_id": w0}
     assert "kv_weight_versions" not in first  # never crossed a publication
     assert s.generate(PROBE, 4)["meta_info"]["prefix_cache"]["cached_tokens"] == 200
 
@@ -88,11 +88,14 @@ def test_provenance_in_meta_info_across_two_publications(server, models):
     assert [x["epoch"] for x in ledger] == [e0, e0 + 1, e0 + 2], ledger
     assert [x["start"] for x in ledger] == [0, spans[1]["start"], spans[2]["start"]], (ledger, spans)
 
+    w2 = s.vradix_info()["weight_id"]
+    assert spans[0]["weight_id"] == w0 and spans[2]["weight_id"] == w2 and len({x["weight_id"] for x in spans}) == 3
     after = s.generate(PROBE, 4)["meta_info"]
-    assert after["prefix_cache"] == {"cached_tokens": 0, "epoch": e0 + 2, "weight_version": "v3"}
+    assert after["prefix_cache"] == {"cached_tokens": 0, "epoch": e0 + 2, "weight_version": "v3", "weight_id": w2}
     r = s.post("/v1/completions", {"model": "m", "prompt": PROBE, "max_tokens": 2, "temperature": 0})
     assert r.status_code == 200, r.text
-    assert r.json()["metadata"]["prefix_cache"] == {"cached_tokens": 200, "epoch": e0 + 2, "weight_version": "v3"}
+    assert r.json()["metadata"]["prefix_cache"] == {"cached_tokens": 200, "epoch": e0 + 2, "weight_version": "v3",
+                                                    "weight_id": w2}
     chat = {"model": "m", "messages": [{"role": "user", "content": " ".join(f"t{i}" for i in PROBE)}],
             "max_tokens": 2, "temperature": 0}
     r = s.post("/v1/chat/completions", chat)
