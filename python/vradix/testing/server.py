@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,10 +24,19 @@ CPU_FLAGS = [
 ]
 
 
+BIND_RACE_LOST = "error while attempting to bind on address"
+START_ATTEMPTS = 3
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below the kernel's ephemeral range.
+
+    The server binds its HTTP port only after model load, seconds later; an ephemeral port (what `bind(0)` returns)
+    can be taken in that window by any outgoing connection on the machine. SGLang picks its own late-bound ports the
+    same way (`get_free_port_below_ephemeral`)."""
+    from sglang.srt.utils.network import get_free_port_below_ephemeral
+
+    return get_free_port_below_ephemeral()
 
 
 def with_hicache_cpu_aids(env: dict, extra_args: list) -> list:
@@ -48,9 +56,6 @@ class CpuServer:
     def __init__(self, model_path: str, *, vradix: bool = True, extra_args: Sequence[str] = (),
                  env: Optional[dict] = None, max_total_tokens: int = 8192, chunked_prefill_size: int = 1024,
                  startup_timeout: float = 240.0, skip_tokenizer_init: bool = True):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="sglang-", suffix=".log", delete=False)
         e = dict(os.environ)
         e.update({"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                   "PYTHONUNBUFFERED": "1"})
@@ -62,23 +67,35 @@ class CpuServer:
         extra_args = list(extra_args)
         if "--enable-hierarchical-cache" in extra_args:
             extra_args = with_hicache_cpu_aids(e, extra_args)
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--port", str(self.port),
-               "--max-total-tokens", str(max_total_tokens), "--chunked-prefill-size", str(chunked_prefill_size),
-               "--context-length", "4096", "--max-running-requests", "32",
-               *(f for f in CPU_FLAGS if skip_tokenizer_init or f != "--skip-tokenizer-init"), *extra_args]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=e, start_new_session=True)
-        self._wait_ready(startup_timeout)
+        args = ["--max-total-tokens", str(max_total_tokens), "--chunked-prefill-size", str(chunked_prefill_size),
+                "--context-length", "4096", "--max-running-requests", "32",
+                *(f for f in CPU_FLAGS if skip_tokenizer_init or f != "--skip-tokenizer-init"), *extra_args]
+        for attempt in range(1, START_ATTEMPTS + 1):
+            self._launch(model_path, args, e)
+            if self._wait_ready(startup_timeout) or attempt == START_ATTEMPTS:
+                return
+            self.stop()  # another process took the port between our probe and the server's bind: start afresh
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _launch(self, model_path: str, args: list, env: dict) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="sglang-", suffix=".log", delete=False)
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def _wait_ready(self, timeout: float) -> bool:
+        """True once `/health_generate` answers; False when the server lost its HTTP port to another process (the
+        caller retries on a new port). Raises when the server dies or misses the deadline."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerDied(f"server exited with {self.proc.returncode}:\n{self.tail()}")
             try:
                 if requests.get(self.url + "/health_generate", timeout=5).status_code == 200:
-                    return
+                    return True
             except requests.RequestException:
-                pass
+                if BIND_RACE_LOST in self.logs():
+                    return False
             time.sleep(0.5)
         self.stop()
         raise TimeoutError(f"server not ready in {timeout}s:\n{self.tail()}")
