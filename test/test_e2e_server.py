@@ -5,7 +5,8 @@ import time
 import pytest
 import requests
 
-from vradix.testing.scenario import LONG_PROMPT, PREFIX, PROBE, StreamingRequest, stale_prefix_publication
+from vradix.testing.scenario import (LONG_PROMPT, PREFIX, PROBE, StreamingRequest, shared_prefix_burst,
+                                     stale_prefix_publication)
 from vradix.testing.server import CpuServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -39,6 +40,9 @@ def test_stock_sglang_serves_stale_prefix_after_in_place_publication(models, ora
         assert s.post("/flush_cache").status_code == 400
         s.post("/continue_generation")
         inflight.result()
+        # stock computes an uncached prefix once per request admitted with it (the waste prefill dedup removes)
+        burst = shared_prefix_burst(s)
+        assert burst.computed >= burst.computed_once + 200, burst
 
 
 def test_vradix_publication_never_reuses_stale_prefix(models, oracle):
@@ -68,6 +72,17 @@ def test_vradix_publication_never_reuses_stale_prefix(models, oracle):
         # strict idle memory check: a flush when idle resets the pool to full
         assert s.post("/flush_cache").status_code == 200
         assert "Traceback" not in s.logs()
+
+
+def test_prefill_dedup_computes_a_shared_uncached_prefix_once(models):
+    """After a publication every prefix misses; requests admitted together that share one compute it once."""
+    with CpuServer(models[0]) as s:
+        stale_prefix_publication(s, models[1])
+        burst = shared_prefix_burst(s, seed=1)
+        assert burst.computed == burst.computed_once, burst
+        assert sorted(burst.cached) == [0] + [200] * 7
+        dedup = s.vradix_info()["prefill_dedup"]
+        assert dedup["enabled"] and dedup["deferred"] >= 7 and dedup["deferred_shared_tokens"] >= 7 * 200
 
 
 def test_lock_aware_flush_and_update_weight_version(models, oracle):

@@ -32,6 +32,8 @@ DRIVEN_BY = {
     "vradix.hooks.admission.verify_match": "test_ledger.py::test_strict_guard_recomputes_a_corrupted_prefix",
     "vradix.hooks.admission.verify_load_back": "test_hicache_ledger.py::test_a_host_copy_of_an_older_epoch_is_not_loaded_for_a_newer_request",
     "vradix.hooks.admission.sample_verify_prefill_batch": "test_ledger.py::test_sample_guard_detects_a_corrupted_row_in_a_batch",
+    "vradix.hooks.prefill.track_prefill_pass": "test_e2e_server.py::test_prefill_dedup_computes_a_shared_uncached_prefix_once",
+    "vradix.hooks.prefill.hold_back_duplicate_prefill": "test_e2e_server.py::test_prefill_dedup_computes_a_shared_uncached_prefix_once",
     "vradix.hooks.forward.stamp_forward_batch": "test_ledger.py::test_ledger_follows_writes_frees_and_epochs",
     "vradix.ledger.on_free_slots": "test_ledger.py::test_ledger_follows_writes_frees_and_epochs",
     "vradix.ledger.on_free_pages": "test_ledger.py::test_ledger_follows_writes_frees_and_epochs",

@@ -64,6 +64,7 @@ def _install() -> int:
 
     from vradix.guard import GuardConfig, GuardConfigError
     from vradix.hooks import HOOKS
+    from vradix.prefill_dedup import DedupConfigError, enabled_from_env
 
     sglang_version = dist_version("sglang")
     if sglang_version != SUPPORTED_SGLANG and os.environ.get("VRADIX_ALLOW_UNTESTED_SGLANG") != "1":
@@ -72,7 +73,8 @@ def _install() -> int:
             "(set VRADIX_DISABLE=1 for stock behaviour)")
     try:
         GuardConfig.from_env()
-    except GuardConfigError as e:
+        enabled_from_env()
+    except (GuardConfigError, DedupConfigError) as e:
         raise VradixInstallError(f"vradix {__version__}: {e}") from None
     hooks = [(_fault_injected(target), getattr(HookType, kind), hook) for target, kind, hook in HOOKS]
     for target, kind, hook in hooks:

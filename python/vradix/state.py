@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional
 
-from vradix import __version__, identity, kernels, namespace
+from vradix import __version__, identity, kernels, namespace, prefill_dedup
 from vradix.guard import GuardConfig, GuardStats
 from vradix.ledger import PageLedger
 from vradix import ledger as kv_ledger
@@ -100,6 +100,11 @@ class EpochState:
     identity_mode: str = "nonce"
     #: epoch -> its identity and namespace prefix, for every epoch this engine has served (one entry per bump)
     identities: Dict[int, EpochIdentity] = field(default_factory=dict)
+    #: hold back a request whose uncached prefix another request is computing (`vradix.prefill_dedup`)
+    dedup_enabled: bool = True
+    dedup_stats: prefill_dedup.DedupStats = field(default_factory=prefill_dedup.DedupStats)
+    #: the prefill scheduling pass in progress (None between passes)
+    dedup_pass: Optional[prefill_dedup.Pass] = None
     _epoch_by_prefix: Dict[str, int] = field(default_factory=dict)
 
     def bind_identity(self, epoch: int, ident: identity.WeightIdentity) -> str:
@@ -157,6 +162,7 @@ class EpochState:
             "lora_stale_tokens_freed": self.lora_tokens_freed,
             "kv_ledger": self.ledger_dict(),
             "weight_session": self.session.as_dict() if self.session is not None else None,
+            "prefill_dedup": self.dedup_stats.as_dict(self.dedup_enabled),
         }
 
     def ledger_dict(self) -> dict:
@@ -204,9 +210,9 @@ def attach(tree_cache, with_ledger: bool = True, weight_identity: Optional[ident
            identity_mode: str = "nonce") -> EpochState:
     """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0 under `weight_identity` (a fresh nonce when
     None), with a KV page ledger on its allocator unless `with_ledger` is False. Raises `GuardConfigError` for an
-    invalid VRADIX_VERIFY / VRADIX_AUDIT setting."""
+    invalid VRADIX_VERIFY / VRADIX_AUDIT setting, `DedupConfigError` for an invalid VRADIX_PREFILL_DEDUP."""
     state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardConfig.from_env(),
-                       identity_mode=identity_mode)
+                       identity_mode=identity_mode, dedup_enabled=prefill_dedup.enabled_from_env())
     state.bind_identity(0, weight_identity or identity.nonce())
     if with_ledger:
         state.ledger = kv_ledger.attach(tree_cache.token_to_kv_pool_allocator)

@@ -3,8 +3,8 @@ every vradix step; `vradix.plugin.register()` does so only inside its fail-close
 from __future__ import annotations
 
 from vradix import ledger, overlap, report
-from vradix.hooks import (admission, forward, hicache, launcher, lora, publication, reclaim, server_info, startup,
-                          storage)
+from vradix.hooks import (admission, forward, hicache, launcher, lora, prefill, publication, reclaim, server_info,
+                          startup, storage)
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
@@ -32,6 +32,9 @@ HOOKS = [
     (f"{_COMMON}.match_kv_cache", "AROUND", admission.verify_match),
     (f"{_URC}.init_load_back", "AROUND", admission.verify_load_back),
     ("sglang.srt.mem_cache.allocation.alloc_for_extend", "AFTER", admission.sample_verify_prefill_batch),
+    # prefill scheduling: a request waits for an uncached prefix another request is already computing
+    (f"{_SCHED}._get_new_batch_prefill_raw", "AROUND", prefill.track_prefill_pass),
+    ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", "AROUND", prefill.hold_back_duplicate_prefill),
     # forward: the KV page ledger records which epoch wrote each page, and which pages are free
     (f"{_SCHED}.run_batch", "BEFORE", forward.stamp_forward_batch),
     (f"{_TOKEN_ALLOC}.free", "BEFORE", ledger.on_free_slots),

@@ -84,3 +84,25 @@ def stale_prefix_publication(server, new_model: str, version: str = "v2") -> Pub
     out.cached_again = server.generate(PROBE, 4)["meta_info"]["cached_tokens"]
     out.vradix = server.vradix_info()
     return out
+
+
+@dataclass
+class BurstOutcome:
+    """One batch of prompts that share an uncached prefix, sent in one /generate call (so they reach the scheduler
+    together): how many prompt tokens the server computed, against computing the shared prefix once."""
+
+    computed: int
+    computed_once: int
+    cached: list
+
+
+def shared_prefix_burst(server, n: int = 8, prefix_len: int = 200, tail_len: int = 16, seed: int = 0) -> BurstOutcome:
+    """`n` prompts = one fresh `prefix_len`-token prefix + distinct `tail_len`-token tails, greedy, 2 new tokens."""
+    prefix = [(seed * 997 + i * 37) % 480 + 12 for i in range(prefix_len)]
+    prompts = [prefix + [(k * 53 + j * 11 + seed) % 480 + 12 for j in range(tail_len)] for k in range(n)]
+    r = server.post("/generate", {"input_ids": prompts,
+                                  "sampling_params": {"temperature": 0, "max_new_tokens": 2, "ignore_eos": True}})
+    r.raise_for_status()
+    metas = [x["meta_info"] for x in r.json()]
+    return BurstOutcome(computed=sum(m["prompt_tokens"] - m["cached_tokens"] for m in metas),
+                        computed_once=prefix_len + n * tail_len, cached=[m["cached_tokens"] for m in metas])
