@@ -12,7 +12,7 @@ demo: setup  ## CPU server on a tiny model: stale-prefix publication scenario, s
 	$(PY) -m vradix.demo
 
 test: setup  ## cache-level, plugin and end-to-end server tests (CPU)
-	$(PY) -m pytest -q -p no:cacheprovider --timeout=1200 test $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --timeout=1200 --durations=40 test $(PYTEST_ARGS)
 
 test-fast: setup  ## everything except the E2E server tests
 	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e" test $(PYTEST_ARGS)
