@@ -12,7 +12,10 @@ written whenever a request computes KV. Invariants checked after every rule:
   and the same token prefix (so: no stale KV, no foreign namespace, no wrong tokens);
 - allocator accounting: available + evictable + protected + request-owned == total;
 - no slot is free twice, and no slot is both free and owned (by the tree or by a request row);
-- every tree slot of an older epoch is on the locked path of a live crossing request;
+- every tree slot of an older epoch is on the locked path of a live crossing request, or awaits the deferred reclaim
+  (`vradix.reclaim_queue`), which the rules drive per scheduler iteration (`reclaim_slice`), on demand
+  (`allocate_under_pressure`: stale KV is evicted before any fresh KV), at idle (`idle_finishes_reclaim`), and which
+  a publication may interrupt (`publish_mid_reclaim`);
 - crossing bookkeeping matches the model, and after draining everything and publishing, the pool is full.
 
 Profiles (env `VRADIX_MBT_PROFILE`): `ci` (default; derandomized, a few hundred examples over the 4 configurations,
@@ -36,10 +39,10 @@ from sglang.srt.mem_cache import common
 from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from vradix import namespace, request
+from vradix import namespace, reclaim_queue, request
 from vradix.admission import stamp
 from vradix.hooks.publication import bump_scheduler
-from vradix.hooks.reclaim import lock_aware_flush
+from vradix.hooks.reclaim import finish_reclaim_when_idle, lock_aware_flush, reclaim_slice
 from vradix.state import attach
 from vradix.testing.cache_fixture import build_cache
 from vradix.testing.hicache_fixture import build_hicache, versioned
@@ -266,6 +269,52 @@ class VersionedCacheMachine(RuleBasedStateMachine):
         self.bump()
         self.count("publish")
 
+    @precondition(lambda self: self.state.deferred.active)
+    @rule()
+    def reclaim_slice(self):
+        """One scheduler iteration's slice of the deferred reclaim (the hook before `get_next_batch_to_run`)."""
+        q = self.state.deferred
+        before = q.pending_tokens
+        fresh = self.fresh_tree_slots()
+        reclaim_slice(self.scheduler())
+        assert q.max_slice_visits <= reclaim_queue.SLICE_VISITS and q.max_slice_nodes <= reclaim_queue.SLICE_NODES
+        assert q.pending_tokens <= before
+        assert fresh <= set(self.fx.cache.tree_core.all_values_flatten().tolist()), "a slice evicted fresh KV"
+        self.count("reclaim_slice")
+
+    @precondition(lambda self: self.state.deferred.active and self.state.deferred.pending_tokens > 0)
+    @rule(n=st.integers(1, 64))
+    def allocate_under_pressure(self, n):
+        """An allocation that needs memory while stale KV awaits its reclaim: the stale KV goes first (the scheduler's
+        `evict_from_tree_cache`), and fresh KV is evicted only for what the stale KV could not cover."""
+        q = self.state.deferred
+        shortfall = min(n, q.pending_tokens)  # the stale KV can cover it
+        fresh = self.fresh_tree_slots()
+        want = self.fx.allocator.available_size() + shortfall
+        common.evict_from_tree_cache(self.fx.cache, want)
+        assert self.fx.allocator.available_size() >= want
+        assert fresh <= set(self.fx.cache.tree_core.all_values_flatten().tolist()), (
+            "fresh KV evicted while stale KV could cover the allocation")
+        self.count("allocate_under_pressure")
+
+    @precondition(lambda self: self.state.deferred.active)
+    @rule()
+    def publish_mid_reclaim(self):
+        """A second publication while the previous epoch's stale KV is only partly reclaimed."""
+        reclaim_slice(self.scheduler())
+        self.bump()
+        self.count("publish_mid_reclaim")
+
+    @precondition(lambda self: self.state.deferred.active and not self.held)
+    @rule()
+    def idle_finishes_reclaim(self):
+        """A fully idle engine finishes the deferred reclaim before SGLang's idle check (the hook before `on_idle`)."""
+        view = self.fx.scheduler_view(running=self.held)
+        finish_reclaim_when_idle(view)
+        assert not self.state.deferred.active and self.state.deferred.pending_tokens == 0
+        self.check_no_stale_unpinned()
+        self.count("idle_finishes_reclaim")
+
     @rule(n=st.integers(1, 128), rare=st.integers(1, 3))
     def evict_under_pressure(self, n, rare):
         if rare != 2:  # hypothesis favours boundary values; act on a middle one to keep this rule rare
@@ -323,8 +372,16 @@ class VersionedCacheMachine(RuleBasedStateMachine):
         for r in self.held:
             assert not set(self.row(r, r.kv.kv_committed_len)) & free, f"{r.rid} owns a free slot"
 
+    def fresh_tree_slots(self):
+        return {s for s in self.fx.cache.tree_core.all_values_flatten().tolist()
+                if self.meta_at(s)[0] == self.state.epoch}
+
     @invariant()
     def stale_slots_are_pinned_by_crossing_requests(self):
+        if not self.state.deferred.active:  # else unlocked stale KV awaits the deferred reclaim
+            self.check_no_stale_unpinned()
+
+    def check_no_stale_unpinned(self):
         cache = self.fx.cache
         pinned = set()
         for r in self.state.crossing.values():
@@ -491,7 +548,10 @@ def report_rule_counts():
 
 @pytest.mark.timeout(3600 * 6)
 @pytest.mark.parametrize("core,page_size", CONFIGS, ids=[f"{c}-ps{p}" for c, p in CONFIGS])
-def test_versioned_cache_state_machine(core, page_size):
+def test_versioned_cache_state_machine(core, page_size, monkeypatch):
+    # small slices, so that the deferred reclaim of these small trees spans several scheduler iterations
+    monkeypatch.setattr(reclaim_queue, "SLICE_NODES", 2)
+    monkeypatch.setattr(reclaim_queue, "SLICE_VISITS", 4)
     run_state_machine_as_test(machine_for(core, page_size), settings=profile_settings())
 
 
