@@ -48,6 +48,9 @@ from vradix.testing.cache_fixture import build_cache
 from vradix.testing.hicache_fixture import build_hicache, versioned
 
 CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
+#: SGLang's eviction policy per configuration (default LRU): under LFU the stale KV need not come first in SGLang's
+#: eviction order, which the deferred reclaim must not rely on
+EVICTION_POLICY = {("rust", 16): "lfu", ("python", 1): "lfu"}
 #: HiCache host tier: each core and page size once, each write policy twice
 HICACHE_CONFIGS = [("rust", 1, "write_through"), ("rust", 16, "write_back"), ("python", 1, "write_back"),
                    ("python", 16, "write_through")]
@@ -71,7 +74,7 @@ def prefix_hash(tokens, n):
 
 
 class VersionedCacheMachine(RuleBasedStateMachine):
-    core, page_size = "rust", 1
+    core, page_size, eviction_policy = "rust", 1, "lru"
 
     def __init__(self):
         super().__init__()
@@ -84,7 +87,8 @@ class VersionedCacheMachine(RuleBasedStateMachine):
         self.crossed = set()  # rids the model says hold KV across a bump
 
     def build_fixture(self, kv_tokens):
-        return build_cache(self.core, self.page_size, kv_tokens=kv_tokens, max_reqs=6, max_context_len=256)
+        return build_cache(self.core, self.page_size, kv_tokens=kv_tokens, max_reqs=6, max_context_len=256,
+                           eviction_policy=self.eviction_policy)
 
     def start_vradix(self):
         return attach(self.fx.cache)
@@ -268,6 +272,29 @@ class VersionedCacheMachine(RuleBasedStateMachine):
             return
         self.bump()
         self.count("publish")
+
+    @precondition(lambda self: not self.paused and len(self.queued) + len(self.held) < 10)
+    @rule(p=st.integers(0, len(PREFIXES) - 1), k=st.integers(0, len(USER_KEYS) - 1),
+          first=st.lists(st.integers(1, 3), min_size=1, max_size=8),
+          second=st.lists(st.integers(1, 3), min_size=1, max_size=8))
+    def publish_over_cached_kv(self, p, k, first, second):
+        """A request runs to its end (its KV is cached, unlocked), another holds its KV across a publication, and
+        after it a third caches fresh KV on the same prefix, next to the stale KV awaiting the deferred reclaim."""
+        def run(tokens, to_end):
+            req = self.fx.make_req((PREFIXES[p] + tokens)[:MAX_PROMPT], extra_key=USER_KEYS[k])
+            stamp(self.state, req)
+            self.queued.append(req)
+            if not self.admit_one(req, MAX_PROMPT) or req.extend_end < len(req.origin_input_ids):
+                return False
+            if to_end:
+                self.fx.finish(req)
+                self.release(req)
+            return True
+
+        if run(first, True) and run(second, False):
+            self.bump()
+            run(first, True)
+            self.count("publish_over_cached_kv")
 
     @precondition(lambda self: self.state.deferred.active)
     @rule()
@@ -525,7 +552,8 @@ def free_slots(fx):
 def machine_for(core, page_size, write_policy=None):
     if write_policy is None:
         return type(f"VersionedCache_{core}_ps{page_size}", (VersionedCacheMachine,),
-                    {"core": core, "page_size": page_size})
+                    {"core": core, "page_size": page_size,
+                     "eviction_policy": EVICTION_POLICY.get((core, page_size), "lru")})
     return type(f"HiCache_{core}_ps{page_size}_{write_policy}", (HiCacheMachine,),
                 {"core": core, "page_size": page_size, "write_policy": write_policy})
 
