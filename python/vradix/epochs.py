@@ -119,7 +119,7 @@ def mark_crossing(state: EpochState, req) -> None:
 
 def sweep_released_crossing(state: EpochState) -> int:
     """Forget crossing requests that no longer hold a tree lock (released without `release_kv_cache`); the bump's
-    bulk reclaim frees what they left unlocked. Returns how many were forgotten."""
+    reclaim (deferred or bulk) frees what they left unlocked. Returns how many were forgotten."""
     gone = [k for k, r in state.crossing.items() if getattr(r, "lock", None) is None]
     for k in gone:
         del state.crossing[k]
