@@ -9,7 +9,7 @@ requests, then one publication is timed (median of repeats, refill not timed):
     the unlocked stale KV is left to the deferred reclaim);
   - reclaim total / slices / max slice: the deferred reclaim of that stale KV, run as the scheduler runs it, one
     bounded slice per iteration (`reclaim_queue.step`) until nothing is pending: the sum of the slices, their count,
-    and the longest one (the most one scheduler iteration stalls for reclaim);
+    the median one and the longest one (the most one scheduler iteration stalls for reclaim);
   - bump, nothing locked: a vradix bump when no request holds KV (the tree is dropped at once, like stock's flush);
   - stock reset: `tree_cache.reset()` + allocator/req-pool clear, what `flush_cache` does (stock can only run it
     when *nothing* is locked, i.e. with retract; it would free the locked KV of live requests);
@@ -64,7 +64,7 @@ def bench_publication(core: str, sizes, repeats: int):
 
     rows = []
     for size in sizes:
-        res = {"publication": [], "reclaim total": [], "max slice": [], "bump, nothing locked": [],
+        res = {"publication": [], "reclaim total": [], "median slice": [], "max slice": [], "bump, nothing locked": [],
                "stock reset": [], "no-op": []}
         slices = []
         nodes = freed = 0
@@ -82,6 +82,7 @@ def bench_publication(core: str, sizes, repeats: int):
                 reclaim_queue.step(state, fx.cache)
                 times.append(time.perf_counter() - t)
             res["reclaim total"].append(sum(times))
+            res["median slice"].append(statistics.median(times) if times else 0.0)
             res["max slice"].append(max(times, default=0.0))
             slices.append(len(times))
             freed = state.deferred.tokens_freed_by_slices
@@ -148,7 +149,7 @@ def main():
     print(f"# publication cost, ms, median of {a.repeats} (CPU: {os.cpu_count()} cores, torch {torch.__version__}; "
           f"deferred reclaim slices of {__import__('vradix.reclaim_queue').reclaim_queue.SLICE_NODES} nodes)")
     hdr = ["core", "inserted_tokens", "cached_tokens", "sequences", "freed", "publication", "reclaim total",
-           "slices", "max slice", "bump, nothing locked", "stock reset", "reclaim / reset", "no-op"]
+           "slices", "median slice", "max slice", "bump, nothing locked", "stock reset", "reclaim / reset", "no-op"]
     print("| " + " | ".join(hdr) + " |")
     print("|" + "---|" * len(hdr))
     for core in a.cores.split(","):

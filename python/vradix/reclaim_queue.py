@@ -44,8 +44,8 @@ from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
 from vradix.reclaim import batched_frees, free_stale_leaf
 
-#: nodes one scheduler iteration frees at most (~20 us each on the Rust TreeCore: a slice stays under 1 ms)
-SLICE_NODES = int(os.environ.get("VRADIX_RECLAIM_SLICE_NODES", "32"))
+#: nodes one scheduler iteration frees at most (~20 us each on the Rust TreeCore, plus one allocator free per slice)
+SLICE_NODES = int(os.environ.get("VRADIX_RECLAIM_SLICE_NODES", "16"))
 #: eviction candidates one iteration looks at at most (fresh ones are skipped: under LFU or priority policies the
 #: stale nodes need not come first in SGLang's eviction order)
 SLICE_VISITS = 2 * SLICE_NODES + 32

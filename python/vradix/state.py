@@ -43,7 +43,8 @@ class Invalidation:
 
     def summary(self) -> str:
         host = f" and {self.host_tokens_freed} stale host tokens" if self.host_tokens_freed is not None else ""
-        deferred = f" (+{self.tokens_deferred} unlocked stale tokens reclaimed after the bump)" if self.tokens_deferred else ""
+        deferred = (f" (+{self.tokens_deferred} unlocked stale tokens reclaimed after the bump)"
+                    if self.tokens_deferred else "")
         return (f"vradix: epoch {self.epoch_before}->{self.epoch_after} ({self.reason}, label={self.label!r}, "
                 f"weight_id={self.weight_id}): "
                 f"freed {self.tokens_freed} stale tokens{host}{deferred}, {self.tokens_pinned} stale tokens pinned by "
