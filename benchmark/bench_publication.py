@@ -5,9 +5,15 @@
 Table 1 (per tree core, per cached size): the cache is filled with GRPO-shaped traffic (groups of 8 sequences of
 256 tokens sharing a 128-token prompt, so ~9 nodes per 1k tokens), 1% of the sequences are held locked by live
 requests, then one publication is timed (median of repeats, refill not timed):
-  - vradix bump: epoch bump + lock-aware bulk free of every unlocked stale node (what runs on a publication);
+  - publication: the vradix bump, what runs while generation is paused (epoch advance, crossing marks, re-binds;
+    the unlocked stale KV is left to the deferred reclaim);
+  - reclaim total / slices / max slice: the deferred reclaim of that stale KV, run as the scheduler runs it, one
+    bounded slice per iteration (`reclaim_queue.step`) until nothing is pending: the sum of the slices, their count,
+    the median one and the longest one (the most one scheduler iteration stalls for reclaim);
+  - bump, nothing locked: a vradix bump when no request holds KV (the tree is dropped at once, like stock's flush);
   - stock reset: `tree_cache.reset()` + allocator/req-pool clear, what `flush_cache` does (stock can only run it
     when *nothing* is locked, i.e. with retract; it would free the locked KV of live requests);
+  - reclaim / reset: reclaim total over stock reset, same tokens;
   - no-op: a vradix bump on an empty cache (fixed cost of a publication).
 Table 2: steady-state admit → match → prefill → checkpoint → release loop, requests/s with the vradix hooks vs
 stock (a child process with VRADIX_DISABLE=1), same traffic.
@@ -52,13 +58,15 @@ def fill(fx, tokens: int, lock_frac: float = 0.01):
 
 
 def bench_publication(core: str, sizes, repeats: int):
-    from vradix import epochs
+    from vradix import epochs, reclaim_queue
     from vradix.state import attach
     from vradix.testing.cache_fixture import build_cache
 
     rows = []
     for size in sizes:
-        res = {"vradix bump": [], "vradix bump, nothing locked": [], "stock reset": [], "no-op": []}
+        res = {"publication": [], "reclaim total": [], "median slice": [], "max slice": [], "bump, nothing locked": [],
+               "stock reset": [], "no-op": []}
+        slices = []
         nodes = freed = 0
         for _ in range(repeats):
             fx = build_cache(core, 1, kv_tokens=size + 4096, max_reqs=8)
@@ -66,15 +74,24 @@ def bench_publication(core: str, sizes, repeats: int):
             nseq, locks = fill(fx, size)
             cached = fx.cache.evictable_size() + fx.cache.protected_size()
             t = time.perf_counter()
-            inv = epochs.bump(state, fx.cache, [], [], reason="bench")
-            res["vradix bump"].append(time.perf_counter() - t)
-            freed = inv.tokens_freed
+            epochs.bump(state, fx.cache, [], [], reason="bench")
+            res["publication"].append(time.perf_counter() - t)
+            times = []
+            while state.deferred.active:
+                t = time.perf_counter()
+                reclaim_queue.step(state, fx.cache)
+                times.append(time.perf_counter() - t)
+            res["reclaim total"].append(sum(times))
+            res["median slice"].append(statistics.median(times) if times else 0.0)
+            res["max slice"].append(max(times, default=0.0))
+            slices.append(len(times))
+            freed = state.deferred.tokens_freed_by_slices
             for lk in locks:
                 fx.cache.unlock(lk)
             fill(fx, size, lock_frac=0)
             t = time.perf_counter()
             epochs.bump(state, fx.cache, [], [], reason="bench")
-            res["vradix bump, nothing locked"].append(time.perf_counter() - t)
+            res["bump, nothing locked"].append(time.perf_counter() - t)
             _, locks = fill(fx, size)
             for lk in locks:  # stock can only reset an idle cache
                 fx.cache.unlock(lk)
@@ -89,9 +106,9 @@ def bench_publication(core: str, sizes, repeats: int):
             nodes = nseq
         med = {k: statistics.median(v) * 1e3 for k, v in res.items()}
         rows.append({"core": core, "inserted_tokens": size, "cached_tokens": cached, "sequences": nodes,
-                     "freed": freed,
+                     "freed": freed, "slices": int(statistics.median(slices)),
                      **{k: round(v, 3) for k, v in med.items()},
-                     "vradix ms/100k tok": round(med["vradix bump"] / (cached / 1e5), 3)})
+                     "reclaim / reset": round(med["reclaim total"] / med["stock reset"], 1)})
     return rows
 
 
@@ -129,9 +146,10 @@ def main():
         return
     torch.set_num_threads(1)
     sizes = [int(x) for x in a.sizes.split(",")]
-    print(f"# publication cost, median of {a.repeats} (CPU: {os.cpu_count()} cores, torch {torch.__version__})")
-    hdr = ["core", "inserted_tokens", "cached_tokens", "sequences", "freed", "vradix bump",
-           "vradix bump, nothing locked", "stock reset", "no-op", "vradix ms/100k tok"]
+    print(f"# publication cost, ms, median of {a.repeats} (CPU: {os.cpu_count()} cores, torch {torch.__version__}; "
+          f"deferred reclaim slices of {__import__('vradix.reclaim_queue').reclaim_queue.SLICE_NODES} nodes)")
+    hdr = ["core", "inserted_tokens", "cached_tokens", "sequences", "freed", "publication", "reclaim total",
+           "slices", "median slice", "max slice", "bump, nothing locked", "stock reset", "reclaim / reset", "no-op"]
     print("| " + " | ".join(hdr) + " |")
     print("|" + "---|" * len(hdr))
     for core in a.cores.split(","):

@@ -11,7 +11,7 @@ import pytest
 
 from sglang.srt.mem_cache import common
 
-from vradix import epochs, lora, reclaim
+from vradix import epochs, lora, reclaim, reclaim_queue
 from vradix.admission import stamp
 from vradix.state import attach
 from vradix.testing.cache_fixture import build_cache
@@ -42,7 +42,10 @@ def running(fx, state, tokens, rid=None):
 
 
 def bump(fx, state, live=()):
-    return epochs.bump(state, fx.cache, list(live), [], reason="test", label=f"v{state.epoch + 1}")
+    """A publication, then the deferred reclaim of the unlocked stale KV to completion (what an idle engine does)."""
+    inv = epochs.bump(state, fx.cache, list(live), [], reason="test", label=f"v{state.epoch + 1}")
+    reclaim_queue.finish(state, fx.cache)
+    return inv
 
 
 def pool_is_full(fx):

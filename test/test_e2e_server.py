@@ -58,6 +58,9 @@ def test_vradix_publication_never_reuses_stale_prefix(models, oracle):
         assert v["epoch"] == 1 and v["label"] == "v2" and v["publications"] == 1
         assert v["crossing_requests"] == 0 and v["stale_tokens_pinned"] == 0  # drained: stale KV all freed
         assert v["stale_tokens_freed_at_release"] > 0
+        # the publication deferred the unlocked stale KV (the warm prefix); the engine reclaimed it all by now
+        assert v["stale_tokens_pending"] == 0 and not v["stale_reclaim"]["active"], v["stale_reclaim"]
+        assert v["stale_reclaim"]["completed"] >= 1 and v["last_publication"]["tokens_deferred"] > 0
         assert "epoch 0->1" in o.update_message
         led = v["kv_ledger"]  # the independent KV page ledger agrees: nothing stale was read, nothing leaked
         assert led["enabled"] and led["verify_mode"] == "strict" and led["kernels"] == "torch"

@@ -12,7 +12,10 @@ written whenever a request computes KV. Invariants checked after every rule:
   and the same token prefix (so: no stale KV, no foreign namespace, no wrong tokens);
 - allocator accounting: available + evictable + protected + request-owned == total;
 - no slot is free twice, and no slot is both free and owned (by the tree or by a request row);
-- every tree slot of an older epoch is on the locked path of a live crossing request;
+- every tree slot of an older epoch is on the locked path of a live crossing request, or awaits the deferred reclaim
+  (`vradix.reclaim_queue`), which the rules drive per scheduler iteration (`reclaim_slice`), on demand
+  (`allocate_under_pressure`: stale KV is evicted before any fresh KV), at idle (`idle_finishes_reclaim`), and which
+  a publication may interrupt (`publish_mid_reclaim`);
 - crossing bookkeeping matches the model, and after draining everything and publishing, the pool is full.
 
 Profiles (env `VRADIX_MBT_PROFILE`): `ci` (default; derandomized, a few hundred examples over the 4 configurations,
@@ -36,15 +39,18 @@ from sglang.srt.mem_cache import common
 from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from vradix import namespace, request
+from vradix import namespace, reclaim_queue, request
 from vradix.admission import stamp
 from vradix.hooks.publication import bump_scheduler
-from vradix.hooks.reclaim import lock_aware_flush
+from vradix.hooks.reclaim import finish_reclaim_when_idle, lock_aware_flush, reclaim_slice
 from vradix.state import attach
 from vradix.testing.cache_fixture import build_cache
 from vradix.testing.hicache_fixture import build_hicache, versioned
 
 CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
+#: SGLang's eviction policy per configuration (default LRU): under LFU the stale KV need not come first in SGLang's
+#: eviction order, which the deferred reclaim must not rely on
+EVICTION_POLICY = {("rust", 16): "lfu", ("python", 1): "lfu"}
 #: HiCache host tier: each core and page size once, each write policy twice
 HICACHE_CONFIGS = [("rust", 1, "write_through"), ("rust", 16, "write_back"), ("python", 1, "write_back"),
                    ("python", 16, "write_through")]
@@ -68,7 +74,7 @@ def prefix_hash(tokens, n):
 
 
 class VersionedCacheMachine(RuleBasedStateMachine):
-    core, page_size = "rust", 1
+    core, page_size, eviction_policy = "rust", 1, "lru"
 
     def __init__(self):
         super().__init__()
@@ -81,7 +87,8 @@ class VersionedCacheMachine(RuleBasedStateMachine):
         self.crossed = set()  # rids the model says hold KV across a bump
 
     def build_fixture(self, kv_tokens):
-        return build_cache(self.core, self.page_size, kv_tokens=kv_tokens, max_reqs=6, max_context_len=256)
+        return build_cache(self.core, self.page_size, kv_tokens=kv_tokens, max_reqs=6, max_context_len=256,
+                           eviction_policy=self.eviction_policy)
 
     def start_vradix(self):
         return attach(self.fx.cache)
@@ -266,6 +273,75 @@ class VersionedCacheMachine(RuleBasedStateMachine):
         self.bump()
         self.count("publish")
 
+    @precondition(lambda self: not self.paused and len(self.queued) + len(self.held) < 10)
+    @rule(p=st.integers(0, len(PREFIXES) - 1), k=st.integers(0, len(USER_KEYS) - 1),
+          first=st.lists(st.integers(1, 3), min_size=1, max_size=8),
+          second=st.lists(st.integers(1, 3), min_size=1, max_size=8))
+    def publish_over_cached_kv(self, p, k, first, second):
+        """A request runs to its end (its KV is cached, unlocked), another holds its KV across a publication, and
+        after it a third caches fresh KV on the same prefix, next to the stale KV awaiting the deferred reclaim."""
+        def run(tokens, to_end):
+            req = self.fx.make_req((PREFIXES[p] + tokens)[:MAX_PROMPT], extra_key=USER_KEYS[k])
+            stamp(self.state, req)
+            self.queued.append(req)
+            if not self.admit_one(req, MAX_PROMPT) or req.extend_end < len(req.origin_input_ids):
+                return False
+            if to_end:
+                self.fx.finish(req)
+                self.release(req)
+            return True
+
+        if run(first, True) and run(second, False):
+            self.bump()
+            run(first, True)
+            self.count("publish_over_cached_kv")
+
+    @precondition(lambda self: self.state.deferred.active)
+    @rule()
+    def reclaim_slice(self):
+        """One scheduler iteration's slice of the deferred reclaim (the hook before `get_next_batch_to_run`)."""
+        q = self.state.deferred
+        before = q.pending_tokens
+        fresh = self.fresh_tree_slots()
+        reclaim_slice(self.scheduler())
+        assert q.max_slice_visits <= reclaim_queue.SLICE_VISITS and q.max_slice_nodes <= reclaim_queue.SLICE_NODES
+        assert q.pending_tokens <= before
+        assert fresh <= set(self.fx.cache.tree_core.all_values_flatten().tolist()), "a slice evicted fresh KV"
+        self.count("reclaim_slice")
+
+    @precondition(lambda self: self.state.deferred.active and self.state.deferred.pending_tokens > 0)
+    @rule(n=st.integers(1, 64))
+    def allocate_under_pressure(self, n):
+        """An allocation that needs memory while stale KV awaits its reclaim: the stale KV goes first (the scheduler's
+        `evict_from_tree_cache`), and fresh KV is evicted only for what the stale KV could not cover."""
+        q = self.state.deferred
+        shortfall = min(n, q.pending_tokens)  # the stale KV can cover it
+        fresh = self.fresh_tree_slots()
+        want = self.fx.allocator.available_size() + shortfall
+        common.evict_from_tree_cache(self.fx.cache, want)
+        assert self.fx.allocator.available_size() >= want
+        assert fresh <= set(self.fx.cache.tree_core.all_values_flatten().tolist()), (
+            "fresh KV evicted while stale KV could cover the allocation")
+        self.count("allocate_under_pressure")
+
+    @precondition(lambda self: self.state.deferred.active)
+    @rule()
+    def publish_mid_reclaim(self):
+        """A second publication while the previous epoch's stale KV is only partly reclaimed."""
+        reclaim_slice(self.scheduler())
+        self.bump()
+        self.count("publish_mid_reclaim")
+
+    @precondition(lambda self: self.state.deferred.active and not self.held)
+    @rule()
+    def idle_finishes_reclaim(self):
+        """A fully idle engine finishes the deferred reclaim before SGLang's idle check (the hook before `on_idle`)."""
+        view = self.fx.scheduler_view(running=self.held)
+        finish_reclaim_when_idle(view)
+        assert not self.state.deferred.active and self.state.deferred.pending_tokens == 0
+        self.check_no_stale_unpinned()
+        self.count("idle_finishes_reclaim")
+
     @rule(n=st.integers(1, 128), rare=st.integers(1, 3))
     def evict_under_pressure(self, n, rare):
         if rare != 2:  # hypothesis favours boundary values; act on a middle one to keep this rule rare
@@ -323,8 +399,16 @@ class VersionedCacheMachine(RuleBasedStateMachine):
         for r in self.held:
             assert not set(self.row(r, r.kv.kv_committed_len)) & free, f"{r.rid} owns a free slot"
 
+    def fresh_tree_slots(self):
+        return {s for s in self.fx.cache.tree_core.all_values_flatten().tolist()
+                if self.meta_at(s)[0] == self.state.epoch}
+
     @invariant()
     def stale_slots_are_pinned_by_crossing_requests(self):
+        if not self.state.deferred.active:  # else unlocked stale KV awaits the deferred reclaim
+            self.check_no_stale_unpinned()
+
+    def check_no_stale_unpinned(self):
         cache = self.fx.cache
         pinned = set()
         for r in self.state.crossing.values():
@@ -468,7 +552,8 @@ def free_slots(fx):
 def machine_for(core, page_size, write_policy=None):
     if write_policy is None:
         return type(f"VersionedCache_{core}_ps{page_size}", (VersionedCacheMachine,),
-                    {"core": core, "page_size": page_size})
+                    {"core": core, "page_size": page_size,
+                     "eviction_policy": EVICTION_POLICY.get((core, page_size), "lru")})
     return type(f"HiCache_{core}_ps{page_size}_{write_policy}", (HiCacheMachine,),
                 {"core": core, "page_size": page_size, "write_policy": write_policy})
 
@@ -491,7 +576,10 @@ def report_rule_counts():
 
 @pytest.mark.timeout(3600 * 6)
 @pytest.mark.parametrize("core,page_size", CONFIGS, ids=[f"{c}-ps{p}" for c, p in CONFIGS])
-def test_versioned_cache_state_machine(core, page_size):
+def test_versioned_cache_state_machine(core, page_size, monkeypatch):
+    # small slices, so that the deferred reclaim of these small trees spans several scheduler iterations
+    monkeypatch.setattr(reclaim_queue, "SLICE_NODES", 2)
+    monkeypatch.setattr(reclaim_queue, "SLICE_VISITS", 4)
     run_state_machine_as_test(machine_for(core, page_size), settings=profile_settings())
 
 

@@ -8,18 +8,23 @@
    continues, but never inserts into the tree (`skip_radix_cache_insert`), because its KV is now mixed-version; its
    lock on stale nodes is remembered so those nodes are freed when it releases;
 3. re-bind every queued request that holds no KV to the new epoch;
-4. free every unlocked stale node in one batched eviction (`reclaim.free_all_unlocked`), or, when no request holds
-   KV and nothing is locked, drop the whole tree at once (`reclaim.free_all_by_reset`);
+4. when no request holds KV and nothing is locked, drop the whole tree at once (`reclaim.free_all_by_reset`, what
+   stock `flush_cache` does); otherwise leave the unlocked stale nodes to the deferred reclaim
+   (`reclaim_queue.defer`, O(1): they are freed in bounded slices per scheduler iteration, on demand when SGLang
+   evicts, and at idle), or, for a cache that cannot defer (HiCache host tier, hybrid components), free them in
+   one batched eviction (`reclaim.free_all_unlocked`);
 5. with a HiCache host tier, free the stale host copies too (`host_tier`): transfers in flight are settled before 4,
    and every host copy nothing pins is evicted after it.
 Between 1 and 5 nothing can be inserted under the new epoch, so "evictable" is exactly "unlocked and stale".
+Nothing in 1-5 is proportional to the cached size on the deferred path: 2 and 3 walk the live and queued requests,
+and `tokens_pinned` reads the crossing requests' paths.
 """
 from __future__ import annotations
 
 import time
 from typing import Iterable, Optional
 
-from vradix import admission, host_tier, identity as weight_identity, provenance, reclaim, request
+from vradix import admission, host_tier, identity as weight_identity, provenance, reclaim, reclaim_queue, request
 from vradix.state import EpochState, Invalidation
 
 #: longest accepted publication label (SGLang `weight_version`); labels travel in every response's meta_info
@@ -79,6 +84,9 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
     host_tier.settle_transfers(cache)
     if holders == 0 and cache.protected_size() == 0:
         inv.tokens_freed = reclaim.free_all_by_reset(cache)
+        reclaim_queue.cancel(state)
+    elif reclaim_queue.supported(cache):
+        inv.tokens_deferred = reclaim_queue.defer(state, cache)
     else:
         inv.tokens_freed = reclaim.free_all_unlocked(cache)
         host_tier.free_stale_host(cache)
@@ -111,7 +119,7 @@ def mark_crossing(state: EpochState, req) -> None:
 
 def sweep_released_crossing(state: EpochState) -> int:
     """Forget crossing requests that no longer hold a tree lock (released without `release_kv_cache`); the bump's
-    bulk reclaim frees what they left unlocked. Returns how many were forgotten."""
+    reclaim (deferred or bulk) frees what they left unlocked. Returns how many were forgotten."""
     gone = [k for k, r in state.crossing.items() if getattr(r, "lock", None) is None]
     for k in gone:
         del state.crossing[k]

@@ -3,7 +3,8 @@
 Three entry points, all against SGLang's real tree cache API (identical on the Rust and Python TreeCores):
 - `free_all_unlocked(cache)`: at a bump the new namespace is still empty, so every evictable node is stale. One
   `evict(evictable_size)` call frees them all (cascading up to locked paths) inside one allocator free group, i.e. one
-  batched `free` of the slot tensors.
+  batched `free` of the slot tensors. Used only by caches that cannot defer this work (`reclaim_queue.supported`:
+  HiCache host tier, hybrid components); the others leave it to `vradix.reclaim_queue`, after the bump.
 - `free_all_by_reset(cache)`: the same result when no request holds KV at all (nothing can be locked), at the cost
   of a stock flush: drop the tree and free all its slots in one call (SGLang's reset also clears a HiCache host pool).
 - `free_released_path(cache, node)`: when a crossing request releases its lock on a stale node, read its path once
@@ -12,9 +13,10 @@ Three entry points, all against SGLang's real tree cache API (identical on the R
   a HiCache host pool (`free_stale_leaf`).
 The HiCache host copies of stale nodes are freed by `vradix.host_tier` at the bump.
 
-Invariant maintained between bumps: every node of an older epoch is locked by a live crossing request. Nothing of an
-old epoch is ever inserted (crossing requests skip insertion), so a stale node can only lose locks, and the moment it
-loses its last one it is freed here, not left to LRU.
+Invariant maintained between bumps: every node of an older epoch is locked by a live crossing request, or awaits the
+deferred reclaim (`vradix.reclaim_queue`). Nothing of an old epoch is ever inserted (crossing requests skip
+insertion), so a stale node can only lose locks; the moment it loses its last one it is freed here when it is a leaf,
+and otherwise (its unlocked stale children await the deferred reclaim) joins the deferred reclaim, never left to LRU.
 
 Safety: the Rust TreeCore panics (and poisons itself) if asked to evict a locked or inner node, so the victims are
 chosen from the path's child counts and its unlocked suffix (`unlocked_suffix_len`), which reads lock state without

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional
 
 from vradix import __version__, identity, kernels, namespace, prefill_dedup
+from vradix.reclaim_queue import DeferredReclaim
 from vradix.guard import GuardConfig, GuardStats
 from vradix.ledger import PageLedger
 from vradix import ledger as kv_ledger
@@ -24,6 +25,8 @@ class Invalidation:
     label: Optional[str]
     reason: str
     tokens_freed: int = 0
+    #: unlocked stale tokens left in the tree for the deferred reclaim (`vradix.reclaim_queue`)
+    tokens_deferred: int = 0
     crossing_requests: int = 0
     crossing_mid_prefill: int = 0
     tokens_pinned: int = 0
@@ -40,9 +43,11 @@ class Invalidation:
 
     def summary(self) -> str:
         host = f" and {self.host_tokens_freed} stale host tokens" if self.host_tokens_freed is not None else ""
+        deferred = (f" (+{self.tokens_deferred} unlocked stale tokens reclaimed after the bump)"
+                    if self.tokens_deferred else "")
         return (f"vradix: epoch {self.epoch_before}->{self.epoch_after} ({self.reason}, label={self.label!r}, "
                 f"weight_id={self.weight_id}): "
-                f"freed {self.tokens_freed} stale tokens{host}, {self.tokens_pinned} stale tokens pinned by "
+                f"freed {self.tokens_freed} stale tokens{host}{deferred}, {self.tokens_pinned} stale tokens pinned by "
                 f"{self.crossing_requests} crossing request(s) ({self.crossing_mid_prefill} mid-prefill), "
                 f"{self.requeued_rebound} queued request(s) re-bound")
 
@@ -106,6 +111,8 @@ class EpochState:
     #: the prefill scheduling pass in progress (None between passes)
     dedup_pass: Optional[prefill_dedup.Pass] = None
     _epoch_by_prefix: Dict[str, int] = field(default_factory=dict)
+    #: the unlocked stale KV a bump left in the tree, reclaimed after it (`vradix.reclaim_queue`)
+    deferred: DeferredReclaim = field(default_factory=DeferredReclaim)
 
     def bind_identity(self, epoch: int, ident: identity.WeightIdentity) -> str:
         """Record `ident` as epoch `epoch`'s identity and return its namespace prefix: the bare `weight_id` the
@@ -150,6 +157,8 @@ class EpochState:
             "stale_tokens_freed_total": self.stale_tokens_freed_total,
             "stale_tokens_freed_at_release": self.stale_tokens_freed_at_release,
             "stale_tokens_freed_last": last.tokens_freed if last else 0,
+            "stale_tokens_pending": self.deferred.pending_tokens,
+            "stale_reclaim": self.deferred.as_dict(),
             "stale_host_tokens_freed_total": self.stale_host_tokens_freed_total,
             "stale_host_tokens_freed_last": last.host_tokens_freed if last else None,
             "last_publication_latency_ms": (round(self.last_publication.latency_ms, 3)

@@ -71,9 +71,14 @@ HOOKS = [
     # page written to a `file` store is attributed to its weight identity, for garbage collection
     (f"{_URC}._handle_prefetch_result", "AROUND", storage.discard_stale_prefetch),
     (f"{_URC}.write_backup_storage", "BEFORE", storage.record_storage_backup),
-    # 3. reclaim: lock-aware, at release and on flush
+    # 3. reclaim: lock-aware, at release and on flush; the stale KV a bump deferred: stale first on every eviction,
+    # a bounded slice per scheduler iteration, the rest at idle (the first insert after a bump marks what is stale)
     (f"{_COMMON}.release_kv_cache", "AROUND", reclaim.reclaim_on_release),
     (f"{_SCHED}.flush_cache", "AROUND", reclaim.lock_aware_flush),
+    (f"{_URC}.insert", "AFTER", reclaim.note_first_insert),
+    (f"{_URC}._evict", "AROUND", reclaim.reclaim_stale_first),
+    (f"{_SCHED}.get_next_batch_to_run", "BEFORE", reclaim.reclaim_slice),
+    (f"{_SCHED}.on_idle", "BEFORE", reclaim.finish_reclaim_when_idle),
     # 4. report
     ("sglang.srt.managers.scheduler_components.flush_wrapper.SchedulerFlushWrapper.handle", "AFTER",
      server_info.report_flush),

@@ -1,7 +1,11 @@
-"""Step 3 hooks (scheduler process): free stale KV when a crossing request releases it; flush lock-aware."""
+"""Step 3 hooks (scheduler process): free stale KV when a crossing request releases it; flush lock-aware; reclaim
+the stale KV a bump deferred (`vradix.reclaim_queue`): a slice per scheduler iteration, stale first whenever SGLang
+evicts, the rest when the engine is idle."""
 from __future__ import annotations
 
-from vradix import epochs, host_tier, mm_embeddings, provenance, report, request
+from dataclasses import replace
+
+from vradix import epochs, host_tier, mm_embeddings, provenance, reclaim_queue, report, request
 from vradix import ledger as kv_ledger
 from vradix.hooks.publication import bump_scheduler, current_label
 from vradix.state import Invalidation, state_of
@@ -16,9 +20,13 @@ def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
         # the row is freed by the release: read the device-side provenance witness first
         r2t = tree_cache.req_to_token_pool.req_to_token
         request.require(req).ledger_spans = kv_ledger.kv_spans(state.ledger, r2t, req)
+    pending = state is not None and state.deferred.active and id(req) in state.crossing
+    evictable_before = tree_cache.evictable_size() if pending else 0
     result = original(req, tree_cache, *args, **kwargs)
     if state is not None:
         epochs.on_release(state, tree_cache, req, node)
+    if pending:
+        reclaim_queue.note_release(state, evictable_before, tree_cache.evictable_size())
     return result
 
 
@@ -38,6 +46,7 @@ def lock_aware_flush(original, scheduler, *args, **kwargs):
         host_before = host_tier.available(scheduler.tree_cache)
         ok = original(scheduler, *args, **kwargs)
         if ok:
+            reclaim_queue.cancel(state)
             state.flushes += 1
             state.stale_tokens_freed_total += cached
             state.last = Invalidation(state.epoch, state.epoch, state.label, "flush (idle reset)", tokens_freed=cached,
@@ -54,3 +63,41 @@ def lock_aware_flush(original, scheduler, *args, **kwargs):
         return True
     bump_scheduler(scheduler, reason="lock-aware flush", is_publication=False)
     return True
+
+
+def note_first_insert(result, cache, params, *args, **kwargs):
+    """AFTER UnifiedRadixCache.insert: the first insert after a bump fixes the watermark below which every node is
+    stale (`reclaim_queue.note_insert`)."""
+    state = state_of(cache)
+    if state is not None and state.deferred.active and state.deferred.watermark is None:
+        reclaim_queue.note_insert(state, cache, result.last_device_node)
+
+
+def reclaim_stale_first(original, cache, params, *args, **kwargs):
+    """AROUND UnifiedRadixCache._evict (every eviction: `evict`, `evict_for_alloc`): while stale KV awaits its deferred
+    reclaim, free stale KV first, whatever SGLang's eviction policy, and let SGLang evict only what is still needed.
+    An allocation's availability target (`evict_for_alloc`) was fixed before this call, so SGLang's walk counts the
+    stale frees toward it."""
+    state = state_of(cache)
+    if state is None or not state.deferred.active or params.num_tokens <= 0:
+        return original(cache, params, *args, **kwargs)
+    freed = reclaim_queue.reclaim(state, cache, params.num_tokens)
+    result = original(cache, replace(params, num_tokens=max(0, params.num_tokens - freed)), *args, **kwargs)
+    result.num_tokens_evicted += freed
+    return result
+
+
+def reclaim_slice(scheduler, *args, **kwargs):
+    """BEFORE Scheduler.get_next_batch_to_run (once per scheduler iteration that is not paused): one bounded slice of
+    the deferred reclaim, before the scheduler sizes its next batch."""
+    state = state_of(scheduler.tree_cache)
+    if state is not None and state.deferred.active:
+        reclaim_queue.step(state, scheduler.tree_cache)
+
+
+def finish_reclaim_when_idle(scheduler, *args, **kwargs):
+    """BEFORE Scheduler.on_idle: a fully idle engine finishes the deferred reclaim before SGLang's idle check and its
+    idle sleep (the loop may block on its socket until the next request)."""
+    state = state_of(scheduler.tree_cache)
+    if state is not None and state.deferred.active and scheduler.is_fully_idle():
+        reclaim_queue.finish(state, scheduler.tree_cache)

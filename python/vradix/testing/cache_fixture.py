@@ -180,7 +180,7 @@ class SchedulerView:
 
 def build_cache(tree_core: str = "rust", page_size: int = 1, kv_tokens: int = 4096, max_reqs: int = 64,
                 max_context_len: int = 2048, dtype: torch.dtype = torch.bfloat16,
-                fixture_class: type = CacheFixture) -> CacheFixture:
+                fixture_class: type = CacheFixture, eviction_policy: str = "lru") -> CacheFixture:
     """Build the FULL-attention UnifiedRadixCache SGLang builds by default, on CPU, with the named TreeCore. Its
     `CacheInitParams` stay on it as `cache.cache_init_params` (as in SGLang's test kit), for `init_hicache`."""
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page_size))
@@ -193,7 +193,8 @@ def build_cache(tree_core: str = "rust", page_size: int = 1, kv_tokens: int = 40
         alloc = PagedTokenToKVPoolAllocator(size=kv_tokens, page_size=page_size, dtype=dtype, device="cpu",
                                             kvcache=kv, need_sort=False)
     params = CacheInitParams(disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=alloc,
-                             page_size=page_size, tree_components=(ComponentType.FULL,), tree_core_backend=tree_core)
+                             page_size=page_size, tree_components=(ComponentType.FULL,), tree_core_backend=tree_core,
+                             eviction_policy=eviction_policy)
     cache = UnifiedRadixCache(params)
     cache.cache_init_params = params  # what SGLang's test kit reads to initialize HiCache on it (`_init_hicache`)
     return fixture_class(cache=cache, allocator=alloc, req_pool=req_pool, page_size=page_size,
