@@ -5,9 +5,9 @@ Verify guard (`VRADIX_VERIFY=off|sample|strict`, default `strict`):
   page must carry the request's epoch. On a violation the match is redone as a miss (SGLang itself records an empty
   match), so the corrupt KV never reaches the model and the request recomputes its prompt; `violations_caught`
   counts it. Nothing is locked at match time, so nothing has to be undone.
-  Cost: SGLang re-matches every waiting request on every prefill pass (`SchedulePolicy.calc_priority`, for `lpm` and
-  for `fcfs` alike) and once more when it admits one, so the check is paid per pass per waiting request unless
-  reused. Two things keep it at about one check per admission and one host read per pass:
+  Cost: SGLang re-matches every waiting request (up to 128) on every prefill pass (`SchedulePolicy.calc_priority`:
+  `lpm`, and `fcfs` on a tree core that reports a fast match) and once more when it admits one, so the check would
+  be paid per pass per waiting request. Two things keep it at about one check per admission and one host read per pass:
   - the verdict cache: a request's verdict is kept in its `ReqState` with the key `(epoch, matched length, last
     node, ledger generation)` (`verdict_key`) and reused while the key is unchanged;
   - batching: the matches of one `calc_priority` pass are verified together at its end, one gather/compare over all
