@@ -69,7 +69,7 @@ def verify_match(original, req, tree_cache, *args, **kwargs):
     return original(req, tree_cache, *args, **{**kwargs, "max_prefix_len": 0})
 
 
-def verify_scheduling_pass(original, policy, waiting_queue, *args, **kwargs):
+def verify_scheduling_pass(original, policy, *args, **kwargs):
     """AROUND SchedulePolicy.calc_priority (strict guard): the pass re-matches every waiting request; their checks run
     together at its end, in one gather/compare and one host read, and a violating match is redone as a miss then.
     The pass's order is a heuristic and allocates nothing, so checking after it sorted changes no safety property:
@@ -77,10 +77,10 @@ def verify_scheduling_pass(original, policy, waiting_queue, *args, **kwargs):
     state = state_of(policy.tree_cache)
     if (state is None or state.ledger is None or state.guard.verify != "strict"
             or state.pending_matches is not None):
-        return original(policy, waiting_queue, *args, **kwargs)
+        return original(policy, *args, **kwargs)
     state.pending_matches = []
     try:
-        result = original(policy, waiting_queue, *args, **kwargs)
+        result = original(policy, *args, **kwargs)
         pending = state.pending_matches
     finally:
         state.pending_matches = None
