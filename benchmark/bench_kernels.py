@@ -114,7 +114,9 @@ def verify_vs_attention(device, repeats) -> list[dict]:
 
 def guard_overhead(repeats: int) -> list[dict]:
     """Cost of the strict guard on SGLang's real UnifiedRadixCache (CPU): match_kv_cache of a cached prefix with
-    VRADIX_VERIFY=strict vs off (the guard re-reads the match's slots and checks them in one verify call)."""
+    VRADIX_VERIFY=strict vs off. `strict` is a first check (the guard re-reads the match's slots and checks them:
+    one gather/compare, one host read); `strict, verdict reused` is the scheduler's re-match of a waiting request
+    whose verdict still holds (no check)."""
     import os
     try:
         from sglang.srt.plugins import load_plugins
@@ -136,17 +138,21 @@ def guard_overhead(repeats: int) -> list[dict]:
         fx.prefill(warm)
         fx.finish(warm)
         res = {}
-        for mode in ("off", "strict"):
-            state.guard.verify = mode
+        for mode in ("off", "strict", "strict, verdict reused"):
+            state.guard.verify = mode.split(",")[0]
             req = fx.make_req(list(range(1, plen + 2)))
             stamp(state, req)
+            st = req._vradix
 
-            def match():
+            def match(fresh=(mode == "strict")):
+                if fresh:  # a first check: no verdict cached for this match yet
+                    st.verdict_key = None
                 common.match_kv_cache(req, fx.cache, req.origin_input_ids, max_prefix_len=plen)
             res[mode] = timer(torch.device("cpu"))(match, repeats)
             assert req.prefix_len == plen
         rows.append({"prefix": plen, "match_off_us": res["off"] * 1e6, "match_strict_us": res["strict"] * 1e6,
-                     "guard_us": (res["strict"] - res["off"]) * 1e6})
+                     "guard_us": (res["strict"] - res["off"]) * 1e6,
+                     "rematch_reused_us": res["strict, verdict reused"] * 1e6})
     return rows
 
 
@@ -192,9 +198,10 @@ def main(argv=None):
     guard = guard_overhead(args.repeats) if device.type != "cuda" else []
     if guard:
         print("\n# strict guard on the real UnifiedRadixCache (Rust core, page 16, CPU, 1 thread)")
-        print(f"{'prefix':>8}{'match off us':>14}{'match strict us':>17}{'guard us':>10}")
+        print(f"{'prefix':>8}{'match off us':>14}{'match strict us':>17}{'guard us':>10}{'re-match reused us':>20}")
         for r in guard:
-            print(f"{r['prefix']:>8}{r['match_off_us']:>14.1f}{r['match_strict_us']:>17.1f}{r['guard_us']:>10.1f}")
+            print(f"{r['prefix']:>8}{r['match_off_us']:>14.1f}{r['match_strict_us']:>17.1f}{r['guard_us']:>10.1f}"
+                  f"{r['rematch_reused_us']:>20.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": str(device), "results": results, "verify_vs_attention": ratios, "guard": guard}, f, indent=1)

@@ -15,8 +15,10 @@ requests, then one publication is timed (median of repeats, refill not timed):
     when *nothing* is locked, i.e. with retract; it would free the locked KV of live requests);
   - reclaim / reset: reclaim total over stock reset, same tokens;
   - no-op: a vradix bump on an empty cache (fixed cost of a publication).
-Table 2: steady-state admit → match → prefill → checkpoint → release loop, requests/s with the vradix hooks vs
-stock (a child process with VRADIX_DISABLE=1), same traffic.
+Table 2: steady-state admit → match → prefill → checkpoint → release loop, requests/s with the vradix hooks at
+their defaults (KV page ledger, strict guard) vs stock (a child process with VRADIX_DISABLE=1), same traffic:
+`--steady-runs` alternating child runs per core, each printed, then the medians, by wall time and by the child's
+CPU time (`--steady-only` prints just this table).
 """
 from __future__ import annotations
 
@@ -112,17 +114,20 @@ def bench_publication(core: str, sizes, repeats: int):
     return rows
 
 
-def bench_steady(core: str, nreq: int) -> float:
+def bench_steady(core: str, nreq: int) -> dict:
+    """One child run of the steady-state loop: {"wall": requests/s over wall time, "cpu": requests/s over this
+    process's CPU time}. The CPU-time rate is the one other jobs on a shared machine disturb least."""
     from vradix.admission import stamp
     from vradix.state import attach
     from vradix.testing.cache_fixture import build_cache
     from sglang.srt.plugins import load_plugins
 
+    torch.set_num_threads(1)
     load_plugins()
     fx = build_cache(core, 1, kv_tokens=1 << 19, max_reqs=64)
     state = attach(fx.cache) if not os.environ.get("VRADIX_DISABLE") else None
     reqs = [[(i // 8 * 131 + j) % 30000 + 2 for j in range(512)] + [i % 8 + 7, i] for i in range(nreq)]
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     for toks in reqs:
         r = fx.make_req(toks)
         if state is not None:
@@ -130,7 +135,45 @@ def bench_steady(core: str, nreq: int) -> float:
         fx.admit(r)
         fx.prefill(r)
         fx.finish(r)
-    return nreq / (time.perf_counter() - t)
+    return {"wall": nreq / (time.perf_counter() - t), "cpu": nreq / (time.process_time() - c)}
+
+
+def steady_child(core: str, mode: str, nreq: int) -> dict:
+    env = dict(os.environ)
+    env.pop("VRADIX_DISABLE", None)
+    if mode == "stock":
+        env["VRADIX_DISABLE"] = "1"
+    out = subprocess.run([sys.executable, __file__, "--steady-child", core, "--steady-requests", str(nreq)], env=env,
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def steady_table(cores, nreq: int, runs: int) -> None:
+    """Alternating child runs (stock, vradix, stock, ...; the pair order flips every run), each printed, then the
+    medians. Overhead = (stock - vradix) / stock."""
+    load = os.getloadavg()
+    print(f"\n# steady state: admit+match+prefill+checkpoint+release, requests/s, {runs} alternating child runs "
+          f"(load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})")
+    print("| core | run | stock wall | vradix wall | stock cpu | vradix cpu |")
+    print("|---|---|---|---|---|---|")
+    medians = []
+    for core in cores:
+        rates = {"stock": [], "vradix": []}
+        for i in range(runs):
+            for mode in (("stock", "vradix") if i % 2 == 0 else ("vradix", "stock")):
+                rates[mode].append(steady_child(core, mode, nreq))
+            s, v = rates["stock"][-1], rates["vradix"][-1]
+            print(f"| {core} | {i} | {s['wall']:.0f} | {v['wall']:.0f} | {s['cpu']:.0f} | {v['cpu']:.0f} |",
+                  flush=True)
+        medians.append((core, {m: {k: statistics.median(r[k] for r in rs) for k in ("wall", "cpu")}
+                               for m, rs in rates.items()}))
+    print("\n| core | stock (VRADIX_DISABLE=1) | vradix | overhead (wall) | overhead (cpu) |")
+    print("|---|---|---|---|---|")
+    for core, med in medians:
+        s, v = med["stock"], med["vradix"]
+        over = {k: (s[k] - v[k]) / s[k] * 100 for k in ("wall", "cpu")}
+        print(f"| {core} | {s['wall']:.0f} wall, {s['cpu']:.0f} cpu | {v['wall']:.0f} wall, {v['cpu']:.0f} cpu | "
+              f"{over['wall']:+.1f}% | {over['cpu']:+.1f}% |", flush=True)
 
 
 def main():
@@ -139,12 +182,17 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--cores", default="rust,python")
     p.add_argument("--steady-requests", type=int, default=3000)
+    p.add_argument("--steady-runs", type=int, default=5, help="alternating stock/vradix child runs per core")
+    p.add_argument("--steady-only", action="store_true", help="only the steady-state table")
     p.add_argument("--steady-child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.steady_child:
         print(json.dumps(bench_steady(a.steady_child, a.steady_requests)))
         return
     torch.set_num_threads(1)
+    if a.steady_only:
+        steady_table(a.cores.split(","), a.steady_requests, a.steady_runs)
+        return
     sizes = [int(x) for x in a.sizes.split(",")]
     print(f"# publication cost, ms, median of {a.repeats} (CPU: {os.cpu_count()} cores, torch {torch.__version__}; "
           f"deferred reclaim slices of {__import__('vradix.reclaim_queue').reclaim_queue.SLICE_NODES} nodes)")
@@ -155,23 +203,7 @@ def main():
     for core in a.cores.split(","):
         for row in bench_publication(core, sizes, a.repeats):
             print("| " + " | ".join(str(row[h]) for h in hdr) + " |", flush=True)
-    print("\n# steady state: admit+match+prefill+checkpoint+release, requests/s (median of 3 child runs)")
-    print("| core | stock (VRADIX_DISABLE=1) | vradix | overhead |")
-    print("|---|---|---|---|")
-    for core in a.cores.split(","):
-        rates = {}
-        for mode in ("stock", "vradix"):
-            env = dict(os.environ)
-            env.pop("VRADIX_DISABLE", None)
-            if mode == "stock":
-                env["VRADIX_DISABLE"] = "1"
-            runs = [float(subprocess.run([sys.executable, __file__, "--steady-child", core, "--steady-requests",
-                                          str(a.steady_requests)], env=env, check=True, capture_output=True,
-                                         text=True).stdout.strip().splitlines()[-1]) for _ in range(3)]
-            rates[mode] = statistics.median(runs)
-        over = (rates["stock"] - rates["vradix"]) / rates["stock"] * 100
-        print(f"| {core} | {rates['stock']:.0f} | {rates['vradix']:.0f} | {over:+.1f}% |", flush=True)
-
+    steady_table(a.cores.split(","), a.steady_requests, a.steady_runs)
 
 if __name__ == "__main__":
     main()

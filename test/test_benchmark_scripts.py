@@ -19,9 +19,21 @@ def run_script(*argv, timeout=600):
 
 def test_bench_publication_prints_both_tables():
     out = run_script("benchmark/bench_publication.py", "--sizes", "2000", "--repeats", "1", "--cores", "rust,python",
-                     "--steady-requests", "40")
+                     "--steady-requests", "40", "--steady-runs", "1")
     assert "# publication cost" in out and "# steady state" in out
     assert "| rust | 2000 |" in out and "| python | 2000 |" in out
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(400)
+def test_bench_steady_state_smoke_prints_the_table():
+    """Starts one stock and one vradix CPU server (concurrently); greedy outputs must match (the script checks)."""
+    out = run_script("benchmark/bench_steady_state.py", "--smoke", timeout=380)
+    row = re.search(r"^\| lpm \| [\d.]+ \| [\d.]+ \| [+-][\d.]+% \| .* \| True \| (\d+) \| (\d+) \| (\d+) \|$",
+                    out, re.M)
+    assert row, out
+    verified, reused, host_reads = map(int, row.groups())
+    assert verified > 0 and host_reads < verified + reused  # the strict guard ran, and batched or reused checks
 
 
 def test_bench_fingerprint_smoke_prints_the_table():
@@ -44,6 +56,7 @@ def test_bench_hicache_smoke_prints_three_tables():
 @pytest.mark.parametrize("script", ["benchmark/bench_kernels.py", "benchmark/bench_fingerprint.py",
                                     "benchmark/bench_hicache.py", "benchmark/tie_check.py",
                                     "benchmark/soak_publications.py", "benchmark/bench_rl_rollout.py",
+                                    "benchmark/bench_steady_state.py",
                                     "scripts/hook_table.py"])
 def test_every_script_answers_help(script):
     assert "usage:" in run_script(script, "--help", timeout=300)

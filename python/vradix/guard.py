@@ -5,6 +5,25 @@ Verify guard (`VRADIX_VERIFY=off|sample|strict`, default `strict`):
   page must carry the request's epoch. On a violation the match is redone as a miss (SGLang itself records an empty
   match), so the corrupt KV never reaches the model and the request recomputes its prompt; `violations_caught`
   counts it. Nothing is locked at match time, so nothing has to be undone.
+  Cost: SGLang re-matches every waiting request (up to 128) on every prefill pass (`SchedulePolicy.calc_priority`:
+  `lpm`, and `fcfs` on a tree core that reports a fast match) and once more when it admits one, so the check would
+  be paid per pass per waiting request. Two things keep it at about one check per admission and one host read per pass:
+  - the verdict cache: a request's verdict is kept in its `ReqState` with the key `(epoch, matched length, last
+    node, ledger generation)` (`verdict_key`) and reused while the key is unchanged;
+  - batching: the matches of one `calc_priority` pass are verified together at its end, one gather/compare over all
+    their slots and one host read (`kernels.prefix_violation_counts`).
+  Why a reused verdict is sound. A verdict says: the slots the tree returned for this request's match all lie on
+  pages that read the request's epoch E. A later match with the same key returns the same slots: the slots are the
+  path from the namespace root of E to `last node`, cut at the same length, and SGLang's tree never rewrites the
+  value of a live node (a split keeps the path's slots; a node that goes away frees its pages, which moves the
+  generation, and so does a HiCache load-back of new device slots, `PageLedger.note_overwritten`). Those pages still
+  read E: the ledger generation moves on every event that can make a page stop reading an epoch it read — a free,
+  a clear, an overwrite, a write under another epoch than the previous write's — and the verdict is only cached
+  when the last write's epoch was E (or there was none), so the writes the generation lets through only write E.
+  What forces a fresh check is exactly what can make the old verdict wrong: a larger matched length (positions
+  never checked), a publication (the request is re-bound to a new epoch: a different E and namespace root), a
+  different last node, or any free/reuse of pages in between (the pages of a verified prefix can be freed and
+  reused between two matches of the same request). A new request never inherits a verdict.
 * sample — every Nth prefill batch (`VRADIX_VERIFY_SAMPLE_EVERY`, default 16) that reuses cached prefix KV is checked
   after its rows are written, with one fused kernel over the batch. Detection only: a violation is counted and logged.
 * off — no check.
@@ -19,11 +38,13 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, replace
+from typing import Optional
 
 import torch
 
-from vradix import kernels
+from vradix import kernels, request
 from vradix.ledger import PageLedger
+from vradix.request import ReqState
 
 logger = logging.getLogger("vradix")
 
@@ -70,7 +91,12 @@ class GuardConfig:
 
 @dataclass
 class GuardStats:
+    #: matched prefixes checked against the ledger (each one a fresh verdict)
     prefixes_verified: int = 0
+    #: matches whose cached verdict was reused (no check)
+    verdicts_reused: int = 0
+    #: strict checks run (each one a gather/compare and one host read, for one prefix or for a whole pass)
+    verify_host_reads: int = 0
     batches_verified: int = 0
     violations_caught: int = 0
     last_violation: str = ""
@@ -82,6 +108,50 @@ class GuardStats:
 
 
 # ---- strict: at match time -------------------------------------------------------------------------------------------
+@dataclass
+class PendingMatch:
+    """A match taken inside a scheduling pass, verified with the pass's others at its end."""
+    req: object
+    slots: torch.Tensor
+    epoch: int
+    key: Optional[tuple]
+
+
+def verdict_key(ledger: PageLedger, req, epoch: int) -> Optional[tuple]:
+    """The key a verdict on `req`'s current match is valid for, or None when it may not be cached (the ledger's last
+    write was under another epoch, so a later write that the generation lets through could overwrite epoch pages)."""
+    written = ledger.written_epoch
+    if written is not None and written != epoch:
+        return None
+    return (epoch, req.prefix_len, req.last_node, ledger.generation)
+
+
+def verify_match(ledger: PageLedger, stats: GuardStats, st: ReqState, slots: torch.Tensor, epoch: int,
+                 key: Optional[tuple]) -> int:
+    """Check one match now (one gather/compare, one host read) and cache the verdict in `st`. Returns its
+    violation count."""
+    n = kernels.prefix_violation_counts(ledger.page_epoch, [slots], [epoch], ledger.page_size)[0]
+    stats.verify_host_reads += 1
+    stats.prefixes_verified += 1
+    st.verdict_key, st.verdict_ok = key, n == 0
+    return n
+
+
+def verify_matches(ledger: PageLedger, stats: GuardStats, pending: list[PendingMatch]) -> list[int]:
+    """Check a scheduling pass's matches together (one gather/compare, one host read) and cache each verdict in its
+    `ReqState`. Returns the violation count of each."""
+    if not pending:
+        return []
+    counts = kernels.prefix_violation_counts(ledger.page_epoch, [p.slots for p in pending],
+                                             [p.epoch for p in pending], ledger.page_size)
+    stats.verify_host_reads += 1
+    stats.prefixes_verified += len(pending)
+    for p, n in zip(pending, counts):
+        st = request.require(p.req)
+        st.verdict_key, st.verdict_ok = p.key, n == 0
+    return counts
+
+
 def matched_prefix_violations(ledger: PageLedger, slots: torch.Tensor, expected_epoch: int) -> kernels.Violations:
     """Verify one adopted match: its slots as a one-row table."""
     n = slots.numel()

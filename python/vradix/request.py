@@ -8,7 +8,9 @@ Invariants:
 - `kv_history` is the provenance of the request's KV (see `vradix.provenance`): its first entry starts at position 0
   and names `epoch` at the last bind;
 - `crossed` is True while the request holds KV across a bump; then `skip_insert_before` is what
-  `req.skip_radix_cache_insert` was before vradix forced it on.
+  `req.skip_radix_cache_insert` was before vradix forced it on;
+- `verdict_key` / `verdict_ok` are the strict guard's last verdict on the request's matched prefix and the key it is
+  valid for (`vradix.guard.verdict_key`); None until a prefix was verified.
 A request that reaches a prefix match without a `ReqState` was never admitted by vradix: `require` raises
 `UnstampedRequestError` rather than guessing an epoch (fail closed).
 """
@@ -35,6 +37,10 @@ class ReqState:
     skip_insert_before: bool = False
     #: the KV page ledger's spans of a crossing request's row, read just before its release
     ledger_spans: Optional[list] = None
+    #: the strict guard's cached verdict on the matched prefix, and the (epoch, length, last node, ledger generation)
+    #: it holds for
+    verdict_key: Optional[tuple] = None
+    verdict_ok: bool = True
 
 
 def of(req) -> Optional[ReqState]:

@@ -30,6 +30,7 @@ HOOKS = [
     (f"{_SCHED}._add_request_to_queue", "BEFORE", admission.stamp_unstamped_on_queue),
     (f"{_COMMON}.match_kv_cache", "BEFORE", admission.rebind_before_match),
     (f"{_COMMON}.match_kv_cache", "AROUND", admission.verify_match),
+    ("sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority", "AROUND", admission.verify_scheduling_pass),
     (f"{_URC}.init_load_back", "AROUND", admission.verify_load_back),
     ("sglang.srt.mem_cache.allocation.alloc_for_extend", "AFTER", admission.sample_verify_prefill_batch),
     # prefill scheduling: a request waits for an uncached prefix another request is already computing

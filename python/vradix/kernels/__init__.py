@@ -75,7 +75,8 @@ def _module(impl: str):
 def stamp(page_epoch: torch.Tensor, loc: torch.Tensor, epoch: int, page_size: int, impl: Optional[str] = None):
     """Mark the pages of the KV slots `loc` as written under `epoch` (or `FREE`)."""
     if loc.numel():
-        _module(impl_for(page_epoch, impl)).stamp(page_epoch, loc, int(epoch), int(page_size))
+        name = impl_for(page_epoch, impl)
+        (reference if name == "torch" else _module(name)).stamp(page_epoch, loc, int(epoch), int(page_size))
 
 
 def verify_async(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_size,
@@ -96,6 +97,15 @@ def verify(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_si
     """Fused gather/compare/reduce over the matched prefixes of a batch (see `reference.verify`)."""
     out = verify_async(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_size, max_prefix_len, impl)
     return Violations(*out.tolist())
+
+
+def prefix_violation_counts(page_epoch: torch.Tensor, slots: list[torch.Tensor], expected_epochs: list[int],
+                            page_size: int) -> list[int]:
+    """Per matched prefix (a 1-D tensor of its KV slots), the count of its slots on pages not of its expected epoch:
+    one gather/compare over all of them and one host read (`reference.prefix_violation_counts`). The strict guard
+    batches one scheduling pass's matches through it. Every implementation uses the torch form: it is a handful of
+    element-wise launches whose cost is the one host read, not the arithmetic."""
+    return reference.prefix_violation_counts(page_epoch, slots, expected_epochs, int(page_size))
 
 
 def spans(page_epoch, req_to_token, row: int, length: int, page_size: int,
@@ -119,4 +129,4 @@ def invalidate(page_epoch: torch.Tensor, epoch: int, pinned_mask: Optional[torch
 
 
 __all__ = ["FREE", "NO_VIOLATION", "IMPLS", "Violations", "available", "impl_for", "stamp", "verify",
-           "verify_async", "spans", "invalidate", "cuda_ext"]
+           "verify_async", "prefix_violation_counts", "spans", "invalidate", "cuda_ext"]

@@ -23,6 +23,11 @@ def stamp(page_epoch: torch.Tensor, loc: torch.Tensor, epoch: int, page_size: in
     """page_epoch[loc // page_size] = epoch, in place (duplicate pages in `loc` are fine)."""
     if loc.numel() == 0:
         return
+    if page_epoch.device.type == "cpu" and loc.device.type == "cpu":
+        # per batch and per free: on CPU, numpy views of the same memory skip torch's per-call dispatch
+        pages = loc.numpy()
+        page_epoch.numpy()[pages // page_size if page_size > 1 else pages] = epoch
+        return
     page_epoch.index_fill_(0, (loc.to(torch.int64) // page_size), epoch)
 
 
@@ -50,6 +55,48 @@ def verify(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: torch.Ten
     none = torch.tensor(NO_VIOLATION, device=dev)
     return torch.stack([count.to(torch.int64), torch.where(found, first // width, none),
                         torch.where(found, first % width, none)])
+
+
+def prefix_violation_counts(page_epoch: torch.Tensor, slots: list[torch.Tensor], expected_epochs: list[int],
+                            page_size: int) -> list[int]:
+    """For each matched prefix i (the KV slots `slots[i]`, any integer dtype, on page_epoch's device): how many of its
+    slots lie on a page whose epoch is not `expected_epochs[i]`.
+
+    One gather and compare over all the prefixes' slots, concatenated, and one host read for the whole list; the
+    segment ids and the per-slot expected epochs are built on the host from host lengths (no device sync). On CPU the
+    same arithmetic runs on numpy views of the same memory: for prefixes of a few hundred slots torch's per-call
+    dispatch costs several times the gather itself.
+    """
+    n = len(slots)
+    if n == 0:
+        return []
+    if page_epoch.device.type == "cpu":
+        return _prefix_violation_counts_host(page_epoch.numpy(), [s.numpy() for s in slots], expected_epochs,
+                                             page_size)
+    dev = page_epoch.device
+    lens = [int(s.numel()) for s in slots]
+    flat = (slots[0] if n == 1 else torch.cat(slots)).to(torch.int64)
+    epochs = page_epoch.index_select(0, flat // page_size if page_size > 1 else flat)
+    if len(set(expected_epochs)) == 1:
+        bad = epochs.ne(expected_epochs[0])
+    else:
+        expected = torch.tensor(expected_epochs, dtype=page_epoch.dtype).repeat_interleave(torch.tensor(lens))
+        bad = epochs.ne(expected.to(dev, non_blocking=True))
+    if n == 1:
+        return [int(bad.sum().item())]
+    seg = torch.arange(n).repeat_interleave(torch.tensor(lens)).to(dev, non_blocking=True)
+    counts = torch.zeros(n, dtype=torch.int64, device=dev).index_add_(0, seg, bad.to(torch.int64))
+    return counts.tolist()
+
+
+def _prefix_violation_counts_host(page_epoch, slots, expected_epochs: list[int], page_size: int) -> list[int]:
+    import numpy as np
+
+    out = []
+    for s, e in zip(slots, expected_epochs):
+        pages = s // page_size if page_size > 1 else s
+        out.append(int(np.count_nonzero(page_epoch.take(pages) != e)))
+    return out
 
 
 def row_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, row: int, length: int,
