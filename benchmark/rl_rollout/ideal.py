@@ -1,0 +1,80 @@
+"""The yardstick: the prompt work of an ideal correct engine with an unbounded cache, on the same run's trace, and
+where the measured engine's extra work went.
+
+The ideal engine prefills the same requests in the same order (server order of first forwards), each under the
+weight version it was actually prefilled under (`trace.prefill_order`), and computes only the tokens beyond the
+longest prefix some earlier request already computed, or started computing, under that same version. Crossing
+requests count as the engine computed them: a request's prompt KV carries the version it matched under, its output
+KV that version until the first version change and MIXED after it (never reusable), and a retracted request adds a
+clean copy of its whole sequence under each version it was re-prefilled under. Output KV is reusable once the
+request finished (`request_finished_ts`). At least one prompt token is always computed (SGLang matches at most
+len - 1 tokens). No correct engine computes less on this trace: for every mode but the unsafe `in_place`,
+measured work >= ideal.
+
+For each request the measured engine computed `len - cached_tokens`; the ideal engine `len - L`. When cached < L the
+difference is *missed* reuse, split by the state of the KV it could have reused when the request was scheduled
+(its `forward_entry_time` t):
+  - computed earlier: the prefix was in the tree by t (the copy's prefill_finished_time, or for output KV its
+    request_finished_ts, <= t). The engine had it and did not match it (freed, evicted, or never inserted).
+  - in flight: a request whose first forward started by t was still computing it (prefill not finished by t),
+    split further into *same batch* (it started in the very forward that scheduled this request, so both were
+    scheduled off the same tree) and *earlier batch* (scheduled before, e.g. the overlap scheduler's previous batch
+    whose results were not processed yet).
+A chunked prefill's chunks are inserted before its prefill finishes, so a prefix from a long chunked prompt can be
+labelled in flight while a chunk of it was already in the tree; prompts below --chunked-prefill-size are exact.
+"""
+from __future__ import annotations
+
+from typing import List, Sequence
+
+from .trace import PrefixTrie, output_tags, prefill_order, spans_of
+
+#: keys `ideal_work` returns, in report order
+IDEAL_KEYS = ("ideal_prompt_tokens", "missed_tokens", "missed_requests",
+              "missed_earlier_tokens", "missed_earlier_requests",
+              "missed_in_flight_tokens", "missed_in_flight_requests",
+              "missed_same_batch_tokens", "cached_beyond_ideal_tokens")
+
+
+def ideal_work(records: List, publications: Sequence = (), first_version: str = "") -> dict:
+    """Ideal prompt work of the trace and the missed-reuse breakdown (see the module docstring)."""
+    trie = PrefixTrie()
+    out = dict.fromkeys(IDEAL_KEYS, 0)
+    for r, version in prefill_order(records, publications, first_version):
+        m, ids = r.meta, r.input_ids
+        t = m["forward_entry_time"]
+        cap = len(ids) - 1
+        reusable = trie.longest(ids, cap, version, started_by=t)                 # the ideal engine's match
+        in_tree = trie.longest(ids, reusable, version, started_by=t, in_tree_by=t)
+        started_before = trie.longest(ids, reusable, version, started_by=t, strictly_before=True)
+        cached = m["cached_tokens"]
+        out["ideal_prompt_tokens"] += len(ids) - reusable
+        out["cached_beyond_ideal_tokens"] += max(0, cached - reusable)
+        missed = max(0, reusable - cached)
+        earlier = max(0, in_tree - cached)
+        in_flight = missed - earlier
+        out["missed_tokens"] += missed
+        out["missed_requests"] += missed > 0
+        out["missed_earlier_tokens"] += earlier
+        out["missed_earlier_requests"] += earlier > 0
+        out["missed_in_flight_tokens"] += in_flight
+        out["missed_in_flight_requests"] += in_flight > 0
+        earlier_batch = max(0, started_before - max(cached, in_tree))
+        out["missed_same_batch_tokens"] += in_flight - earlier_batch
+        add_computed(trie, r, version, t)
+    return out
+
+
+def add_computed(trie: PrefixTrie, r, version: str, t: float) -> None:
+    """The KV the request left behind, as the engine computed it (see the module docstring)."""
+    m, spans = r.meta, spans_of(r)
+    prefilled = m.get("prefill_finished_time", t)
+    finished = m.get("request_finished_ts", prefilled)
+    trie.add(r.input_ids, 0, [version] * len(r.input_ids), t, prefilled)
+    if m.get("num_retractions", 0):
+        seq = r.input_ids + r.output_ids[:-1]
+        for v in dict.fromkeys(sp["version"] for sp in spans):
+            trie.add(seq, 0, [v] * len(seq), t, finished)
+        return
+    tags = output_tags(spans, len(r.output_ids), spans[0]["version"] == version)
+    trie.add(r.input_ids + r.output_ids, len(r.input_ids), tags, finished)
