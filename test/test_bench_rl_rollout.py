@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmark", "bench_rl_rollout.py")
 sys.path.insert(0, os.path.join(ROOT, "benchmark"))
 
-from rl_rollout.__main__ import parse_args  # noqa: E402
+from rl_rollout.__main__ import parse_args, sized_to_schedule  # noqa: E402
 from rl_rollout.client import Record  # noqa: E402
 from rl_rollout.ideal import ideal_work  # noqa: E402
 from rl_rollout.modes import MODES  # noqa: E402
@@ -173,7 +173,12 @@ def test_a_schedule_sweep_reports_targets_per_schedule_and_plots_work_over_ideal
                              (256, {"in_place": 900, "in_place+vradix": 1050})) for m, work in works.items()]
     ideal = {t["publish_every"]: t["met"] for t in check_targets(rows, 8) if "ideal" in t["target"]}
     assert ideal == {16: False, 256: True}
-    assert parse_args(["--publish-every-requests", "16,64,256"]).publish_every_requests == [16, 64, 256]
+    a = parse_args(["--publish-every-requests", "16,64,256", "--scale-to-schedule", "4"])
+    assert a.publish_every_requests == [16, 64, 256]
+    for k in a.publish_every_requests:   # N x K requests per run: N - 1 publications at every schedule
+        sized = sized_to_schedule(a, k)
+        assert sized.prompts * sized.samples == 4 * k and sized.sessions * sized.turns == 4 * k
+    assert sized_to_schedule(parse_args([]), 16).prompts == 16
     assert write_png(rows, str(tmp_path / "sweep.png")) is None and (tmp_path / "sweep.png").stat().st_size > 0
 
 

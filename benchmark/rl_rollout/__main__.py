@@ -55,7 +55,7 @@ def run_mode(server: ServerClient, mode: Mode, a, weights: Sequence[str]) -> Lis
     rows = []
     for k in a.publish_every_requests:
         for w in a.workload:
-            tasks = build_tasks(w, a)
+            tasks = build_tasks(w, sized_to_schedule(a, k))
             log(f"{w} / {mode.name} / every {k}: {sum(len(t.turns) for t in tasks)} requests ...")
             label = f"{w}-{mode.name}" + (f"-k{k}" if len(a.publish_every_requests) > 1 else "")
             raw = run_rollout(server, mode, tasks, a.concurrency, k, a.publish_every_seconds, weights, label)
@@ -67,6 +67,17 @@ def run_mode(server: ServerClient, mode: Mode, a, weights: Sequence[str]) -> Lis
                 f"stale {row['stale_tokens_reused']}")
             rows.append(row)
     return rows
+
+
+def sized_to_schedule(a, k: int):
+    """The arguments for schedule K: with --scale-to-schedule N, N x K requests per run (grpo prompts of n samples,
+    agent sessions of t turns, rounded up), so every schedule publishes N - 1 times; otherwise `a` unchanged."""
+    if not a.scale_to_schedule or not k:
+        return a
+    sized = argparse.Namespace(**vars(a))
+    sized.prompts = -(-a.scale_to_schedule * k // a.samples)
+    sized.sessions = -(-a.scale_to_schedule * k // a.turns)
+    return sized
 
 
 def _range(s: str):
@@ -123,6 +134,9 @@ def parse_args(argv=None):
     g.add_argument("--publish-every-requests", type=_counts, default=[16],
                    help="K, or K1,K2,... to run everything once per schedule (a sweep); 0: by time only")
     g.add_argument("--publish-every-seconds", type=float, default=0.0)
+    g.add_argument("--scale-to-schedule", type=int, default=0, metavar="N",
+                   help="size each run to N x K requests for schedule K (overrides --prompts/--sessions), so a sweep "
+                        "publishes N - 1 times at every K")
     g = p.add_argument_group("local CPU servers")
     g.add_argument("--checkpoints", type=int, default=2, help="seeded tiny checkpoints published in turn")
     g.add_argument("--max-total-tokens", type=int, default=65536)
@@ -141,7 +155,7 @@ def parse_args(argv=None):
         p.error("--url drives one existing server: pass exactly one --mode (see the docstring for its flags)")
     if 0 in a.publish_every_requests and a.publish_every_seconds <= 0:
         p.error("no publication schedule: set --publish-every-requests and/or --publish-every-seconds")
-    if a.checkpoints < 1 or a.concurrency < 1 or a.prompts < 1 or a.samples < 1 or a.sessions < 1 or a.turns < 1:
+    if a.scale_to_schedule < 0 or a.checkpoints < 1 or a.concurrency < 1 or a.prompts < 1 or a.samples < 1 or a.sessions < 1 or a.turns < 1:
         p.error("counts must be >= 1")
     return a
 
