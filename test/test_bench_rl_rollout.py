@@ -159,10 +159,17 @@ def test_ideal_engine_never_reuses_another_versions_or_mixed_kv():
 
 
 def test_a_retracted_request_counts_as_recomputed_under_each_version():
+    # prefilled under v0, retracted after its first token, re-prefilled (prompt + that token) under v1
     retracted = rec(SYS + Q1, [1, 2, 3], 0, [("v0", 0, 1), ("v1", 1, 3)], fe=1.0, fin=2.0, retractions=1)
+    other = rec(SYS + Q2, [5, 6], 0, [("v1", 0, 2)], fe=1.1, fin=2.0, retractions=1)   # retracted before a token
     hit = rec(SYS + Q1, [4], N - 1, [("v1", 0, 1)], fe=3.0)
-    out = ideal_work([retracted, hit])
-    assert out["ideal_prompt_tokens"] == N + 1 and out["cached_beyond_ideal_tokens"] == 0
+    for r in (retracted, other, hit):   # client and server clocks agree
+        r.sent, r.received = r.meta["forward_entry_time"], r.meta["request_finished_ts"]
+        r.meta["request_received_ts"], r.meta["response_sent_to_client_ts"] = r.sent, r.received
+    out = ideal_work([retracted, other, hit], [Publication(1, "v1", "test", 2, boundary=1.5)], "v0")
+    # v0: both prompts (SYS once); v1 re-prefills: SYS + Q1 + [1], then Q2 over the same SYS; the hit: 1 token
+    assert out["ideal_prompt_tokens"] == (N + len(Q2)) + (N + 1 + len(Q2)) + 1
+    assert out["ideal_reprefill_tokens"] == N + 1 + len(Q2) and out["cached_beyond_ideal_tokens"] == 0
 
 
 def test_a_schedule_sweep_reports_targets_per_schedule_and_plots_work_over_ideal(tmp_path):

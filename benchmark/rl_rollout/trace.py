@@ -47,15 +47,21 @@ def version_at(boundaries: List[float], versions: List[str], t: float) -> str:
     return versions[bisect.bisect_right(boundaries, t)]
 
 
+def version_clock(records, publications: Sequence = (), first_version: str = "") -> Tuple[List[float], List[str]]:
+    """(boundaries on the server clock, ascending; versions, one more than boundaries): version i is in effect from
+    boundaries[i - 1]. The scheduler starts no forward between pause and continue, so a boundary is the midpoint of
+    that window, shifted from the client clock to the server's."""
+    offset = server_clock_offset(records) if records and publications else 0.0
+    return [p.boundary + offset for p in publications], [first_version] + [p.version for p in publications]
+
+
 def prefill_order(records, publications: Sequence = (), first_version: str = "") -> Iterator[Tuple[object, str]]:
     """(record, version it matched the cache under), in server order of first forwards.
 
-    The version is the one in effect when the first forward started, from the publication boundaries (the scheduler
-    starts no forward between pause and continue); without a publication log, the version of its first output token.
+    The version is the one in effect when the first forward started (see `version_clock`); without a publication
+    log, the version of its first output token.
     """
-    offset = server_clock_offset(records) if records and publications else 0.0
-    boundaries = [p.boundary + offset for p in publications]
-    versions = [first_version] + [p.version for p in publications]
+    boundaries, versions = version_clock(records, publications, first_version)
     for r in sorted(records, key=lambda r: r.meta.get("forward_entry_time", 0.0)):
         at = r.meta["forward_entry_time"]
         yield r, (version_at(boundaries, versions, at) if publications else spans_of(r)[0]["version"])
