@@ -135,6 +135,8 @@ def test_missed_reuse_is_split_into_computed_earlier_and_in_flight():
     assert out["missed_same_batch_tokens"] == len(SYS)
     assert out["missed_earlier_tokens"] == N - 1 - len(SYS) and out["missed_earlier_requests"] == 1
     assert out["missed_tokens"] == out["missed_in_flight_tokens"] + out["missed_earlier_tokens"]
+    # scheduled before the version's first prefill (the producer's) finished at 1.5: cold
+    assert out["missed_cold_tokens"] == len(SYS) + (N - 1)
     work = sum(r.meta["prompt_tokens"] - r.meta["cached_tokens"]
                for r in (producer, same_batch, next_batch, later))
     assert work - out["ideal_prompt_tokens"] == out["missed_tokens"]

@@ -21,6 +21,8 @@ difference is *missed* reuse, split by the state of the KV it could have reused 
     split further into *same batch* (it started in the very forward that scheduled this request, so both were
     scheduled off the same tree) and *earlier batch* (scheduled before, e.g. the overlap scheduler's previous batch
     whose results were not processed yet).
+Missed tokens are also counted *cold* when the request was scheduled before any prefill under its version had
+finished (right after a publication, or at the start): what re-warming hot prefixes at a publication can recover.
 A chunked prefill's chunks are inserted before its prefill finishes, so a prefix from a long chunked prompt can be
 labelled in flight while a chunk of it was already in the tree; prompts below --chunked-prefill-size are exact.
 """
@@ -34,13 +36,14 @@ from .trace import PrefixTrie, output_tags, prefill_order, spans_of, version_clo
 IDEAL_KEYS = ("ideal_prompt_tokens", "ideal_reprefill_tokens", "missed_tokens", "missed_requests",
               "missed_earlier_tokens", "missed_earlier_requests",
               "missed_in_flight_tokens", "missed_in_flight_requests",
-              "missed_same_batch_tokens", "cached_beyond_ideal_tokens")
+              "missed_same_batch_tokens", "missed_cold_tokens", "cached_beyond_ideal_tokens")
 
 
 def ideal_work(records: List, publications: Sequence = (), first_version: str = "") -> dict:
     """Ideal prompt work of the trace and the missed-reuse breakdown (see the module docstring)."""
     trie = PrefixTrie()
     out = dict.fromkeys(IDEAL_KEYS, 0)
+    warm_from = first_prefill_done(records, publications, first_version)
     for at, _, r, version, seq in prefill_events(records, publications, first_version):
         if seq is not None:   # a retracted request re-prefilled under `version`
             reusable = trie.longest(seq, len(seq) - 1, version, started_by=at)
@@ -65,8 +68,19 @@ def ideal_work(records: List, publications: Sequence = (), first_version: str = 
         out["missed_in_flight_requests"] += in_flight > 0
         earlier_batch = max(0, started_before - max(cached, in_tree))
         out["missed_same_batch_tokens"] += in_flight - earlier_batch
+        out["missed_cold_tokens"] += missed if at < warm_from[version] else 0
         add_computed(trie, r, version, at)
     return out
+
+
+def first_prefill_done(records, publications: Sequence, first_version: str) -> dict:
+    """version -> the earliest server time a prefill under it finished: before that, the version is *cold* (nothing
+    computed under it is in the tree yet; right after a publication, or at the start of the run)."""
+    done = {}
+    for r, version in prefill_order(records, publications, first_version):
+        t = r.meta.get("prefill_finished_time", r.meta["forward_entry_time"])
+        done[version] = min(done.get(version, t), t)
+    return done
 
 
 def prefill_events(records, publications: Sequence, first_version: str) -> List[tuple]:

@@ -143,6 +143,7 @@ MISSED_COLUMNS = [("workload", "workload"), ("mode", "mode"), ("publish_every", 
                   ("missed_earlier_requests", "reqs"),
                   ("missed_in_flight_tokens", "missed, in flight: tokens"), ("missed_in_flight_requests", "reqs"),
                   ("missed_same_batch_tokens", "of which same batch"),
+                  ("missed_cold_tokens", "missed while the version was cold"),
                   ("reprefilled_tokens", "re-prefilled"), ("cached_beyond_ideal_tokens", "cached beyond ideal")]
 
 
