@@ -117,13 +117,11 @@ def publication_rows(s, models, prompts, flood, publications) -> list:
             s.generate(p, 1, timeout=300)
         before = s.vradix_info()["pool"]
         weights = "A" if weights == "B" else "B"
-        assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+        s.pause("in_place")
         t = time.perf_counter()
-        r = s.post("/update_weights_from_disk", {"model_path": models[weights], "flush_cache": False,
-                                                 "weight_version": f"pub{n}"}, timeout=300)
+        s.update_weights(models[weights], f"pub{n}", timeout=300)
         call_ms = (time.perf_counter() - t) * 1e3
-        assert r.status_code == 200 and r.json()["success"], r.text
-        assert s.post("/continue_generation").status_code == 200
+        s.resume()
         pub = s.vradix_info()["last_publication"]
         after = s.generate(prompts[0], NEW, timeout=300)["meta_info"]["cached_tokens"]
         host = before.get("host")

@@ -194,14 +194,12 @@ def main(argv: Optional[List[str]] = None) -> dict:
                 paused = n % a.unpaused_every != 0
                 w0 = time.monotonic()
                 if paused:
-                    assert server.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+                    server.pause("in_place")
                 u0 = time.monotonic()
-                r = server.post("/update_weights_from_disk", {"model_path": models[weights], "flush_cache": False,
-                                                              "weight_version": f"{weights}{n}"}, timeout=300)
+                server.update_weights(models[weights], f"{weights}{n}", timeout=300)
                 update_ms.append((time.monotonic() - u0) * 1e3)
-                assert r.status_code == 200 and r.json()["success"], r.text
                 if paused:
-                    assert server.post("/continue_generation").status_code == 200
+                    server.resume()
                 with soak.lock:
                     last_end, first = time.monotonic(), len(soak.responses)
                 soak.windows.append((w0, last_end))

@@ -90,8 +90,4 @@ def oracles(models: Dict[str, str], prompts: Dict[str, Sequence[Sequence[int]]],
 
 def publish(server: CpuServer, model_path: str, version: str, timeout: float = 120.0) -> dict:
     """One publication through `update_weights_from_disk` (no flush: vradix invalidates). Must succeed."""
-    r = server.post("/update_weights_from_disk", {"model_path": model_path, "flush_cache": False,
-                                                   "weight_version": version}, timeout=timeout)
-    body = r.json()
-    assert r.status_code == 200 and body["success"], body
-    return body
+    return server.update_weights(model_path, version, timeout=timeout)

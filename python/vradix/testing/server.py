@@ -2,6 +2,7 @@
 
 `CpuServer` launches `python -m sglang.launch_server --device cpu ...` with the flags and environment from the CPU
 recipe, on a free loopback port, waits for `/health_generate` with a deadline, and always kills the process group.
+Its HTTP calls (`post`, `generate`, `server_info`, `vradix_info`, the publication calls) are `ServerClient`'s.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Optional, Sequence
 import requests
 
 from vradix.testing import cpu_aids
+from vradix.testing.http import ServerClient
 
 CPU_FLAGS = [
     "--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
@@ -52,10 +54,11 @@ class ServerDied(RuntimeError):
     pass
 
 
-class CpuServer:
+class CpuServer(ServerClient):
     def __init__(self, model_path: str, *, vradix: bool = True, extra_args: Sequence[str] = (),
                  env: Optional[dict] = None, max_total_tokens: int = 8192, chunked_prefill_size: int = 1024,
-                 startup_timeout: float = 240.0, skip_tokenizer_init: bool = True):
+                 startup_timeout: float = 240.0, skip_tokenizer_init: bool = True, timeout: float = 120.0):
+        super().__init__("http://127.0.0.1", timeout)  # the port is chosen at launch
         e = dict(os.environ)
         e.update({"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                   "PYTHONUNBUFFERED": "1"})
@@ -109,25 +112,6 @@ class CpuServer:
         self.log.flush()
         with open(self.log.name) as f:
             return f.read()
-
-    # ---- HTTP helpers ---------------------------------------------------------------------------------------------
-    def post(self, path: str, payload: Optional[dict] = None, timeout: float = 120.0) -> requests.Response:
-        return requests.post(self.url + path, json=payload or {}, timeout=timeout)
-
-    def generate(self, input_ids, max_new_tokens: int = 8, timeout: float = 120.0, **extra) -> dict:
-        payload = {"input_ids": list(input_ids),
-                   "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
-        payload.update(extra)
-        r = self.post("/generate", payload, timeout=timeout)
-        r.raise_for_status()
-        return r.json()
-
-    def server_info(self) -> dict:
-        return requests.get(self.url + "/get_server_info", timeout=30).json()
-
-    def vradix_info(self) -> Optional[dict]:
-        states = self.server_info().get("internal_states") or [{}]
-        return states[0].get("vradix")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
