@@ -271,6 +271,7 @@ def sweep_figure(plt, rows: List[dict]):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")   # radix-off sits 10-50x above the others
         ax.yaxis.set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
+        ax.yaxis.set_minor_formatter(plt.matplotlib.ticker.FormatStrFormatter("%.1f"))
         ks = sorted({r["publish_every"] for r in rows})
         ax.set_xticks(ks, [str(k) for k in ks])
         ax.set_xlabel("publication every K completed requests")
