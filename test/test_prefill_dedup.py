@@ -1,6 +1,6 @@
 """Prefill dedup at cache level (`vradix.prefill_dedup`): which pending prefixes hold a candidate back, on real
 SGLang requests matched against the real UnifiedRadixCache. The E2E check (a server computes a shared uncached prefix
-once) is `test_e2e_server.py::test_prefill_dedup_computes_a_shared_uncached_prefix_once`."""
+once) is `test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix`."""
 import pytest
 
 from vradix import admission, epochs, prefill_dedup
