@@ -69,14 +69,15 @@ def impl_for(t: torch.Tensor, impl: Optional[str] = None) -> str:
 
 
 def _module(impl: str):
-    return {"cuda": cuda_ext, "triton": triton_module}.get(impl, lambda: reference)()
+    if impl == "torch":  # the common case on every stamp and free: no lookup table or call
+        return reference
+    return {"cuda": cuda_ext, "triton": triton_module}[impl]()
 
 
 def stamp(page_epoch: torch.Tensor, loc: torch.Tensor, epoch: int, page_size: int, impl: Optional[str] = None):
     """Mark the pages of the KV slots `loc` as written under `epoch` (or `FREE`)."""
     if loc.numel():
-        name = impl_for(page_epoch, impl)
-        (reference if name == "torch" else _module(name)).stamp(page_epoch, loc, int(epoch), int(page_size))
+        _module(impl_for(page_epoch, impl)).stamp(page_epoch, loc, int(epoch), int(page_size))
 
 
 def verify_async(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_size,
