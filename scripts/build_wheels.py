@@ -54,10 +54,10 @@ def cuda_build_env(env: dict) -> dict:
     return env
 
 
-def build_plugin_wheel(out_dir: Path, python: str = sys.executable) -> Path:
-    """Build the plugin wheel from a clean copy of the sources; returns its path in `out_dir`."""
-    env = cuda_build_env({**os.environ, "SOURCE_DATE_EPOCH": os.environ.get(
-        "SOURCE_DATE_EPOCH", str(repack_sglang_wheel.DEFAULT_EPOCH))})
+def build_plugin_wheel(out_dir: Path, python: str = sys.executable, env: dict | None = None) -> Path:
+    """Build the plugin wheel from a clean copy of the sources; returns its path in `out_dir`. `env` overrides
+    the environment (e.g. VRADIX_BUILD_CUDA=0)."""
+    env = cuda_build_env({"SOURCE_DATE_EPOCH": str(repack_sglang_wheel.DEFAULT_EPOCH), **os.environ, **(env or {})})
     with tempfile.TemporaryDirectory(prefix="vradix-wheel-") as tmp:
         src, built = Path(tmp) / "src", Path(tmp) / "out"
         copy_sources(src)
@@ -71,9 +71,10 @@ def build_plugin_wheel(out_dir: Path, python: str = sys.executable) -> Path:
         return Path(shutil.copy(wheel, out_dir / wheel.name))
 
 
-def build(out_dir: Path, python: str = sys.executable, cache: Path = UPSTREAM_CACHE) -> tuple[Path, Path]:
+def build(out_dir: Path, python: str = sys.executable, cache: Path = UPSTREAM_CACHE,
+          env: dict | None = None) -> tuple[Path, Path]:
     """(plugin wheel, replacement wheel), both in `out_dir`."""
-    plugin = build_plugin_wheel(out_dir, python)
+    plugin = build_plugin_wheel(out_dir, python, env)
     upstream = repack_sglang_wheel.fetch_upstream(cache, python)
     return plugin, repack_sglang_wheel.repack(upstream, plugin, out_dir)
 
