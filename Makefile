@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast bench bench-kernels bench-rl csrc clean
+.PHONY: setup demo test test-fast bench bench-kernels bench-rl csrc wheel clean
 
 setup:  ## build .venv from nothing (idempotent; reruns are fast)
 	bash scripts/setup_env.sh
@@ -29,5 +29,8 @@ csrc: setup  ## compile csrc/ into vradix._C for sm_90 (build/csrc-sm90; compile
 bench-rl: setup  ## RL rollout benchmark, four publication modes on CPU servers (table + JSON + PNG, ~10 min)
 	$(PY) benchmark/bench_rl_rollout.py
 
+wheel: setup  ## dist/: the plugin wheel and the replacement sglang-0.5.23+vradix wheel (docs/packaging.md)
+	$(PY) scripts/build_wheels.py
+
 clean:
-	rm -rf $(VENV) build python/*.egg-info
+	rm -rf $(VENV) build dist python/*.egg-info

@@ -67,7 +67,7 @@ def _install() -> int:
     from vradix.prefill_dedup import DedupConfigError, enabled_from_env
 
     sglang_version = dist_version("sglang")
-    if sglang_version != SUPPORTED_SGLANG and os.environ.get("VRADIX_ALLOW_UNTESTED_SGLANG") != "1":
+    if not supported_sglang(sglang_version) and os.environ.get("VRADIX_ALLOW_UNTESTED_SGLANG") != "1":
         raise VradixInstallError(
             f"vradix {__version__} supports sglang=={SUPPORTED_SGLANG}, found {sglang_version}; refusing to start "
             "(set VRADIX_DISABLE=1 for stock behaviour)")
@@ -86,6 +86,12 @@ def _install() -> int:
             f"vradix {__version__}: could not install hook(s) {', '.join(missing)} on sglang {sglang_version}; "
             "refusing to serve an unversioned radix cache (set VRADIX_DISABLE=1 for stock behaviour)")
     return len(hooks)
+
+
+def supported_sglang(version: str) -> bool:
+    """Whether `version` is the SGLang release vradix supports. A local version label names a rebuild of that same
+    release (`0.5.23+vradix0.1.0` is the replacement wheel: upstream's files plus vradix, docs/packaging.md)."""
+    return version.split("+", 1)[0] == SUPPORTED_SGLANG
 
 
 def is_installed(target: str, hook) -> bool:
