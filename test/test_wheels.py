@@ -54,8 +54,11 @@ def test_replacement_wheel_is_upstream_byte_for_byte_plus_the_plugin(wheels):
     up_info = "sglang-0.5.23.dist-info"
     copied = {n.replace(up_info, INFO, 1): data for n, data in up.items() if n.rsplit("/", 1)[-1] not in REWRITTEN}
     assert len(copied) > 5000 and all(new[n] == data for n, data in copied.items())
-    plugin_files = {n: d for n, d in pl.items() if ".dist-info/" not in n}
+    plugin_files = {n: d for n, d in pl.items() if not n.startswith(f"sglang_vradix-{__version__}.dist-info/")}
     assert "vradix-plugin-check.pth" in plugin_files and all(new[n] == d for n, d in plugin_files.items())
+    # the CPU aids' plugin metadata ships too (a HiCache or VLM CPU server run from a wheel install needs it)
+    assert {"vradix/testing/cpu_aids/plugin/vradix_cpu_aids-0.dist-info/entry_points.txt",
+            "vradix/testing/vlm_aids/plugin/vradix_vlm_aids-0.dist-info/entry_points.txt"} <= set(plugin_files)
     assert set(new) == set(copied) | set(plugin_files) | {f"{INFO}/{leaf}" for leaf in REWRITTEN}
     metadata_diff = [line for line in difflib.unified_diff(up[f"{up_info}/METADATA"].decode().splitlines(),
                                                             new[f"{INFO}/METADATA"].decode().splitlines(),
