@@ -165,7 +165,7 @@ class GatewayWorker(EngineHandle):
             wrapped = r.json()
         except ValueError:
             wrapped = None
-        if r.status_code != 200 or not isinstance(wrapped, dict) or "status" not in wrapped:
+        if not isinstance(wrapped, dict) or "status" not in wrapped or "latency_ms" not in wrapped:
             raise RuntimeError(f"gateway {self.gateway} did not forward {method} {path} to worker {self.worker_id} "
                                f"({self.worker_url}): HTTP {r.status_code}: {r.text.strip()[:500]}")
         return worker_response(wrapped, r.url)
@@ -186,6 +186,10 @@ def worker_response(wrapped: dict, url: str) -> requests.Response:
     return out
 
 
+#: the worker states in which the gateway routes to a worker (smg 1.13 reports "ready")
+SERVING_HEALTH = ("ready", "healthy")
+
+
 def gateway_workers(gateway: str, timeout: float = 600.0) -> List[dict]:
     """The workers an SGLang model gateway routes to, from its RL control plane; raises unless every one is
     healthy (an unhealthy worker would miss the publication and serve the old weights once it recovers)."""
@@ -196,7 +200,8 @@ def gateway_workers(gateway: str, timeout: float = 600.0) -> List[dict]:
     workers = r.json().get("workers") or []
     if not workers:
         raise RuntimeError(f"gateway {gateway} lists no workers: nothing would be published")
-    unhealthy = [f"{w.get('id')} ({w.get('url')}): {w.get('health')}" for w in workers if w.get("health") != "healthy"]
+    unhealthy = [f"{w.get('id')} ({w.get('url')}): {w.get('health')}" for w in workers
+                 if w.get("health") not in SERVING_HEALTH]
     if unhealthy:
         raise RuntimeError(f"gateway {gateway} lists workers that are not healthy: {unhealthy}")
     return workers
