@@ -49,7 +49,7 @@ def test_a_ray_scheduler_actor_serves_with_vradix_and_a_publication_is_verified(
 def test_a_ray_scheduler_actor_without_vradix_refuses_to_start(models, actor_env, says):
     """The fault is in the actor's environment only: the launcher installed vradix, the actor cannot."""
     with pytest.raises(ServerDied) as died:
-        CpuServer(models[0], launcher=RAY, env={ACTOR_ENV: json.dumps(actor_env)}, startup_timeout=480)
+        CpuServer(models[0], launcher=RAY, env={ACTOR_ENV: json.dumps(actor_env)}, startup_timeout=480).stop()
     assert says in str(died.value) and "refusing to serve an unversioned radix cache" in str(died.value)
 
 
