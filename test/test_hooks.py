@@ -25,6 +25,7 @@ DRIVEN_BY = {
     "vradix.hooks.launcher.add_identity_flag": "test_identity.py::test_server_flag_sets_the_mode_for_scheduler_processes",
     "vradix.hooks.launcher.refuse_reused_declared_label": "test_e2e_identity.py::test_a_reused_declaration_is_refused_on_every_path_and_changes_nothing",
     "vradix.hooks.launcher.export_identity_flag": "test_identity.py::test_server_flag_sets_the_mode_for_scheduler_processes",
+    "vradix.hooks.ray_actor.load_vradix_in_scheduler_actor": "test_ray_actor.py::test_a_ray_scheduler_actor_serves_with_vradix_and_a_publication_is_verified",
     "vradix.hooks.startup.attach_to_scheduler": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
     "vradix.hooks.admission.stamp_request": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
     "vradix.hooks.admission.stamp_unstamped_on_queue": "test_fault_injection.py::test_a_request_for_a_missing_session_is_refused_and_the_engine_keeps_serving",

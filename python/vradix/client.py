@@ -24,10 +24,18 @@ the verdict. The guarantee is that if anything fails (a probe, an HTTP call, any
 stay paused (fail closed: a half-published fleet must not serve), which the message names with the command to resume;
 `on_failure="continue"` resumes every engine instead (still none reported verified).
 
+Behind an SGLang model gateway (`smg --enable-rl`), pass the gateway's URL in `gateways`: the client lists the
+workers the gateway routes to (`GET /v1/rl/workers`), publishes to each one through the gateway's RL control plane
+(`/v1/rl/workers/<id>/engine/<path>`, which the gateway forwards to that worker alone), and verifies each one as
+above, from its own server info. It fails closed when a gateway lists no worker, lists a worker that is not healthy,
+or lists a different set of workers after the publication than before (a worker that joined mid-publication was not
+verified).
+
 HTTP goes through `requests` (installed with SGLang).
 """
 from __future__ import annotations
 
+import json
 import random
 import uuid
 from dataclasses import dataclass, field
@@ -67,11 +75,14 @@ class EngineResult:
     verified: bool = False  # only when every engine passed every check
     state: str = "running"  # running | paused(<mode>)
     error: Optional[str] = None
+    worker_url: Optional[str] = None  # behind a gateway: the worker's own URL (`url` is its route on the gateway)
 
     def evidence(self) -> str:
         status = "verified" if self.verified else (
             "NOT verified (its own checks passed)" if self.checks_passed else "NOT verified")
         parts = [f"{self.url}: {status}, left {self.state}"]
+        if self.worker_url:
+            parts.append(f"worker {self.worker_url}")
         if self.plan is not None:
             parts.append(f"plan={self.plan.pause_mode}/radix={'on' if self.plan.radix_enabled else 'off'}"
                          f"/flush={self.plan.flush}")
@@ -128,6 +139,74 @@ class EngineHandle:
         return self.generate_ids(input_ids)["meta_info"].get("cached_tokens", 0)
 
 
+class GatewayWorker(EngineHandle):
+    """One worker behind an SGLang model gateway (`smg --enable-rl`), reached through the gateway: each call goes to
+    `<gateway>/v1/rl/workers/<id>/engine/<path>`, which the gateway forwards to this worker alone and answers with
+    the worker's status and body wrapped (`{"status", "body", ...}`); this handle unwraps them, so every check reads
+    the worker's own answer. `url` is that route's base, so `POST <url>/continue_generation` resumes this worker."""
+
+    def __init__(self, gateway: str, worker: dict, timeout: float = 600.0):
+        self.gateway = gateway.rstrip("/")
+        self.worker_id = worker["id"]
+        self.worker_url = worker.get("url")
+        super().__init__(f"{self.gateway}/v1/rl/workers/{self.worker_id}/engine", timeout)
+
+    def get(self, path: str) -> dict:
+        r = self._forward("GET", path, None)
+        r.raise_for_status()
+        return r.json()
+
+    def post(self, path: str, payload: Optional[dict] = None) -> requests.Response:
+        return self._forward("POST", path, payload or {})
+
+    def _forward(self, method: str, path: str, payload: Optional[dict]) -> requests.Response:
+        r = requests.request(method, self.url + path, json=payload, timeout=self.timeout)
+        try:
+            wrapped = r.json()
+        except ValueError:
+            wrapped = None
+        if not isinstance(wrapped, dict) or "status" not in wrapped or "latency_ms" not in wrapped:
+            raise RuntimeError(f"gateway {self.gateway} did not forward {method} {path} to worker {self.worker_id} "
+                               f"({self.worker_url}): HTTP {r.status_code}: {r.text.strip()[:500]}")
+        return worker_response(wrapped, r.url)
+
+
+def worker_response(wrapped: dict, url: str) -> requests.Response:
+    """The worker's own answer, as the gateway reported it, as a `requests.Response`."""
+    body = wrapped.get("body")
+    out = requests.Response()
+    out.status_code = int(wrapped["status"])
+    out.url = url
+    if isinstance(body, str):
+        out._content = body.encode()
+        out.headers["content-type"] = "text/plain"
+    else:
+        out._content = json.dumps(body).encode()
+        out.headers["content-type"] = "application/json"
+    return out
+
+
+#: the worker states in which the gateway routes to a worker (smg 1.13 reports "ready")
+SERVING_HEALTH = ("ready", "healthy")
+
+
+def gateway_workers(gateway: str, timeout: float = 600.0) -> List[dict]:
+    """The workers an SGLang model gateway routes to, from its RL control plane; raises unless every one is
+    healthy (an unhealthy worker would miss the publication and serve the old weights once it recovers)."""
+    r = requests.get(gateway.rstrip("/") + "/v1/rl/workers", timeout=timeout)
+    if r.status_code != 200:
+        raise RuntimeError(f"gateway {gateway}: GET /v1/rl/workers -> HTTP {r.status_code} (is it an SGLang model "
+                           f"gateway started with --enable-rl?): {r.text.strip()[:300]}")
+    workers = r.json().get("workers") or []
+    if not workers:
+        raise RuntimeError(f"gateway {gateway} lists no workers: nothing would be published")
+    unhealthy = [f"{w.get('id')} ({w.get('url')}): {w.get('health')}" for w in workers
+                 if w.get("health") not in SERVING_HEALTH]
+    if unhealthy:
+        raise RuntimeError(f"gateway {gateway} lists workers that are not healthy: {unhealthy}")
+    return workers
+
+
 def deployment_of(info: dict, blocks: List[Optional[dict]], *, colocated: bool = False,
                   prefer_sharing: bool = False) -> predicate.Deployment:
     """What the predicate needs, read from server info. A radix state the server does not report counts as enabled."""
@@ -149,20 +228,26 @@ def publish(urls: Union[str, Sequence[str]], update: Update, version: Optional[s
             colocated: bool = False, prefer_sharing: bool = False, pause_mode: Optional[str] = None,
             on_failure: str = "stay_paused", timeout: float = 600.0, probe_vocab: int = 400,
             seed: Optional[int] = None,
-            engine_factory: Callable[[str, float], EngineHandle] = EngineHandle) -> List[EngineResult]:
+            engine_factory: Callable[[str, float], EngineHandle] = EngineHandle,
+            gateways: Sequence[str] = ()) -> List[EngineResult]:
     """Publish `update` to every engine and verify it. Returns per-engine results or raises `PublishError`.
 
     `update` is a model path (`/update_weights_from_disk`) or a callable `(engine, version) -> None` that performs the
     transfer (e.g. NCCL `update_weights_from_distributed`) and raises on failure. `on_failure` is `stay_paused`
     (default, fail closed) or `continue`. `engine_factory(url, timeout)` builds each engine's `EngineHandle`
-    (a subclass can add authentication, logging or, in tests, fault injection).
+    (a subclass can add authentication, logging or, in tests, fault injection). `gateways`: SGLang model gateways
+    (`smg --enable-rl`); every worker each one routes to is published through it and verified (`GatewayWorker`).
     """
     if on_failure not in ("stay_paused", "continue"):
         raise ValueError("on_failure must be 'stay_paused' or 'continue'")
-    engines = [engine_factory(u, timeout) for u in ([urls] if isinstance(urls, str) else list(urls))]
+    engines = [engine_factory(u, timeout) for u in ([urls] if isinstance(urls, str) else list(urls or []))]
+    listed = {g: gateway_workers(g, timeout) for g in gateways}
+    engines += [GatewayWorker(g, w, timeout) for g, workers in listed.items() for w in workers]
+    if not engines:
+        raise ValueError("no engine to publish to: pass engine URLs or a gateway")
     version = version or f"pub-{uuid.uuid4().hex[:12]}"
     rng = random.Random(seed)
-    results = [EngineResult(e.url) for e in engines]
+    results = [EngineResult(e.url, worker_url=getattr(e, "worker_url", None)) for e in engines]
     probes: List[Optional[List[int]]] = [None] * len(engines)
     resumed: List[int] = []  # engines resumed for their probe in phase 2: re-paused if anything fails
     current = results[0]
@@ -191,6 +276,9 @@ def publish(urls: Union[str, Sequence[str]], update: Update, version: Optional[s
                 resumed.append(i)
                 _probe(e, res, probe)
                 res.checks_passed = True
+        for g, before in listed.items():  # the fleet behind each gateway is still the one that was published
+            current = next(r for r, e in zip(results, engines) if getattr(e, "gateway", None) == g)
+            _same_workers(g, before, gateway_workers(g, timeout))
     except predicate.UnsafeDeployment:
         raise  # raised while planning, before any engine was paused
     except Exception as exc:  # noqa: BLE001 - every failure is reported with the evidence, then re-raised
@@ -289,6 +377,13 @@ def _probe(e: EngineHandle, res: EngineResult, probe: List[int]) -> None:
     if res.probe_cached_after != 0:
         raise RuntimeError(f"probe prefix still cached after the flush: cached_tokens="
                            f"{res.probe_cached_after} (before: {res.probe_cached_before})")
+
+
+def _same_workers(gateway: str, before: List[dict], after: List[dict]) -> None:
+    ids = lambda ws: sorted((w["id"], w.get("url")) for w in ws)  # noqa: E731
+    if ids(before) != ids(after):
+        raise RuntimeError(f"gateway {gateway}'s workers changed during the publication: {ids(before)} -> "
+                           f"{ids(after)}; a worker that joined was not published to, nor verified")
 
 
 def _repause(e: EngineHandle, res: EngineResult) -> str:

@@ -12,9 +12,17 @@ callable raises an `Exception`, and `HookRegistry.apply_hooks()` only logs a tar
 3. after applying the hooks, `register()` checks that every target in `vradix.hooks.HOOKS` really carries its hook.
 `VRADIX_DISABLE=1` opts out (stock SGLang) for A/B runs. Excluding vradix through `SGLANG_PLUGINS` is warned about
 at interpreter start by `vradix-plugin-check.pth` (see `warn_if_excluded`), since SGLang then never calls us.
+
+A hook whose target module imports an optional dependency (`vradix.hooks.DEFERRED_MODULES`: SGLang's Ray scheduler
+actor) is installed, and checked the same way, when that module is first imported (`_AfterImport`); a failure there
+raises `VradixInstallError` out of that import. SGLang's Ray scheduler actor never calls `load_plugins()`: its worker
+process runs `load_in_ray_scheduler_worker` instead (Ray's `worker_process_setup_hook`, set by
+`vradix.hooks.ray_actor`), which refuses to let the actor start unless vradix installed there.
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import logging
 import os
 import pkgutil
@@ -28,6 +36,12 @@ SUPPORTED_SGLANG = "0.5.23"
 ENTRY_POINT_NAME = "vradix"
 #: test-only switches; each one logs at startup that a fault is active
 FAULT_SWITCHES = ("VRADIX_FAULT_MISSING_HOOK", "VRADIX_FAULT_IMPORT", "VRADIX_FAULT_NO_NAMESPACE")
+#: Ray's `worker_process_setup_hook` for SGLang's scheduler actors, and where it finds the setup hook it replaced
+RAY_SETUP_HOOK = "vradix.plugin.load_in_ray_scheduler_worker"
+RAY_CHAINED_SETUP_HOOK_ENV = "VRADIX_RAY_CHAINED_SETUP_HOOK"
+
+#: how many hooks `register()` installed in this process (None: it did not install)
+_installed_hooks = None
 
 
 class VradixInstallError(SystemExit):
@@ -43,16 +57,26 @@ def register() -> None:
     if disabled():
         logger.warning("vradix %s installed but disabled by VRADIX_DISABLE: stock SGLang radix cache", __version__)
         return
+    global _installed_hooks
     warn_active_faults()
-    try:
+    with failing_closed():
         installed = _install()
-    except VradixInstallError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any failure to install means an unversioned cache: refuse to start
+    _installed_hooks = installed
+    logger.info("vradix %s: %d hooks installed", __version__, installed)
+
+
+class failing_closed:
+    """Any exception while installing becomes `VradixInstallError`: an unversioned cache must not serve."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        if e is None or isinstance(e, VradixInstallError) or not isinstance(e, Exception):
+            return False
         raise VradixInstallError(
             f"vradix {__version__} failed to install ({type(e).__name__}: {e}); refusing to serve an unversioned "
             "radix cache (set VRADIX_DISABLE=1 for stock behaviour)") from e
-    logger.info("vradix %s: %d hooks installed", __version__, installed)
 
 
 def _install() -> int:
@@ -60,10 +84,8 @@ def _install() -> int:
         raise ImportError(f"VRADIX_FAULT_IMPORT={os.environ['VRADIX_FAULT_IMPORT']!r}: injected import failure")
     from importlib.metadata import version as dist_version
 
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
     from vradix.guard import GuardConfig, GuardConfigError
-    from vradix.hooks import HOOKS
+    from vradix.hooks import DEFERRED_MODULES, HOOKS
     from vradix.prefill_dedup import DedupConfigError, enabled_from_env
 
     sglang_version = dist_version("sglang")
@@ -76,16 +98,87 @@ def _install() -> int:
         enabled_from_env()
     except (GuardConfigError, DedupConfigError) as e:
         raise VradixInstallError(f"vradix {__version__}: {e}") from None
-    hooks = [(_fault_injected(target), getattr(HookType, kind), hook) for target, kind, hook in HOOKS]
-    for target, kind, hook in hooks:
-        HookRegistry.register(target, hook, kind)
-    HookRegistry.apply_hooks()
+    hooks = [(_fault_injected(target), kind, hook) for target, kind, hook in HOOKS]
+    for module in DEFERRED_MODULES:
+        group = [h for h in hooks if h[0].startswith(module + ".")]
+        hooks = [h for h in hooks if h not in group]
+        if module in sys.modules:
+            hooks += group
+        elif not any(isinstance(f, _AfterImport) and f.module == module for f in sys.meta_path):
+            sys.meta_path.insert(0, _AfterImport(module, lambda group=group: _apply_checked(group, sglang_version)))
+    _apply_checked(hooks, sglang_version)
+    return len(HOOKS)
+
+
+def _apply_checked(hooks, sglang_version: str) -> None:
+    """Register and apply `hooks` through SGLang's HookRegistry, then check that every one took."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    with failing_closed():
+        for target, kind, hook in hooks:
+            HookRegistry.register(target, hook, getattr(HookType, kind))
+        HookRegistry.apply_hooks()
     missing = [target for target, _, hook in hooks if not is_installed(target, hook)]
     if missing:
         raise VradixInstallError(
             f"vradix {__version__}: could not install hook(s) {', '.join(missing)} on sglang {sglang_version}; "
             "refusing to serve an unversioned radix cache (set VRADIX_DISABLE=1 for stock behaviour)")
-    return len(hooks)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `then()` right after `module` is first imported, inside that import (one shot)."""
+
+    def __init__(self, module: str, then):
+        self.module, self.then = module, then
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.module:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            exec_module, then = spec.loader.exec_module, self.then
+
+            def exec_then(module):
+                exec_module(module)
+                then()
+
+            spec.loader.exec_module = exec_then
+        return spec
+
+
+def installed() -> bool:
+    """Whether `register()` installed vradix in this process."""
+    return _installed_hooks is not None
+
+
+def load_in_ray_scheduler_worker() -> None:
+    """Ray's `worker_process_setup_hook` for SGLang's scheduler actors (set by `vradix.hooks.ray_actor`): what
+    `run_scheduler_process` does first, `load_plugins()`, before the actor builds its Scheduler; then vradix must be
+    installed here, as it is in the launcher that created the actor. Then the setup hook the actor would otherwise
+    have run. Raises RuntimeError naming vradix: Ray reports an exception from a setup hook as the actor's failure to
+    start (a SystemExit would end the worker without the message)."""
+    from sglang.srt.plugins import load_plugins
+
+    try:
+        load_plugins()
+        if not installed():
+            why = ("VRADIX_DISABLE is set in the actor's environment" if disabled() else
+                   f"SGLANG_PLUGINS={os.environ.get('SGLANG_PLUGINS')!r} leaves it out" if excluded_by_allow_list()
+                   else "SGLang did not call its entry point")
+            raise VradixInstallError(
+                f"vradix {__version__} is active in the launcher but not installed in this Ray scheduler actor "
+                f"({why}); refusing to serve an unversioned radix cache (set VRADIX_DISABLE=1 in the launcher, "
+                "too, for stock behaviour)")
+    except VradixInstallError as e:
+        raise RuntimeError(str(e)) from None
+    chained = os.environ.get(RAY_CHAINED_SETUP_HOOK_ENV)
+    if chained:
+        from ray._private.runtime_env.setup_hook import load_and_execute_setup_hook
+
+        error = load_and_execute_setup_hook(chained)
+        if error is not None:
+            raise RuntimeError(error)
 
 
 def supported_sglang(version: str) -> bool:

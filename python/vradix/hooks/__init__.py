@@ -3,8 +3,8 @@ every vradix step; `vradix.plugin.register()` does so only inside its fail-close
 from __future__ import annotations
 
 from vradix import ledger, overlap, report
-from vradix.hooks import (admission, forward, hicache, launcher, lora, prefill, publication, reclaim, server_info,
-                          startup, storage)
+from vradix.hooks import (admission, forward, hicache, launcher, lora, prefill, publication, ray_actor, reclaim,
+                          server_info, startup, storage)
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
@@ -18,12 +18,16 @@ _URC = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
 _HICACHE_CTRL = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller.HybridCacheController"
 _HOST_POOL = "sglang.srt.mem_cache.pool_host.base.HostKVCache"
 
+#: modules whose hooks are installed when the module is first imported: each imports an optional dependency (Ray)
+DEFERRED_MODULES = ("sglang.srt.ray.scheduler_actor",)
+
 #: (target, hook type, hook) — the complete list of places vradix attaches, in data-path order.
 HOOKS = [
     # server flags (launcher process): --vradix-weight-identity
     ("sglang.srt.server_args.ServerArgs.add_cli_args", "AFTER", launcher.add_identity_flag),
     ("sglang.srt.server_args.prepare_server_args", "AROUND", launcher.export_identity_flag),
-    # engine start
+    # engine start; under Ray, each scheduler actor loads vradix before it builds its Scheduler
+    ("sglang.srt.ray.scheduler_actor.SchedulerActor.options", "AROUND", ray_actor.load_vradix_in_scheduler_actor),
     (f"{_SCHED}.__init__", "AFTER", startup.attach_to_scheduler),
     # 1. admission: stamp, and re-bind queued requests before they match
     (f"{_SCHED}._maybe_namespace_elastic_radix_cache", "AFTER", admission.stamp_request),

@@ -58,10 +58,12 @@ class CpuServer(ServerClient):
     def __init__(self, model_path: str, *, vradix: bool = True, extra_args: Sequence[str] = (),
                  env: Optional[dict] = None, max_total_tokens: int = 8192, chunked_prefill_size: int = 1024,
                  startup_timeout: float = 240.0, skip_tokenizer_init: bool = True, timeout: float = 120.0,
-                 python: Optional[str] = None):
-        """`python`: the interpreter that runs the server (default: this one), e.g. another environment's."""
+                 python: Optional[str] = None, launcher: str = "sglang.launch_server"):
+        """`python`: the interpreter that runs the server (default: this one), e.g. another environment's.
+        `launcher`: the module run with `python -m` (`vradix.testing.ray_cpu` for SGLang's Ray mode on CPU)."""
         super().__init__("http://127.0.0.1", timeout)  # the port is chosen at launch
         self.python = python or sys.executable
+        self.launcher = launcher
         e = dict(os.environ)
         e.update({"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                   "PYTHONUNBUFFERED": "1"})
@@ -86,7 +88,7 @@ class CpuServer(ServerClient):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="sglang-", suffix=".log", delete=False)
-        cmd = [self.python, "-m", "sglang.launch_server", "--model-path", model_path, "--port", str(self.port), *args]
+        cmd = [self.python, "-m", self.launcher, "--model-path", model_path, "--port", str(self.port), *args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def _wait_ready(self, timeout: float) -> bool:
