@@ -49,6 +49,8 @@ step "install the CPU serving and test dependencies" "${PIP[@]}" -c "$VENV/const
   partial_json_parser setproctitle einops apache-tvm-ffi triton \
   fastapi starlette uvicorn uvloop python-multipart jsonschema xgrammar soundfile \
   datasets "python-dateutil<3" pytest pytest-timeout hypothesis prometheus-client matplotlib
+# SGLang's Ray scheduler actor (fail-closed test) and the model gateway `smg` (publish-through-gateway tests)
+step "install ray and smg" "${PIP[@]}" -c "$VENV/constraints.txt" ray==2.60.0 smg==1.13.0
 SITE="$("$VENV/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')"
 # the import-only sgl_kernel shim (CPU serving/test aid; every call raises)
 step "place the sgl_kernel shim" bash -c 'rm -rf "$2/sgl_kernel" && cp -r "$1" "$2/sgl_kernel"' _ \
