@@ -150,7 +150,8 @@ def test_cache_inspector_after_a_publication_and_refused_without_vradix(server, 
     upd = s.post("/update_weights_from_disk", {"model_path": models[1], "flush_cache": False,
                                                "weight_version": "v-inspect"}).json()
     assert upd["success"], upd
-    view = requests.get(s.url + "/vradix/cache?limit=5", timeout=60).json()  # while paused: the crossing request still pins its stale KV
+    # while paused, the crossing request still pins its stale KV
+    view = requests.get(s.url + "/vradix/cache?limit=5", timeout=60).json()
     current, older = view["epochs"][0], view["epochs"][1]
     assert (current["epoch"], current["label"], current["current"]) == (e0 + 1, "v-inspect", True)
     assert older["epoch"] == e0 and older["pinned_tokens"] >= len(LONG_PROMPT) and len(older["pinned_by"]) == 1

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 
+from starlette.requests import Request
+
 from vradix import cache_view
 from vradix.state import state_of
 
@@ -39,8 +41,10 @@ def answer_cache_inspection(original, controller, recv_req, *args, **kwargs):
     if not isinstance(rid, str) or not rid.startswith(QUERY_PREFIX):
         return original(controller, recv_req, *args, **kwargs)
     from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+    from sglang.srt.utils.msgspec_utils import msgspec_to_builtins
 
-    return GetInternalStateReqOutput(internal_state={"vradix_cache": inspect_scheduler(controller.scheduler, rid)})
+    view = inspect_scheduler(controller.scheduler, rid)
+    return GetInternalStateReqOutput(internal_state=msgspec_to_builtins({"vradix_cache": view}))
 
 
 def inspect_scheduler(scheduler, rid: str) -> dict:
@@ -66,7 +70,7 @@ def add_cache_inspector_endpoint(*args, **kwargs):
         app.add_api_route(PATH, auth_level(AuthLevel.ADMIN_OPTIONAL)(cache_inspector), methods=["GET"])
 
 
-async def cache_inspector(request):
+async def cache_inspector(request: Request):
     """`GET /vradix/cache?limit=&offset=&head=&census_budget=`: one snapshot per DP rank (read-only, bounded)."""
     from fastapi.responses import ORJSONResponse
     from sglang.srt.entrypoints.http_server import get_global_state
