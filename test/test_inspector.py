@@ -2,6 +2,7 @@
 per-epoch figures after a publication, stale KV pinned by a crossing request, top prefixes by hits, pagination
 bounds, and that a snapshot changes nothing in the tree. The HTTP endpoint and the CLI run in
 test_e2e_provenance.py."""
+import msgspec
 import pytest
 from sglang.srt.mem_cache import common
 
@@ -96,6 +97,7 @@ def test_top_prefixes_rank_by_hits_with_lock_counts_and_paginate(env):
             finished(fx, state, prefixes[name] + [900 + i, 901])
     holder = admitted(fx, state, prefixes["B"] + [950, 951])  # a 3rd hit on B, still locked
     view = snap(fx, state, [holder], limit=10, head=4)
+    msgspec.msgpack.encode(view)  # the reply crosses to the HTTP process as msgpack: plain Python values only
     items = view["top_prefixes"]["items"]
     assert [(i["hits"], i["tokens"]) for i in items] == [(3, 2 * ps), (3, 3 * ps), (1, 2 * ps)] or \
         [(i["hits"], i["tokens"]) for i in items] == [(3, 3 * ps), (3, 2 * ps), (1, 2 * ps)]

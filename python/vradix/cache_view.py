@@ -285,8 +285,9 @@ def core_fields(cache, node_id: int) -> Optional[dict]:
     if not isinstance(core, UnifiedTreeCore):
         return None
     node = core.node_by_id(node_id)
-    return {"hit_count": node.hit_count, "lock_ref": node.component_data[ComponentType.FULL].lock_ref,
-            "last_access_time": node.last_access_time}
+    # plain Python numbers: SGLang's logical clock may be a numpy scalar, which msgpack cannot carry
+    return {"hit_count": int(node.hit_count), "lock_ref": int(node.component_data[ComponentType.FULL].lock_ref),
+            "last_access_time": float(node.last_access_time)}
 
 
 def census(state: EpochState, cache, budget: int) -> Optional[dict]:
