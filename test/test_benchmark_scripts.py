@@ -60,3 +60,12 @@ def test_bench_hicache_smoke_prints_three_tables():
                                     "scripts/hook_table.py"])
 def test_every_script_answers_help(script):
     assert "usage:" in run_script(script, "--help", timeout=300)
+
+
+def test_bench_inspector_prints_the_table():
+    out = run_script("benchmark/bench_inspector.py", "--cached-tokens", "4000", "--systems", "8", "--system-len", "64",
+                     "--suffix-len", "32", "--live", "4", "--iterations", "40", "--poll-every", "5")
+    for core in ("rust", "python"):
+        assert re.search(rf"^\| {core} \| no polling \| \d+ \|", out, re.M), out
+        assert re.search(rf"^\| {core} \| polled every 5 \| \d+ \| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$",
+                         out, re.M), out

@@ -132,6 +132,45 @@ def test_server_info_metrics_and_flush_report(server):
     assert r.status_code == 200 and "flush (idle reset)" in r.text
 
 
+def inspect_cli(url):
+    return subprocess.run([sys.executable, "-m", "vradix.inspect", "--url", url, "--limit", "3"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cache_inspector_after_a_publication_and_refused_without_vradix(server, stock, models):
+    s = server
+    for _ in range(3):  # cached once, then two hits on the probe prefix
+        s.generate(PROBE, 2)
+    top = requests.get(s.url + "/vradix/cache?limit=1&head=4", timeout=60).json()["top_prefixes"]["items"][0]
+    assert top["hits"] >= 2 and top["head_tokens"] == PROBE[:4] and top["lock_count"] == 0
+    e0 = s.vradix_info()["epoch"]
+    stream = StreamingRequest(s.url, LONG_PROMPT, 200)
+    assert stream.started.wait(120)
+    assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    upd = s.post("/update_weights_from_disk", {"model_path": models[1], "flush_cache": False,
+                                               "weight_version": "v-inspect"}).json()
+    assert upd["success"], upd
+    # while paused, the crossing request still pins its stale KV
+    view = requests.get(s.url + "/vradix/cache?limit=5", timeout=60).json()
+    current, older = view["epochs"][0], view["epochs"][1]
+    assert (current["epoch"], current["label"], current["current"]) == (e0 + 1, "v-inspect", True)
+    assert older["epoch"] == e0 and older["pinned_tokens"] >= len(LONG_PROMPT) and len(older["pinned_by"]) == 1
+    assert view["stale"]["crossing_requests"] == 1 and view["stale"]["pinned_tokens"] == older["pinned_tokens"]
+    assert view["top_prefixes"]["items"][0]["stale"]  # the probe prefix is of the older epoch now
+    out = inspect_cli(s.url)
+    assert out.returncode == 0, out.stderr
+    assert "label='v-inspect'" in out.stdout and "pinned by 1 crossing request(s)" in out.stdout, out.stdout
+    assert s.post("/continue_generation").status_code == 200
+    assert stream.result()["meta_info"]["completion_tokens"] == 200
+    bad = requests.get(s.url + "/vradix/cache?limit=100000", timeout=60)
+    assert bad.status_code == 400 and "limit" in bad.json()["error"]
+
+    r = requests.get(stock.url + "/vradix/cache", timeout=30)
+    assert r.status_code == 404
+    out = inspect_cli(stock.url)
+    assert out.returncode == 2 and f"vradix is not active on {stock.url}" in out.stderr, (out.returncode, out.stderr)
+
+
 def test_publish_client_on_vradix_engine_in_place_and_fail_closed(server, models):
     s = server
     before = s.vradix_info()["epoch"]

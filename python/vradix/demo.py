@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 
+from vradix import inspect as cache_inspector
 from vradix.testing.scenario import PROBE, stale_prefix_publication
 from vradix.testing.server import CpuServer
 from vradix.testing.tiny_model import generate
@@ -29,16 +30,28 @@ def main() -> int:
     print("[demo] reference: fresh CPU server on B ...", flush=True)
     with CpuServer(b, vradix=False) as s:
         reference = s.generate(PROBE, 4)["output_ids"]
-    rows = {}
+    rows, views = {}, {}
     for name, vradix in (("stock (VRADIX_DISABLE=1)", False), ("vradix", True)):
         print(f"[demo] {name}: server on A, in_place publication of B ...", flush=True)
         with CpuServer(a, vradix=vradix) as s:
             rows[name] = stale_prefix_publication(s, b)
+            views[name] = inspector_view(s.url)
     print()
     print_table(rows, reference)
+    for name, view in views.items():
+        print(f"\n[demo] cache inspector after the publication, {name} (python -m vradix.inspect --url URL):")
+        print(view)
     print(f"\n[demo] done in {time.time() - t0:.0f}s")
     ok = rows["vradix"].cached_after == 0 and rows["vradix"].output_after == reference
     return 0 if ok else 1
+
+
+def inspector_view(url: str) -> str:
+    """What `python -m vradix.inspect --url URL` prints (its error line when vradix is not active)."""
+    try:
+        return cache_inspector.render(cache_inspector.fetch(url, limit=3, head=6))
+    except cache_inspector.InspectError as e:
+        return f"error: {e} (exit status {e.status})"
 
 
 def print_table(rows, reference) -> None:

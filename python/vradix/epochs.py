@@ -65,6 +65,7 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
                        label=label if label is not None else state.label, reason=reason,
                        weight_id=identity.weight_id)
     state.bind_identity(state.epoch + 1, identity)
+    state.epoch_labels[state.epoch] = state.label
     state.epoch += 1
     state.label = inv.label
     if is_publication:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional
 
-from vradix import __version__, identity, kernels, namespace, prefill_dedup
+from vradix import __version__, cache_view, identity, kernels, namespace, prefill_dedup
 from vradix.reclaim_queue import DeferredReclaim
 from vradix.guard import GuardConfig, GuardStats
 from vradix.ledger import PageLedger
@@ -116,6 +116,12 @@ class EpochState:
     _epoch_by_prefix: Dict[str, int] = field(default_factory=dict)
     #: the unlocked stale KV a bump left in the tree, reclaimed after it (`vradix.reclaim_queue`)
     deferred: DeferredReclaim = field(default_factory=DeferredReclaim)
+    #: epoch -> the label it carried when it ended (the current epoch's is `label`)
+    epoch_labels: Dict[int, Optional[str]] = field(default_factory=dict)
+    #: the cached prefixes admitted requests reused, for the cache inspector (`vradix.cache_view`)
+    prefix_hits: "cache_view.PrefixHits" = field(default_factory=lambda: cache_view.PrefixHits())
+    #: weight_id -> HiCache L3 pages this process backed up under it (`hooks.storage.record_storage_backup`)
+    storage_pages_backed_up: Dict[str, int] = field(default_factory=dict)
 
     def bind_identity(self, epoch: int, ident: identity.WeightIdentity) -> str:
         """Record `ident` as epoch `epoch`'s identity and return its namespace prefix: the bare `weight_id` the
@@ -136,6 +142,10 @@ class EpochState:
     def epoch_of(self, extra_key: Optional[str]) -> Optional[int]:
         """The epoch whose namespace `extra_key` was stamped with, or None (unstamped, or another engine's)."""
         return self._epoch_by_prefix.get(namespace.prefix_of(extra_key))
+
+    def label_of(self, epoch: Optional[int]) -> Optional[str]:
+        """The label epoch `epoch` was published under (the current label for the current epoch)."""
+        return self.label if epoch == self.epoch else self.epoch_labels.get(epoch)
 
     def declared_before(self, text: str) -> bool:
         """Whether an epoch of this process already carries the declared identity `text`."""

@@ -3,7 +3,8 @@ every vradix step; `vradix.plugin.register()` does so only inside its fail-close
 from __future__ import annotations
 
 from vradix import ledger, overlap, report
-from vradix.hooks import (admission, forward, hicache, launcher, lora, prefill, publication, ray_actor, reclaim,
+from vradix.hooks import (admission, forward, hicache, inspector, launcher, lora, prefill, publication, ray_actor,
+                          reclaim,
                           server_info, startup, storage)
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
@@ -89,6 +90,12 @@ HOOKS = [
      server_info.report_flush),
     ("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
      "AFTER", server_info.report_server_info),
+    # the cache inspector: GET /vradix/cache asks the scheduler over the internal-state channel (registered after the
+    # AFTER hook above, so it wraps it and an inspector query skips SGLang's server-args dump); admissions count hits
+    ("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
+     "AROUND", inspector.answer_cache_inspection),
+    ("sglang.srt.managers.schedule_policy.PrefillAdder._commit_prefill_admission", "AFTER",
+     inspector.count_prefix_hit),
     # 5. provenance: scheduler -> customized_info -> tokenizer manager meta_info -> OpenAI metadata
     (f"{_OUT}._GenerationStreamAccumulator.accept", "AROUND", report.attach_provenance),
     (f"{_TM}.update_request_meta_info", "AROUND", report.provenance_to_meta_info),
@@ -98,6 +105,7 @@ HOOKS = [
     ("sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.flush_cache", "AROUND",
      report.remember_flush_message),
     ("sglang.srt.entrypoints.http_server.launch_server", "BEFORE", report.add_flush_report_middleware),
+    ("sglang.srt.entrypoints.http_server.launch_server", "BEFORE", inspector.add_cache_inspector_endpoint),
     # 6. LoRA-scoped invalidation: an adapter's entries are freed when it is unloaded
     ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint_into_tree", "AFTER",
      lora.remember_adapter_insert),

@@ -34,4 +34,6 @@ def record_storage_backup(cache, node_id, *args, **kwargs):
     extra_key, _ = cache.tree_core.prefetch_anchor_info(node_id)
     weight_id = namespace.weight_id_of(extra_key)
     if weight_id is not None:
-        writer.record(weight_id, cache.tree_core.get_hash_values(node_id))
+        hashes = cache.tree_core.get_hash_values(node_id)
+        writer.record(weight_id, hashes)
+        state.storage_pages_backed_up[weight_id] = state.storage_pages_backed_up.get(weight_id, 0) + len(hashes)

@@ -76,12 +76,18 @@ class CacheFixture:
         self.load_host_hit(req)
         req.kv.cache_protected_len = req.prefix_len
         req.lock = self.cache.lock(req.last_node)
+        self._admitted(req)
         self.req_pool.alloc([req])
         if req.prefix_len:
             prefix = self.cache.tree_core.collect_full_device_indices(req.last_node, self.cache.root_node_handle())
             self.req_pool.write((req.kv.req_pool_idx, slice(0, req.prefix_len)), prefix.to(torch.int32))
         req.extend_end = req.prefix_len
         return req.prefix_len
+
+    def _admitted(self, req: Req) -> None:
+        """The admission point, announced through the real `PrefillAdder._commit_prefill_admission` AFTER hook."""
+        from vradix.hooks.inspector import count_prefix_hit
+        count_prefix_hit(None, self.scheduler_view(), req)
 
     def load_host_hit(self, req: Req) -> None:
         """What the scheduler does with a match's host hit (none without a HiCache host tier)."""

@@ -1,0 +1,91 @@
+"""Step 4b hooks: the cache inspector, `GET /vradix/cache` (see `vradix.cache_view` and docs/inspector.md).
+
+The HTTP server runs in the launcher process and the tree in the scheduler process, so a query travels on SGLang's
+own internal-state channel: the endpoint sends a `GetInternalStateReq` whose `rid` carries the query
+(`QUERY_PREFIX` + JSON), through the TokenizerManager's `get_internal_state_communicator` (one reply per DP rank).
+In the scheduler, `answer_cache_inspection` (AROUND `SchedulerInternalStateController.get_internal_state`) answers
+such a request with the snapshot alone, built on the scheduler thread between batches, and leaves every other
+internal-state request (`/server_info`) to SGLang. `count_prefix_hit` (AFTER `PrefillAdder._commit_prefill_admission`,
+where an admitted request locks its matched prefix) counts the hits the snapshot ranks prefixes by.
+
+With VRADIX_DISABLE=1 none of this is installed and the endpoint is absent (404): `python -m vradix.inspect` says
+that vradix is not active. A scheduler without a versioned cache (`--disable-radix-cache`) answers
+`{"active": false}`, which the endpoint returns with status 409.
+"""
+from __future__ import annotations
+
+import json
+
+from starlette.requests import Request
+
+from vradix import cache_view
+from vradix.state import state_of
+
+PATH = "/vradix/cache"
+#: marks a GetInternalStateReq as an inspector query; no SGLang caller sets a rid on that request
+QUERY_PREFIX = "\x1evradix-inspect:"
+
+
+# ---- scheduler process -------------------------------------------------------------------------------------------
+def count_prefix_hit(_result, adder, req, *args, **kwargs):
+    """AFTER PrefillAdder._commit_prefill_admission: the admitted request reuses its matched prefix: one hit."""
+    state = state_of(adder.tree_cache)
+    if state is not None:
+        cache_view.record_admission(state, adder.tree_cache, req)
+
+
+def answer_cache_inspection(original, controller, recv_req, *args, **kwargs):
+    """AROUND SchedulerInternalStateController.get_internal_state: an inspector query gets the cache snapshot (and
+    nothing of SGLang's server-args dump); any other request goes to SGLang."""
+    rid = getattr(recv_req, "rid", None)
+    if not isinstance(rid, str) or not rid.startswith(QUERY_PREFIX):
+        return original(controller, recv_req, *args, **kwargs)
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+    from sglang.srt.utils.msgspec_utils import msgspec_to_builtins
+
+    view = inspect_scheduler(controller.scheduler, rid)
+    return GetInternalStateReqOutput(internal_state=msgspec_to_builtins({"vradix_cache": view}))
+
+
+def inspect_scheduler(scheduler, rid: str) -> dict:
+    from vradix.hooks.publication import live_requests
+
+    state = state_of(scheduler.tree_cache)
+    if state is None:
+        return {"active": False, "reason": "radix cache disabled: vradix has no versioned cache on this engine"}
+    try:
+        query = cache_view.Query.parse(json.loads(rid[len(QUERY_PREFIX):]))
+    except (cache_view.QueryError, ValueError) as e:
+        return {"active": True, "error": str(e)}
+    return cache_view.snapshot(state, scheduler.tree_cache, live_requests(scheduler), query)
+
+
+# ---- launcher process (HTTP) ---------------------------------------------------------------------------------------
+def add_cache_inspector_endpoint(*args, **kwargs):
+    """BEFORE http_server.launch_server: register `GET /vradix/cache` on SGLang's app."""
+    from sglang.srt.entrypoints.http_server import app
+    from sglang.srt.utils.auth import AuthLevel, auth_level
+
+    if not any(getattr(r, "path", None) == PATH for r in app.router.routes):
+        app.add_api_route(PATH, auth_level(AuthLevel.ADMIN_OPTIONAL)(cache_inspector), methods=["GET"])
+
+
+async def cache_inspector(request: Request):
+    """`GET /vradix/cache?limit=&offset=&head=&census_budget=`: one snapshot per DP rank (read-only, bounded)."""
+    from fastapi.responses import ORJSONResponse
+    from sglang.srt.entrypoints.http_server import get_global_state
+    from sglang.srt.managers.io_struct import GetInternalStateReq
+
+    params = dict(request.query_params)
+    try:
+        cache_view.Query.parse(params)
+    except cache_view.QueryError as e:
+        return ORJSONResponse({"error": str(e)}, status_code=400)
+    tm = get_global_state().tokenizer_manager
+    tm.auto_create_handle_loop()
+    replies = await tm.get_internal_state_communicator(GetInternalStateReq(rid=QUERY_PREFIX + json.dumps(params)))
+    views = [r.internal_state.get("vradix_cache") for r in replies]
+    body = views[0] if len(views) == 1 else {"active": all(v and v.get("active") for v in views), "ranks": views}
+    if any(v and v.get("error") for v in views):
+        return ORJSONResponse(body, status_code=400)
+    return ORJSONResponse(body, status_code=200 if body.get("active") else 409)
