@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from vradix import ledger, overlap, report
 from vradix.hooks import (admission, forward, hicache, inspector, launcher, lora, prefill, publication, ray_actor,
-                          reclaim,
-                          server_info, startup, storage)
+                          reclaim, server_info, startup, storage)
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
