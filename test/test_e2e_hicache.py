@@ -223,13 +223,15 @@ def in_place_publication_with_l2_and_l3(s, new_model):
     held = s.generate(PROMPT, NEW)
     assert tiers(held) == {"device": 0, "host": len(PROMPT) - 1, "storage": 0}, held["meta_info"]
     ledger_held = s.vradix_info()["kv_ledger"]
+    view_held = s.get("/vradix/cache?limit=1").json()
     assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
     upd = s.post("/update_weights_from_disk", {"model_path": new_model, "flush_cache": False,
                                                "weight_version": STEP6}, timeout=300).json()
     assert s.post("/continue_generation").status_code == 200
     info = s.vradix_info()
+    view_after = s.get("/vradix/cache?limit=1").json()
     return {"held": held, "ledger_before": ledger_before, "ledger_held": ledger_held, "update": upd, "info": info,
-            "probe": s.generate(PROMPT, NEW)}
+            "view_held": view_held, "view_after": view_after, "probe": s.generate(PROMPT, NEW)}
 
 
 @pytest.fixture(scope="module")
@@ -275,6 +277,19 @@ def test_in_place_publication_frees_the_stale_host_copies(published):
     assert info["last_publication"]["host_tokens_freed"] >= len(PROMPT) - 1, info["last_publication"]
     host = info["pool"]["host"]
     assert host["used"] == 0 and host["available"] == host["total"], host
+
+
+def test_cache_inspector_shows_the_host_and_storage_tiers_per_weights(published):
+    """`GET /vradix/cache` on the declared reader: the host pool's tokens per epoch move from epoch 0 (PROMPT held in
+    host) to none of epoch 0 after the publication; the L3 figures name the file backend and count this process's
+    backed-up pages under the weight identity that wrote them."""
+    held, after = published["in_place"]["view_held"], published["in_place"]["view_after"]
+    print("VIEW", held["host"], held["storage"], after["host"], after["storage"])
+    assert held["host"]["tokens_by_epoch"].get("0", 0) >= len(PROMPT) - 1, held["host"]
+    assert "0" not in (after["host"]["tokens_by_epoch"] or {}), after["host"]
+    assert "File" in held["storage"]["backend"], held["storage"]
+    backed_up = held["storage"]["pages_backed_up_by_weight_id"]
+    assert set(backed_up) == {f"declared:{STEP5}"} and backed_up[f"declared:{STEP5}"] > 0, backed_up
 
 
 def test_stock_stale_prefix_scenario_on_hicache(published, oracle):
