@@ -181,3 +181,10 @@ def test_a_layout_l3_cannot_serve_is_refused(bad, why):
 def test_a_layout_l3_can_serve_passes():
     layout.check_layout(PREFILL)
     layout.check_layout(DECODE)
+
+
+def test_sglangs_own_health_and_warmup_requests_pass():
+    """`/health_generate` and the disaggregation warmup send the fake bootstrap host, room 0 and no port."""
+    from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
+    assert bootstrap.FAKE_BOOTSTRAP_HOST == FAKE_BOOTSTRAP_HOST
+    bootstrap.check_decode_request(FAKE_BOOTSTRAP_HOST, None, 0, "mooncake")

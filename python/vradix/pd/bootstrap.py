@@ -9,9 +9,11 @@ server directly may not.
 
 Invariant (enforced by `vradix.hooks.pd.reject_decode_request_without_bootstrap` in the tokenizer manager, before
 anything is sent to a scheduler): every request a decode-role engine accepts carries a non-empty `bootstrap_host`, a
-`bootstrap_port` in 1..65535 and a `bootstrap_room` in 0..2**64-1 (the `fake` transfer backend assigns the room
-itself, so there it may be missing). Anything else is a `MissingBootstrapError` (a ValueError: SGLang's HTTP layer
-answers HTTP 400 with its message), which names every missing or invalid field.
+`bootstrap_port` in 1..65535 and a `bootstrap_room` in 0..2**64-1. Two exceptions are SGLang's own: the `fake`
+transfer backend assigns the room itself, so there it may be missing; and a request to SGLang's fake bootstrap host
+(`FAKE_BOOTSTRAP_HOST`, what `/health_generate` and the disaggregation warmup send) moves no KV and needs no port.
+Anything else is a `MissingBootstrapError` (a ValueError: SGLang's HTTP layer answers HTTP 400 with its message),
+which names every missing or invalid field.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from typing import List, Optional
 
 FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 MAX_ROOM = 2 ** 64 - 1
+#: SGLang's `disaggregation.utils.FAKE_BOOTSTRAP_HOST`: the in-process health and warmup requests' peer (no KV moves)
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 
 
 class MissingBootstrapError(ValueError):
@@ -33,7 +37,8 @@ def problems(host, port, room, room_assigned_by_engine: bool = False) -> List[st
     elif not isinstance(host, str) or not host.strip():
         out.append(f"bootstrap_host={host!r} is not a host name")
     if port is None:
-        out.append("bootstrap_port is missing")
+        if host != FAKE_BOOTSTRAP_HOST:
+            out.append("bootstrap_port is missing")
     elif not _is_int(port) or not 1 <= port <= 65535:
         out.append(f"bootstrap_port={port!r} is not a port (1..65535)")
     if room is None:

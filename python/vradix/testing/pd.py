@@ -94,13 +94,19 @@ class Router(ServerClient):
         self._wait_ready(startup_timeout)
 
     def _wait_ready(self, timeout: float) -> None:
+        """Until the router routes: smg's `/readiness` answers 200 once both workers are registered and healthy (its
+        `/health` is up before that); a router without `/readiness` is probed with `/health_generate`."""
         deadline = time.monotonic() + timeout
+        probe = "/readiness"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"router exited with {self.proc.returncode}:\n{self.tail()}")
             try:
-                if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                status = requests.get(self.url + probe, timeout=30).status_code
+                if status == 200:
                     return
+                if status == 404:
+                    probe = "/health_generate"
             except requests.RequestException:
                 pass
             time.sleep(0.3)
