@@ -51,6 +51,12 @@ step "install the CPU serving and test dependencies" "${PIP[@]}" -c "$VENV/const
   datasets "python-dateutil<3" pytest pytest-timeout hypothesis prometheus-client matplotlib
 # SGLang's Ray scheduler actor (fail-closed test) and the model gateway `smg` (publish-through-gateway tests)
 step "install ray and smg" "${PIP[@]}" -c "$VENV/constraints.txt" ray==2.60.0 smg==1.13.0
+# P/D on CPU: the mooncake transfer engine over TCP (its loader needs libibverbs; docs/pd.md)
+if ! dpkg -s libibverbs1 >/dev/null 2>&1; then
+  SUDO=(); [ "$(id -u)" = 0 ] || SUDO=(sudo -n)
+  step "apt-get install libibverbs1" bash -c '"$@" apt-get update -qq && DEBIAN_FRONTEND=noninteractive "$@" apt-get install -y -qq libibverbs1' _ "${SUDO[@]}"
+fi
+step "install the mooncake transfer engine (CPU build)" "${PIP[@]}" --no-deps mooncake-transfer-engine-non-cuda==0.3.13.post1
 SITE="$("$VENV/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')"
 # the import-only sgl_kernel shim (CPU serving/test aid; every call raises)
 step "place the sgl_kernel shim" bash -c 'rm -rf "$2/sgl_kernel" && cp -r "$1" "$2/sgl_kernel"' _ \

@@ -66,4 +66,6 @@ def weight_id_of(extra_key: Optional[str]) -> Optional[str]:
     prefix = prefix_of(extra_key)
     if prefix is None:
         return None
-    return prefix[len(MARKER):-len(_END)].split(_EPOCH, 1)[0]
+    body = prefix[len(MARKER):-len(_END)]
+    # a role-local L3 namespace (`vradix.pd.layout`) puts its scope before the weight_id, ended by \x1c
+    return body.rsplit("\x1c", 1)[-1].split(_EPOCH, 1)[0]

@@ -3,8 +3,8 @@ every vradix step; `vradix.plugin.register()` does so only inside its fail-close
 from __future__ import annotations
 
 from vradix import ledger, overlap, report
-from vradix.hooks import (admission, forward, hicache, inspector, launcher, lora, prefill, publication, ray_actor,
-                          reclaim, server_info, startup, storage)
+from vradix.hooks import (admission, forward, hicache, inspector, launcher, lora, pd, prefill, publication,
+                          ray_actor, reclaim, server_info, startup, storage)
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
@@ -26,6 +26,8 @@ HOOKS = [
     # server flags (launcher process): --vradix-weight-identity
     ("sglang.srt.server_args.ServerArgs.add_cli_args", "AFTER", launcher.add_identity_flag),
     ("sglang.srt.server_args.prepare_server_args", "AROUND", launcher.export_identity_flag),
+    # P/D: a role whose L3 restore must finish (decode with L3, DCP) starts only with prefetch policy wait_complete
+    ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", pd.refuse_unsafe_restore_policy_at_startup),
     # engine start; under Ray, each scheduler actor loads vradix before it builds its Scheduler
     ("sglang.srt.ray.scheduler_actor.SchedulerActor.options", "AROUND", ray_actor.load_vradix_in_scheduler_actor),
     (f"{_SCHED}.__init__", "AFTER", startup.attach_to_scheduler),
@@ -69,6 +71,9 @@ HOOKS = [
     (f"{_TCM}.update_weight_version", "BEFORE", launcher.reject_bad_version_label),
     (f"{_TCM}.update_weight_version", "AROUND", launcher.refuse_reused_declared_label),
     (f"{_TM}.update_weights_from_disk", "AROUND", launcher.reject_bad_update_request),
+    # bad input on a P/D decode role: a request without bootstrap fields is refused before it reaches the scheduler
+    (f"{_TM}._validate_one_request", "BEFORE", pd.reject_decode_request_without_bootstrap),
+    (f"{_TCM}.attach_hicache_storage", "AROUND", pd.refuse_unsafe_restore_policy_at_attach),
     # overlap safety: nothing in flight while weights change
     (f"{_SCHED}.pause_generation", "BEFORE", publication.drain_before_in_place_pause),
     (f"{_SCHED}.process_batch_result", "AROUND", overlap.skip_drained_result),

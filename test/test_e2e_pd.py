@@ -1,0 +1,116 @@
+"""E2E on a real prefill/decode pair (CPU engine, real KV transfer over `mooncake_tcp`, the real P/D router in front;
+`vradix.testing.pd`). Tiny float32 models A and B; the oracle is a fresh non-P/D server on each.
+
+- stock SGLang (VRADIX_DISABLE=1 on both roles) shows the P/D weight-skew bug: decode on B answers a request labelled
+  B with KV prefill computed on A, caches it, and keeps reusing it after prefill is on B too;
+- stock SGLang's decode scheduler crashes on a request without `bootstrap_host`; vradix refuses it with HTTP 400
+  naming the missing fields, and the pair keeps serving;
+- a decode role with L3 storage and a prefetch policy other than `wait_complete` does not start.
+The pair needs packages beyond the venv (`pd.missing_requirements()`); without them these tests skip and say which.
+"""
+import time
+
+import pytest
+import requests
+
+from vradix.testing import pd
+from vradix.testing.server import CpuServer, ServerDied
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+MISSING = pd.missing_requirements()
+needs_pd = pytest.mark.skipif(bool(MISSING), reason="P/D kit needs: " + ", ".join(MISSING))
+
+PROMPT = [(i * 7) % 480 + 20 for i in range(600)]
+SAMPLING = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def oracle(models):
+    """Greedy outputs of a fresh non-P/D server on A and on B."""
+    out = {}
+    for name, path in zip("AB", models):
+        with CpuServer(path, vradix=False) as s:
+            out[name] = s.generate(PROMPT, 6)["output_ids"]
+    assert out["A"] != out["B"]
+    return out
+
+
+def decode_direct(pair, **fields):
+    """POST /generate straight to the decode server (no router), with only the given bootstrap fields."""
+    return pair.decode.post("/generate", {"input_ids": PROMPT[:64], "sampling_params": SAMPLING, **fields},
+                            timeout=60)
+
+
+@pytest.fixture(scope="module")
+def stock_pair(models):
+    """Stock SGLang on both roles (VRADIX_DISABLE=1), decode radix cache on, on weights A."""
+    with pd.PdPair(models[0], vradix=False) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def vradix_pair(models):
+    """vradix on both roles, decode radix cache on, on weights A."""
+    with pd.PdPair(models[0], vradix=True) as p:
+        yield p
+
+
+@needs_pd
+def test_stock_decode_serves_and_caches_prefill_kv_of_other_weights(stock_pair, models, oracle):
+    pair = stock_pair
+    assert pair.generate(PROMPT, 6)["output_ids"] == oracle["A"]  # the KV really moves: P/D == non-P/D
+    pair.decode.update_weights(models[1], "B", flush=True)  # decode first; prefill still on A
+    skewed = pair.generate(PROMPT, 6)
+    assert skewed["meta_info"]["weight_version"] == "B"
+    assert skewed["output_ids"] != oracle["B"]  # labelled B, computed from A's KV
+    pair.prefill.update_weights(models[1], "B", flush=True)  # both on B now
+    after = pair.generate(PROMPT, 6)
+    assert after["meta_info"]["cached_tokens"] > 0  # decode's own tree: the KV it received from prefill-A
+    assert after["output_ids"] != oracle["B"], (after, oracle)
+
+
+@needs_pd
+def test_stock_decode_scheduler_crashes_on_a_request_without_bootstrap_host(stock_pair):
+    """The last test of the stock pair: it kills the stock decode server, and then stops the pair, so only one pair
+    runs at a time."""
+    pair = stock_pair
+    try:
+        r = decode_direct(pair, bootstrap_room=7)
+        assert r.status_code != 200
+    except requests.RequestException:
+        pass  # the connection dies with the server
+    deadline = time.monotonic() + 60
+    while pair.decode.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    crashed, logs = pair.decode.proc.poll() is not None, pair.decode.logs()
+    pair.stop()
+    assert crashed, "stock decode server survived a request without bootstrap_host"
+    assert "'NoneType' object has no attribute" in logs
+
+
+@needs_pd
+def test_decode_refuses_a_request_without_bootstrap_fields_and_keeps_serving(vradix_pair, oracle):
+    pair = vradix_pair
+    r = decode_direct(pair, bootstrap_room=7)  # the request that crashes stock decode
+    assert r.status_code == 400, r.text
+    assert "bootstrap_host is missing" in r.text and "bootstrap_port is missing" in r.text
+    r = decode_direct(pair)
+    assert r.status_code == 400 and "bootstrap_room is missing" in r.text, r.text
+    r = decode_direct(pair, bootstrap_host="127.0.0.1", bootstrap_port=0, bootstrap_room=7)
+    assert r.status_code == 400 and "bootstrap_port=0 is not a port" in r.text, r.text
+    # nothing reached the scheduler (stock's own late check would have logged this), and the pair still serves
+    assert "without bootstrap room id" not in pair.decode.logs()
+    assert pair.decode.proc.poll() is None
+    assert pair.generate(PROMPT, 6)["output_ids"] == oracle["A"]
+
+
+@pytest.mark.skipif(bool(MISSING), reason="P/D kit needs: " + ", ".join(MISSING))
+def test_a_decode_role_with_l3_and_another_prefetch_policy_does_not_start(models, tmp_path):
+    """The launcher refuses it before any scheduler starts (seconds, no model load)."""
+    with pytest.raises(ServerDied) as e:
+        CpuServer(models[0], startup_timeout=120, env={"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(tmp_path)},
+                  extra_args=["--disaggregation-mode", "decode", *pd.TRANSFER_FLAGS,
+                              "--disaggregation-decode-enable-radix-cache", "--enable-hierarchical-cache",
+                              "--hicache-storage-backend", "file", "--hicache-storage-prefetch-policy", "best_effort"])
+    assert "requires --hicache-storage-prefetch-policy wait_complete, got 'best_effort'" in str(e.value)

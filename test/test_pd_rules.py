@@ -1,0 +1,190 @@
+"""P/D rules at unit level (no server): bad decode input (`vradix.pd.bootstrap`), the restore-policy rule
+(`vradix.pd.restore_policy`) and role-local L3 namespaces (`vradix.pd.layout`). The startup and attach hooks run
+in-process on SGLang's real `ServerArgs` (resolved as a launcher resolves it) through the installed HOOKS; the same
+checks on live servers are in `test_e2e_pd.py`."""
+import asyncio
+import types
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vradix import namespace
+from vradix.pd import bootstrap, layout, restore_policy
+from vradix.pd.layout import IncompatibleLayoutError, KvLayout
+
+# ---- bad input: bootstrap fields ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("host,port,room,named", [
+    (None, None, 7, ["bootstrap_host is missing", "bootstrap_port is missing"]),
+    (None, None, None, ["bootstrap_host", "bootstrap_port", "bootstrap_room is missing"]),
+    ("", 8998, 7, ["bootstrap_host='' is not a host name"]),
+    ("127.0.0.1", 0, 7, ["bootstrap_port=0"]),
+    ("127.0.0.1", True, 7, ["bootstrap_port=True"]),
+    ("127.0.0.1", "8998", 7, ["bootstrap_port='8998'"]),
+    ("127.0.0.1", 8998, -1, ["bootstrap_room=-1"]),
+    ("127.0.0.1", 8998, 2 ** 64, ["bootstrap_room="]),
+])
+def test_a_decode_request_without_usable_bootstrap_fields_is_refused_naming_them(host, port, room, named):
+    with pytest.raises(bootstrap.MissingBootstrapError) as e:
+        bootstrap.check_decode_request(host, port, room, "mooncake")
+    assert all(n in str(e.value) for n in named), str(e.value)
+    assert isinstance(e.value, ValueError)  # SGLang's HTTP layer answers a ValueError with 400
+
+
+def test_usable_bootstrap_fields_pass_and_fake_transfer_may_omit_the_room():
+    bootstrap.check_decode_request("127.0.0.1", 8998, 0, "mooncake")
+    bootstrap.check_decode_request("::1", 65535, 2 ** 64 - 1, "mooncake")
+    bootstrap.check_decode_request("2.2.2.2", 8998, None, "fake")  # the engine assigns the room itself
+    with pytest.raises(bootstrap.MissingBootstrapError, match="bootstrap_host is missing"):
+        bootstrap.check_decode_request(None, 8998, None, "fake")  # ... but never the host
+
+
+# ---- restore policy ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("role,dcp,backend,policy,refused", [
+    ("decode", 1, "file", "best_effort", True),
+    ("decode", 1, "mooncake", "timeout", True),
+    ("decode", 1, "file", "wait_complete", False),
+    ("decode", 1, None, "timeout", False),          # no L3: the prefetch policy is never used
+    ("prefill", 1, "file", "timeout", False),
+    ("null", 4, "file", "timeout", True),           # DCP restores must finish on every shard
+    ("decode", 4, "file", "best_effort", True),
+    ("prefill", 2, "file", "wait_complete", False),
+    ("null", 1, "file", "best_effort", False),
+])
+def test_restore_policy_rule(role, dcp, backend, policy, refused):
+    if refused:
+        with pytest.raises(restore_policy.RestorePolicyError, match=f"requires --hicache-storage-prefetch-policy "
+                                                                     f"wait_complete, got '{policy}'"):
+            restore_policy.check(role, dcp, backend, policy)
+    else:
+        restore_policy.check(role, dcp, backend, policy)
+
+
+def test_the_attach_policy_is_the_requested_one_else_the_configured_one():
+    assert restore_policy.effective_policy(None, "timeout") == "timeout"
+    assert restore_policy.effective_policy("wait_complete", "timeout") == "wait_complete"
+    assert restore_policy.effective_policy("best_effort", "wait_complete") == "best_effort"
+
+
+def decode_server_args(model, policy, **extra):
+    """A decode-role ServerArgs with decode radix, HiCache and `file` L3, resolved as the launcher resolves it."""
+    from sglang.srt.server_args import ServerArgs
+    sa = ServerArgs(model_path=model, device="cpu", disaggregation_mode="decode",
+                    disaggregation_transfer_backend="mooncake_tcp", disaggregation_decode_enable_radix_cache=True,
+                    enable_hierarchical_cache=True, hicache_io_backend="direct", hicache_mem_layout="layer_first",
+                    hicache_storage_prefetch_policy=policy, attention_backend="torch_native",
+                    skip_tokenizer_init=True, **extra)
+    sa.resolve_once()
+    return sa
+
+
+def test_a_decode_role_with_l3_starts_only_with_wait_complete(models, monkeypatch):
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    bad = decode_server_args(models[0], "best_effort", hicache_storage_backend="file")
+    with pytest.raises(restore_policy.RestorePolicyError, match="decode-role engine with HiCache L3 storage"):
+        bad.check_server_args()  # the launcher's validation; the vradix hook runs after SGLang's own checks
+    decode_server_args(models[0], "wait_complete", hicache_storage_backend="file").check_server_args()
+    decode_server_args(models[0], "timeout").check_server_args()  # no L3 at startup: nothing to restore yet
+
+
+class AttachOnly:
+    """The attach call's receiver: a real ServerArgs; anything past the vradix check reaches SGLang's own attach,
+    which needs a live engine (`auto_create_handle_loop`) and so raises AttributeError here."""
+
+    def __init__(self, server_args):
+        self.server_args = server_args
+
+
+def test_a_runtime_attach_with_another_policy_is_refused_before_any_scheduler(models, monkeypatch):
+    from sglang.srt.managers.tokenizer_control_mixin import TokenizerControlMixin
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    tm = AttachOnly(decode_server_args(models[0], "timeout"))  # started without L3, configured policy `timeout`
+
+    def attach(**kw):
+        return asyncio.run(TokenizerControlMixin.attach_hicache_storage(tm, hicache_storage_backend="file", **kw))
+
+    for requested in (None, "best_effort", "timeout"):  # None: the server's own `timeout` applies
+        out = attach(hicache_storage_prefetch_policy=requested)
+        assert out.success is False and "requires --hicache-storage-prefetch-policy wait_complete" in out.message
+    with pytest.raises(AttributeError, match="auto_create_handle_loop"):  # accepted: reaches SGLang's attach
+        attach(hicache_storage_prefetch_policy="wait_complete")
+
+
+# ---- role-local L3 namespaces --------------------------------------------------------------------------------------
+
+PREFILL = KvLayout("prefill", 4, 1, 64, "bfloat16")
+DECODE = KvLayout("decode", 4, 4, 64, "float8_e4m3fn", is_mla=True)
+
+
+def test_scope_names_role_and_layout():
+    assert layout.scope_of(PREFILL) == "prefill.tp4.dcp1.ps64.bfloat16"
+    assert layout.scope_of(DECODE) == "decode.tp4.dcp4.ps64.float8_e4m3fn.mla"
+    ns = layout.l3_namespace(DECODE, "declared:run1-step5")
+    assert ns == "\x1evradix:decode.tp4.dcp4.ps64.float8_e4m3fn.mla\x1cdeclared:run1-step5\x1f"
+    assert namespace.prefix_of(ns + "user") == ns
+    assert namespace.weight_id_of(ns + "user") == "declared:run1-step5"
+    assert namespace.weight_id_of(layout.l3_namespace(DECODE, "fp:ab", 3)) == "fp:ab"
+    assert layout.scope_in(ns) == layout.scope_of(DECODE) and layout.scope_in(namespace.namespace("fp:ab")) is None
+
+
+def test_layout_from_real_server_args(models, monkeypatch):
+    import torch
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    sa = decode_server_args(models[0], "wait_complete", hicache_storage_backend="file")
+    assert layout.scope_of(layout.layout_of(sa, torch.float32)) == "decode.tp1.dcp1.ps1.float32"  # page size: SGLang default 1
+    assert layout.role_of("null") == "unified" and layout.role_of(None) == "unified"
+
+
+layouts = st.builds(KvLayout, role=st.sampled_from(layout.ROLES), tp_size=st.integers(1, 16),
+                    dcp_size=st.integers(1, 16), page_size=st.sampled_from([1, 16, 32, 64, 128]),
+                    kv_dtype=st.sampled_from(["bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2"]),
+                    is_mla=st.booleans())
+
+
+@settings(max_examples=300, deadline=None, database=None, derandomize=True)
+@given(a=layouts, b=layouts, wa=st.sampled_from(["fp:1", "declared:x.tp1", "nonce:2"]),
+       wb=st.sampled_from(["fp:1", "declared:x.tp1", "nonce:2"]))
+def test_different_layouts_never_share_a_namespace(a, b, wa, wb):
+    assert layout.parse_scope(layout.scope_of(a)) == a
+    if (a, wa) != (b, wb):
+        assert layout.l3_namespace(a, wa) != layout.l3_namespace(b, wb)
+    if a != b:
+        with pytest.raises(IncompatibleLayoutError, match="cross-layout conversion is unsupported"):
+            layout.check_compatible(a, b)
+    else:
+        layout.check_compatible(a, b)
+
+
+def test_a_role_never_reads_the_other_roles_objects_even_with_an_equal_layout():
+    twin = KvLayout("decode", PREFILL.tp_size, PREFILL.dcp_size, PREFILL.page_size, PREFILL.kv_dtype)
+    with pytest.raises(IncompatibleLayoutError, match="role 'decode' != 'prefill'"):
+        layout.check_compatible(twin, PREFILL)
+
+
+@pytest.mark.parametrize("bad,why", [
+    (KvLayout("decode", 4, 4, 64, "bfloat16"), "needs an MLA model"),
+    (KvLayout("decode", 6, 4, 64, "bfloat16", True), "does not divide tp_size"),
+    (KvLayout("decode", 4, 4, 2, "bfloat16", True), "does not divide page_size"),
+    (KvLayout("decode", 1, 1, 1, "auto"), "not a resolved dtype"),
+    (KvLayout("router", 1, 1, 1, "bfloat16"), "unknown role"),
+    (KvLayout("decode", 0, 1, 1, "bfloat16"), "tp_size=0"),
+])
+def test_a_layout_l3_cannot_serve_is_refused(bad, why):
+    with pytest.raises(IncompatibleLayoutError, match=why):
+        layout.check_layout(bad)
+
+
+def test_a_layout_l3_can_serve_passes():
+    layout.check_layout(PREFILL)
+    layout.check_layout(DECODE)
+
+
+def test_sglangs_own_health_and_warmup_requests_pass():
+    """`/health_generate` and the disaggregation warmup send the fake bootstrap host, room 0 and no port."""
+    from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
+    assert bootstrap.FAKE_BOOTSTRAP_HOST == FAKE_BOOTSTRAP_HOST
+    bootstrap.check_decode_request(FAKE_BOOTSTRAP_HOST, None, 0, "mooncake")
