@@ -58,7 +58,9 @@ def test_replacement_wheel_is_upstream_byte_for_byte_plus_the_plugin(wheels):
     assert "vradix-plugin-check.pth" in plugin_files and all(new[n] == d for n, d in plugin_files.items())
     # the CPU aids' plugin metadata ships too (a HiCache or VLM CPU server run from a wheel install needs it)
     assert {"vradix/testing/cpu_aids/plugin/vradix_cpu_aids-0.dist-info/entry_points.txt",
-            "vradix/testing/vlm_aids/plugin/vradix_vlm_aids-0.dist-info/entry_points.txt"} <= set(plugin_files)
+            "vradix/testing/vlm_aids/plugin/vradix_vlm_aids-0.dist-info/entry_points.txt",
+            "vradix/testing/cpu_aids/hybrid_plugin/vradix_hybrid_cpu_aids-0.dist-info/entry_points.txt"} \
+        <= set(plugin_files)
     assert set(new) == set(copied) | set(plugin_files) | {f"{INFO}/{leaf}" for leaf in REWRITTEN}
     metadata_diff = [line for line in difflib.unified_diff(up[f"{up_info}/METADATA"].decode().splitlines(),
                                                             new[f"{INFO}/METADATA"].decode().splitlines(),

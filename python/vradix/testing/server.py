@@ -6,6 +6,7 @@ Its HTTP calls (`post`, `generate`, `server_info`, `vradix_info`, the publicatio
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from typing import Optional, Sequence
 import requests
 
 from vradix.testing import cpu_aids
+from vradix.testing.cpu_aids import hybrid as hybrid_aids
 from vradix.testing.http import ServerClient
 
 CPU_FLAGS = [
@@ -50,6 +52,27 @@ def with_hicache_cpu_aids(env: dict, extra_args: list) -> list:
     return extra_args
 
 
+def is_hybrid_model(model_path: str) -> bool:
+    """Whether the checkpoint is a Mamba2 hybrid the hybrid CPU aids serve (NemotronH, e.g.
+    `vradix.testing.tiny_hybrid_model`)."""
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            return json.load(f).get("model_type") == "nemotron_h"
+    except (OSError, ValueError):
+        return False
+
+
+def with_hybrid_cpu_aids(env: dict, extra_args: list) -> list:
+    """A Mamba2 hybrid on the CPU engine needs vradix's hybrid CPU aids (`vradix.testing.cpu_aids.hybrid`): put their
+    plugin on the server's PYTHONPATH and add the flags the CPU engine allows for a hybrid, unless the caller chose a
+    flag itself."""
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (hybrid_aids.PLUGIN_PATH, env.get("PYTHONPATH")) if p)
+    for flag, *value in hybrid_aids.HYBRID_CPU_FLAGS:
+        if flag not in extra_args:
+            extra_args = extra_args + [flag, *value]
+    return extra_args
+
+
 class ServerDied(RuntimeError):
     pass
 
@@ -58,9 +81,11 @@ class CpuServer(ServerClient):
     def __init__(self, model_path: str, *, vradix: bool = True, extra_args: Sequence[str] = (),
                  env: Optional[dict] = None, max_total_tokens: int = 8192, chunked_prefill_size: int = 1024,
                  startup_timeout: float = 240.0, skip_tokenizer_init: bool = True, timeout: float = 120.0,
-                 python: Optional[str] = None, launcher: str = "sglang.launch_server"):
+                 python: Optional[str] = None, launcher: str = "sglang.launch_server",
+                 hybrid: Optional[bool] = None):
         """`python`: the interpreter that runs the server (default: this one), e.g. another environment's.
-        `launcher`: the module run with `python -m` (`vradix.testing.ray_cpu` for SGLang's Ray mode on CPU)."""
+        `launcher`: the module run with `python -m` (`vradix.testing.ray_cpu` for SGLang's Ray mode on CPU).
+        `hybrid`: load the hybrid (Mamba2) CPU aids and their flags; default: when the model is a hybrid."""
         super().__init__("http://127.0.0.1", timeout)  # the port is chosen at launch
         self.python = python or sys.executable
         self.launcher = launcher
@@ -75,6 +100,8 @@ class CpuServer(ServerClient):
         extra_args = list(extra_args)
         if "--enable-hierarchical-cache" in extra_args:
             extra_args = with_hicache_cpu_aids(e, extra_args)
+        if hybrid if hybrid is not None else is_hybrid_model(model_path):
+            extra_args = with_hybrid_cpu_aids(e, extra_args)
         args = ["--max-total-tokens", str(max_total_tokens), "--chunked-prefill-size", str(chunked_prefill_size),
                 "--context-length", "4096", "--max-running-requests", "32",
                 *(f for f in CPU_FLAGS if skip_tokenizer_init or f != "--skip-tokenizer-init"), *extra_args]

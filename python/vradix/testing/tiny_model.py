@@ -17,8 +17,7 @@ VOCAB = 512
 
 def generate(out: str, seed: int, dtype: str = "bfloat16", init_range: float = 0.02) -> str:
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
@@ -28,6 +27,17 @@ def generate(out: str, seed: int, dtype: str = "bfloat16", init_range: float = 0
                          pad_token_id=2, torch_dtype=dtype)
     model = LlamaForCausalLM(config).to(getattr(torch, dtype))
     model.save_pretrained(out, safe_serialization=True)
+    save_tokenizer(out)
+    with open(os.path.join(out, "vradix_tiny_model.json"), "w") as f:
+        json.dump({"seed": seed, "dtype": dtype, "init_range": init_range}, f)
+    return out
+
+
+def save_tokenizer(out: str) -> None:
+    """The word-level tokenizer of the tiny models: token i is the word "t<i>"."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     vocab = {f"t{i}": i for i in range(VOCAB)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t3"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -35,9 +45,6 @@ def generate(out: str, seed: int, dtype: str = "bfloat16", init_range: float = 0
                                    unk_token="t3")
     fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"  # for OpenAI chat tests
     fast.save_pretrained(out)
-    with open(os.path.join(out, "vradix_tiny_model.json"), "w") as f:
-        json.dump({"seed": seed, "dtype": dtype, "init_range": init_range}, f)
-    return out
 
 
 def main() -> None:
