@@ -1,0 +1,207 @@
+"""Mamba2 hybrid (NemotronH) on the CPU engine: the hybrid CPU aids against HF transformers' own torch reference ops,
+and one E2E server with vradix on the tiny hybrid (greedy output == HF generate, a hybrid prefix hit, a publication
+with a request crossing it, no stale reuse after it).
+
+With `--mamba-radix-cache-strategy no_buffer` the recurrent state is snapshotted only where a request stopped (end of
+prefill, or prompt+output-1 at finish), and a hit needs a state at exactly the matched node plus >= 1 token left to
+compute: a prompt that *extends* an earlier prompt P hits at len(P); the same prompt sent twice does not hit.
+"""
+import pytest
+import torch
+from transformers.models.nemotron_h import modeling_nemotron_h as hf
+
+from vradix.testing.cpu_aids import hybrid
+from vradix.testing.scenario import StreamingRequest
+from vradix.testing.server import CpuServer, is_hybrid_model
+
+DIM, WIDTH = 24, 4
+NHEADS, HEADDIM, NGROUPS, DSTATE = 8, 4, 2, 6
+
+
+def _conv_params(gen):
+    return torch.randn(DIM, WIDTH, generator=gen), torch.randn(DIM, generator=gen)
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(0)
+
+
+# ---- unit level: each stand-in against HF transformers' torch implementation ------------------------------------------
+def test_causal_conv1d_fn_varlen_matches_hf(gen):
+    """Two sequences back to back, the second continuing a cached window: each equals HF's conv on its own, and
+    each slot ends holding that sequence's last width-1 inputs."""
+    w, b = _conv_params(gen)
+    lens, x = [7, 5], torch.randn(DIM, 12, generator=gen)
+    states = torch.randn(3, DIM, WIDTH - 1, generator=gen)
+    init = states[2].clone()
+    out = hybrid.causal_conv1d_fn(x, w, b, query_start_loc=torch.tensor([0, 7, 12]), cache_indices=torch.tensor([0, 2]),
+                                  has_initial_state=torch.tensor([False, True]), conv_states=states, activation="silu")
+    ref0 = hf.causal_conv1d_fn(x[None, :, :7], w, b, activation="silu")[0]
+    hf_state = init[None].clone()
+    ref1 = hf.causal_conv1d_update(x[None, :, 7:], hf_state, w, b, activation="silu")[0]
+    torch.testing.assert_close(out[:, :7], ref0)
+    torch.testing.assert_close(out[:, 7:], ref1)
+    torch.testing.assert_close(states[0], x[:, 4:7])
+    torch.testing.assert_close(states[2], hf_state[0])
+
+
+def test_causal_conv1d_update_matches_hf(gen):
+    w, b = _conv_params(gen)
+    states = torch.randn(4, DIM, WIDTH - 1, generator=gen)
+    x = torch.randn(2, DIM, generator=gen)
+    hf_states = states[[3, 1]].clone()
+    out = hybrid.causal_conv1d_update(x, states, w, b, "silu", conv_state_indices=torch.tensor([3, 1]))
+    ref = hf.causal_conv1d_update(x[..., None], hf_states, w, b, activation="silu")[..., 0]
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(states[[3, 1]], hf_states)
+
+
+def _ssm_inputs(gen, T):
+    return (torch.randn(1, T, NHEADS, HEADDIM, generator=gen), torch.randn(1, T, NHEADS, generator=gen),
+            -torch.rand(NHEADS, generator=gen) - 0.1, torch.randn(1, T, NGROUPS, DSTATE, generator=gen),
+            torch.randn(1, T, NGROUPS, DSTATE, generator=gen), torch.randn(NHEADS, generator=gen),
+            torch.randn(NHEADS, generator=gen))
+
+
+def test_chunk_scan_varlen_matches_hf_chunked_ssd(gen):
+    """The per-token recurrence equals HF's chunked SSD algorithm (an independent formulation) per sequence, with
+    and without an initial state, across chunk boundaries; the returned varlen states are HF's final states."""
+    x, dt, A, B, C, D, dt_bias = _ssm_inputs(gen, 29)
+    init = torch.randn(2, NHEADS, HEADDIM, DSTATE, generator=gen)
+    init[0] = 0
+    out = torch.empty_like(x)
+    _, varlen, track = hybrid.mamba_chunk_scan_combined(
+        x, dt, A, B, C, chunk_size=8, D=D, dt_bias=dt_bias, initial_states=init, cu_seqlens=torch.tensor([0, 18, 29]),
+        dt_softplus=True, out=out, return_varlen_states=True, return_track_states=True,
+        track_seq_idx=torch.tensor([1]), track_end_locs=torch.tensor([25]))
+    for i, (s, e) in enumerate([(0, 18), (18, 29)]):
+        ref, ref_final = hf.mamba2_chunk_scan(x[:, s:e], dt[:, s:e], A, B[:, s:e], C[:, s:e], 8, D=D, dt_bias=dt_bias,
+                                              initial_states=init[i:i + 1], dt_softplus=True, return_final_states=True)
+        torch.testing.assert_close(out[:, s:e], ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(varlen[i], ref_final[0], rtol=1e-4, atol=1e-4)
+    _, ref_track = hf.mamba2_chunk_scan(x[:, 18:25], dt[:, 18:25], A, B[:, 18:25], C[:, 18:25], 8, D=D,
+                                        dt_bias=dt_bias, initial_states=init[1:], dt_softplus=True,
+                                        return_final_states=True)
+    torch.testing.assert_close(track[0, 0], ref_track[0], rtol=1e-4, atol=1e-4)
+
+
+def test_selective_state_update_matches_hf(gen):
+    """One decode step in the layout both SGLang's and HF's mixers pass (dt/A/D/dt_bias expanded per head dim)
+    equals HF's step; only the indexed state rows move."""
+    x, dt, A, B, C, D, dt_bias = _ssm_inputs(gen, 2)
+    x, B, C = x[0], B[0], C[0]  # batch of 2 decode tokens
+    dt, A = dt[0][..., None].expand(-1, -1, HEADDIM), A[:, None, None].expand(-1, HEADDIM, DSTATE)
+    D, dt_bias = D[:, None].expand(-1, HEADDIM), dt_bias[:, None].expand(-1, HEADDIM)
+    state = torch.randn(5, NHEADS, HEADDIM, DSTATE, generator=gen)
+    before, hf_state = state.clone(), state[[4, 0]].clone()
+    out = torch.empty_like(x)
+    hybrid.selective_state_update(state, x, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=True,
+                                  state_batch_indices=torch.tensor([4, 0]), out=out)
+    ref = hf.mamba2_selective_state_update(hf_state, x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=True)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state[[4, 0]], hf_state, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state[1:4], before[1:4])
+
+
+def test_prefill_then_decode_equals_one_scan(gen):
+    """The state the prefill stand-ins leave in the slots, continued by the decode stand-ins, gives HF's output for
+    the whole sequence (the path a cached prefix takes: prefill, snapshot, continue)."""
+    w, b = _conv_params(gen)
+    xc = torch.randn(DIM, 10, generator=gen)
+    conv_states = torch.zeros(1, DIM, WIDTH - 1)
+    pre = hybrid.causal_conv1d_fn(xc[:, :7], w, b, query_start_loc=torch.tensor([0, 7]),
+                                  cache_indices=torch.tensor([0]), has_initial_state=torch.tensor([False]),
+                                  conv_states=conv_states, activation="silu")
+    dec = [hybrid.causal_conv1d_update(xc[None, :, t], conv_states, w, b, "silu",
+                                       conv_state_indices=torch.tensor([0]))[0] for t in range(7, 10)]
+    whole = hf.causal_conv1d_fn(xc[None], w, b, activation="silu")[0]
+    torch.testing.assert_close(torch.cat([pre, torch.stack(dec, -1)], -1), whole)
+
+
+def test_apply_binds_the_stand_ins_and_import_time_names():
+    hybrid.apply()
+    from sglang.srt.layers.attention.mamba import mamba
+    from sgl_kernel.mamba import causal_conv1d_fn_cpu, chunk_gated_delta_rule_cpu
+
+    assert mamba.causal_conv1d_fn is hybrid.causal_conv1d_fn and mamba.causal_conv1d_update_triton is \
+        hybrid.causal_conv1d_update
+    assert mamba.mamba_chunk_scan_combined is hybrid.mamba_chunk_scan_combined
+    assert mamba.selective_state_update is hybrid.selective_state_update
+    assert causal_conv1d_fn_cpu is hybrid.causal_conv1d_fn
+    with pytest.raises(NotImplementedError):
+        chunk_gated_delta_rule_cpu()
+    with pytest.raises(NotImplementedError):
+        torch.ops.sgl_kernel.fused_gdn_gating_cpu(torch.zeros(1))
+
+
+# ---- E2E: a CPU server with vradix on the tiny hybrid ---------------------------------------------------------------------
+SHORT = [5, 17, 99, 3, 250, 77, 8, 9, 10, 11]
+PREFIX = [(i * 7) % 500 + 5 for i in range(48)]
+EXTENDED = PREFIX + [31, 32, 33]
+EXTENDED_AGAIN = EXTENDED + [41, 42]
+SIBLING = PREFIX + [61, 62, 63]
+NEW_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def hybrid_models(tmp_path_factory):
+    from vradix.testing.tiny_hybrid_model import generate
+    d = tmp_path_factory.mktemp("hybrid")
+    return generate(str(d / "A"), seed=1), generate(str(d / "B"), seed=2)
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(hybrid_models):
+    """HF transformers' greedy generate (float32, its torch reference ops) on both weight sets."""
+    from transformers import AutoModelForCausalLM
+
+    out = {}
+    for name, path in zip("AB", hybrid_models):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        for prompt in (SHORT, PREFIX, EXTENDED, EXTENDED_AGAIN, SIBLING):
+            with torch.no_grad():
+                ids = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                     min_new_tokens=NEW_TOKENS)
+            out[name, tuple(prompt)] = ids[0, len(prompt):].tolist()
+    return out
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_vradix_hybrid_server_matches_hf_hits_prefixes_and_never_reuses_stale_state(hybrid_models, hf_greedy):
+    a, b = hybrid_models
+    assert is_hybrid_model(a)
+    with CpuServer(a, max_total_tokens=4096, startup_timeout=400) as s:
+        logs = s.logs()
+        assert "vradix 0.1.0 active" in logs and "hybrid_ssm=True" in logs, s.tail()
+
+        def gen(prompt):
+            r = s.generate(prompt, NEW_TOKENS)
+            return r["output_ids"], r["meta_info"]["cached_tokens"]
+
+        # greedy output equals HF's on the same weights
+        assert gen(SHORT) == (hf_greedy["A", tuple(SHORT)], 0)
+        assert gen(PREFIX) == (hf_greedy["A", tuple(PREFIX)], 0)
+        # hybrid prefix hit: a prompt extending PREFIX reuses its KV and recurrent state
+        assert gen(EXTENDED) == (hf_greedy["A", tuple(EXTENDED)], len(PREFIX))
+        # no_buffer keeps no state at PREFIX+3's fork point: a sibling prompt recomputes up to a snapshotted node
+        sib_out, sib_cached = gen(SIBLING)
+        assert sib_out == hf_greedy["A", tuple(SIBLING)] and sib_cached in (0, len(PREFIX))
+
+        # publication with a request crossing it: in_place pause, weights B (no flush), continue
+        crossing = StreamingRequest(s.url, SHORT, 40)
+        assert crossing.started.wait(120)
+        assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+        s.update_weights(b, "B", flush=False)
+        assert s.post("/continue_generation", {}).status_code == 200
+        out, cached = gen(EXTENDED_AGAIN)  # EXTENDED's state (under A) would give a hit of len(EXTENDED)
+        assert cached == 0 and out == hf_greedy["B", tuple(EXTENDED_AGAIN)]
+        final = crossing.result()
+        assert final["meta_info"]["num_retractions"] == 0 and final["meta_info"]["completion_tokens"] == 40
+        # sharing resumes under B: EXTENDED_AGAIN's new state serves a prompt extending it
+        again = EXTENDED_AGAIN + [51]
+        r = s.generate(again, 1)
+        assert r["meta_info"]["cached_tokens"] == len(EXTENDED_AGAIN)
+        v = s.vradix_info()
+        assert v["epoch"] == 1 and v["publications"] == 1 and v["stale_tokens_pinned"] == 0, v
