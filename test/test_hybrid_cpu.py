@@ -141,6 +141,7 @@ PREFIX = [(i * 7) % 500 + 5 for i in range(48)]
 EXTENDED = PREFIX + [31, 32, 33]
 EXTENDED_AGAIN = EXTENDED + [41, 42]
 SIBLING = PREFIX + [61, 62, 63]
+FORKED = [[(i * 11) % 500 + 3 for i in range(40)] + tail for tail in ([71, 72], [81, 82])]
 NEW_TOKENS = 6
 
 
@@ -167,8 +168,35 @@ def hf_greedy(hybrid_models):
     return out
 
 
+def publish(server, weights: str) -> StreamingRequest:
+    """An in_place publication of `weights` as version "B" (no flush) with a request running across it; returns
+    that request."""
+    crossing = StreamingRequest(server.url, SHORT, 40)
+    assert crossing.started.wait(120)
+    assert server.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    server.update_weights(weights, "B", flush=False)
+    assert server.post("/continue_generation", {}).status_code == 200
+    return crossing
+
+
 @pytest.mark.e2e
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(600)
+def test_stock_sglang_reuses_stale_hybrid_state_after_publication(hybrid_models, hf_greedy):
+    """The bug on a hybrid: stock SGLang inserts a crossing request's mixed A/B span and keeps serving the KV and
+    recurrent state computed under A after B is published, labelled B."""
+    a, b = hybrid_models
+    with CpuServer(a, vradix=False, max_total_tokens=4096, startup_timeout=400) as s:
+        s.generate(EXTENDED, NEW_TOKENS)
+        final = publish(s, b).result()
+        crossed_span = SHORT + final["output_ids"][:-1]  # snapshotted at finish: the crossing request inserted it
+        assert s.generate(crossed_span + [7], 1)["meta_info"]["cached_tokens"] == len(crossed_span)
+        r = s.generate(EXTENDED_AGAIN, NEW_TOKENS)
+        assert r["meta_info"]["cached_tokens"] == len(EXTENDED) and r["meta_info"]["weight_version"] == "B"
+        assert r["output_ids"] != hf_greedy["B", tuple(EXTENDED_AGAIN)]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
 def test_vradix_hybrid_server_matches_hf_hits_prefixes_and_never_reuses_stale_state(hybrid_models, hf_greedy):
     a, b = hybrid_models
     assert is_hybrid_model(a)
@@ -185,20 +213,21 @@ def test_vradix_hybrid_server_matches_hf_hits_prefixes_and_never_reuses_stale_st
         assert gen(PREFIX) == (hf_greedy["A", tuple(PREFIX)], 0)
         # hybrid prefix hit: a prompt extending PREFIX reuses its KV and recurrent state
         assert gen(EXTENDED) == (hf_greedy["A", tuple(EXTENDED)], len(PREFIX))
-        # no_buffer keeps no state at PREFIX+3's fork point: a sibling prompt recomputes up to a snapshotted node
-        sib_out, sib_cached = gen(SIBLING)
-        assert sib_out == hf_greedy["A", tuple(SIBLING)] and sib_cached in (0, len(PREFIX))
+        # a different prompt sharing PREFIX hits too (PREFIX's own request left a state at its end)
+        assert gen(SIBLING) == (hf_greedy["A", tuple(SIBLING)], len(PREFIX))
+        # ...but no_buffer keeps no state at a fork point no request stopped at: siblings of an unsent prefix miss
+        assert [gen(p)[1] for p in FORKED] == [0, 0]
 
-        # publication with a request crossing it: in_place pause, weights B (no flush), continue
-        crossing = StreamingRequest(s.url, SHORT, 40)
-        assert crossing.started.wait(120)
-        assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
-        s.update_weights(b, "B", flush=False)
-        assert s.post("/continue_generation", {}).status_code == 200
-        out, cached = gen(EXTENDED_AGAIN)  # EXTENDED's state (under A) would give a hit of len(EXTENDED)
+        # publication with a request crossing it: EXTENDED's state (under A) would give a hit of len(EXTENDED)
+        crossing = publish(s, b)
+        out, cached = gen(EXTENDED_AGAIN)
         assert cached == 0 and out == hf_greedy["B", tuple(EXTENDED_AGAIN)]
         final = crossing.result()
         assert final["meta_info"]["num_retractions"] == 0 and final["meta_info"]["completion_tokens"] == 40
+        # the crossing request published none of its (mixed A/B) KV or state: no_buffer would have snapshotted it at
+        # prompt+output-1, which a prompt extending that span would hit
+        crossed_span = SHORT + final["output_ids"][:-1]
+        assert s.generate(crossed_span + [7], 1)["meta_info"]["cached_tokens"] == 0
         # sharing resumes under B: EXTENDED_AGAIN's new state serves a prompt extending it
         again = EXTENDED_AGAIN + [51]
         r = s.generate(again, 1)
