@@ -8,8 +8,8 @@ imports the GDN/KDA backends, which on the CPU engine import `sgl_kernel.mamba.*
 1. torch stand-ins bound into `mamba.py`'s namespace (each written against SGLang's calling convention: varlen
    batches, per-request state slots read through `cache_indices` / `state_batch_indices`, states updated in place):
    `causal_conv1d_fn`, `causal_conv1d_update` (also as their `_triton` names, which SGLang selects with a page-major
-   KV layout), `mamba_chunk_scan_combined` (an exact per-token recurrence, not the
-   chunked SSD algorithm), `selective_state_update`;
+   KV layout), `mamba_chunk_scan_combined` (an exact per-token recurrence, not the chunked SSD algorithm; no
+   per-chunk or tracked states), `selective_state_update`;
 2. a `sgl_kernel.mamba` module whose `causal_conv1d_fn_cpu` / `causal_conv1d_update_cpu` are the stand-ins above
    and whose other names raise when called;
 3. the `torch.ops.sgl_kernel` ops in IMPORT_TIME_OPS, defined only so the imports succeed: calling one raises
@@ -142,9 +142,11 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     `h = exp(dt·A)·h + dt·x⊗B; y = h·C + D·x` (`dt` after bias, softplus and `dt_limit`; `y *= silu(z)` when `z`).
     Shapes as SGLang's: x (1, T, nheads, headdim), dt (1, T, nheads), B/C (1, T, ngroups, dstate); with `cu_seqlens`
     the T tokens are sequences back to back, sequence i starting from `initial_states[i]` (or zeros). Writes `out`
-    and returns what the Triton kernel returns for the same flags, with its `states` (per-chunk states, which SGLang's
-    callers do not read) replaced by the final state of each sequence. Tracked states (`track_seq_idx[k]`,
-    `track_end_locs[k]`) are the state of that sequence after the tokens before global position `track_end_locs[k]`."""
+    and returns what the Triton kernel returns for the same flags, except that its per-chunk states are None (SGLang
+    reads them only to track states for `extra_buffer`). Not supported (raises): state tracking (`track_seq_idx`,
+    the `extra_buffer` strategy, which SGLang refuses on CPU anyway)."""
+    if track_seq_idx is not None or track_end_locs is not None:
+        raise NotImplementedError("vradix CPU aid: mamba_chunk_scan_combined state tracking (extra_buffer)")
     if x.shape[0] != 1 and cu_seqlens is not None:
         raise NotImplementedError("vradix CPU aid: cu_seqlens with batch > 1")
     nheads = x.shape[2]
@@ -153,40 +155,30 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     Bh, Ch, A = _heads_of_groups(B, nheads), _heads_of_groups(C, nheads), A.float()
     Df = None if D is None else D.float()
     y = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    tracked = {}
-    if track_seq_idx is not None and track_end_locs is not None:
-        for k, (s, e) in enumerate(zip(track_seq_idx.tolist(), track_end_locs.tolist())):
-            tracked.setdefault((s, e), []).append(k)
-    finals, track_out = [], [None] * (0 if track_seq_idx is None else len(track_seq_idx))
+    finals = []
     for b in range(x.shape[0]):
         for i in range(len(bounds) - 1):
             seq = b if cu_seqlens is None else i
             h = x.new_zeros(x.shape[2:] + (B.shape[-1],), dtype=torch.float32)
             if initial_states is not None:
                 h = initial_states[seq].float().clone()
-            for k in tracked.get((i, bounds[i]), []):
-                track_out[k] = h
             for t in range(bounds[i], bounds[i + 1]):
                 h, y[b, t] = _ssm_step(h, x[b, t].float(), dt[b, t], A, Bh[b, t], Ch[b, t], Df)
-                for k in tracked.get((i, t + 1), []):
-                    track_out[k] = h
             finals.append(h)
     if z is not None:
         y = y * F.silu(z.float())
     if out is not None:
         out.copy_(y.reshape(out.shape).to(out.dtype))
-    sdtype = state_dtype or C.dtype
-    final_states = torch.stack(finals).to(sdtype)
+    final_states = torch.stack(finals).to(state_dtype or C.dtype)
     if return_track_states:
         assert return_varlen_states, "return_track_states requires return_varlen_states (cu_seqlens mode)"
-        track = None if not track_out else torch.stack(track_out).unsqueeze(0).to(sdtype)
-        return final_states, final_states, track
+        return None, final_states, None
     if return_varlen_states:
         if return_intermediate_states:
-            return (final_states, final_states, final_states) if return_final_states else (final_states, final_states)
+            return (None, final_states, final_states) if return_final_states else (None, final_states)
         return (final_states, final_states) if return_final_states else final_states
     if return_intermediate_states:
-        return (final_states, final_states) if return_final_states else final_states
+        return (None, final_states) if return_final_states else None
     return final_states if return_final_states else None
 
 
