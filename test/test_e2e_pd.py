@@ -5,7 +5,10 @@
   B with KV prefill computed on A, caches it, and keeps reusing it after prefill is on B too;
 - stock SGLang's decode scheduler crashes on a request without `bootstrap_host`; vradix refuses it with HTTP 400
   naming the missing fields, and the pair keeps serving;
-- a decode role with L3 storage and a prefetch policy other than `wait_complete` does not start.
+- a decode role with L3 storage and a prefetch policy other than `wait_complete` does not start;
+- vradix on both roles (the weight-identity handshake, `vradix.pd.handshake`): with the roles on different weights,
+  decode updated first or prefill updated first, a request fails with HTTP 503 naming both identities and nothing of
+  it enters decode's tree; once both roles are updated the pair answers what a fresh server on the new weights does.
 The pair needs packages beyond the venv (`pd.missing_requirements()`); without them these tests skip and say which.
 """
 import time
@@ -103,6 +106,60 @@ def test_decode_refuses_a_request_without_bootstrap_fields_and_keeps_serving(vra
     assert "without bootstrap room id" not in pair.decode.logs()
     assert pair.decode.proc.poll() is None
     assert pair.generate(PROMPT, 6)["output_ids"] == oracle["A"]
+
+
+def weight_id(server) -> str:
+    return server.vradix_info()["weight_id"]
+
+
+def current_epoch_tokens(server) -> int:
+    """Tokens the server's radix cache holds in its current epoch's namespace (the cache inspector)."""
+    snap = server.get("/vradix/cache").json()
+    return next(e["cached_tokens"] for e in snap["epochs"] if e["current"])
+
+
+def generate_raw(pair) -> requests.Response:
+    return pair.post("/generate", {"input_ids": PROMPT, "sampling_params": SAMPLING}, timeout=120)
+
+
+def assert_refused_naming(r: requests.Response, prefill_id: str, decode_id: str) -> None:
+    """The handshake's refusal: retryable (503), naming both identities (prefill's shown by its first 32 bytes)."""
+    assert r.status_code == 503, (r.status_code, r.text)
+    assert "weight-identity mismatch" in r.text and prefill_id[:32] in r.text and decode_id in r.text, r.text
+
+
+def skew_then_converge(pair, models, oracle, first, second):
+    """Pair on A (its answer is A's), `first` updated to B: a request fails with the handshake's error, and decode's
+    current tree gains nothing from it; `second` updated to B too: the pair answers B's output, and decode's new-epoch tree holds
+    only KV computed under B (a repeat is a decode hit with B's output)."""
+    assert pair.generate(PROMPT, 6)["output_ids"] == oracle["A"]
+    first.update_weights(models[1], "B")
+    assert weight_id(pair.prefill) != weight_id(pair.decode)
+    held = current_epoch_tokens(pair.decode)  # 0 after a decode publication; A's 606 tokens while decode is on A
+    r = generate_raw(pair)
+    assert_refused_naming(r, weight_id(pair.prefill), weight_id(pair.decode))
+    assert current_epoch_tokens(pair.decode) == held  # nothing of the refused request entered decode's tree
+    second.update_weights(models[1], "B")
+    assert weight_id(pair.prefill) == weight_id(pair.decode)
+    assert pair.generate(PROMPT, 6)["output_ids"] == oracle["B"]
+    assert current_epoch_tokens(pair.decode) > 0
+    again = pair.generate(PROMPT, 6)
+    assert again["output_ids"] == oracle["B"], again
+
+
+@needs_pd
+@pytest.mark.timeout(600)
+def test_skew_with_decode_updated_first_fails_the_request_and_caches_nothing(vradix_pair, models, oracle):
+    skew_then_converge(vradix_pair, models, oracle, vradix_pair.decode, vradix_pair.prefill)
+
+
+@needs_pd
+@pytest.mark.timeout(600)
+def test_skew_with_prefill_updated_first_fails_the_request_and_caches_nothing(vradix_pair, models, oracle):
+    pair = vradix_pair
+    for server in (pair.prefill, pair.decode):  # back to A on both (the previous test left them on B)
+        server.update_weights(models[0], "A")
+    skew_then_converge(pair, models, oracle, pair.prefill, pair.decode)
 
 
 @pytest.mark.skipif(bool(MISSING), reason="P/D kit needs: " + ", ".join(MISSING))

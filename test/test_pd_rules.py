@@ -1,5 +1,6 @@
 """P/D rules at unit level (no server): bad decode input (`vradix.pd.bootstrap`), the restore-policy rule
-(`vradix.pd.restore_policy`) and role-local L3 namespaces (`vradix.pd.layout`). The startup and attach hooks run
+(`vradix.pd.restore_policy`), role-local L3 namespaces (`vradix.pd.layout`) and the weight-identity handshake
+(`vradix.pd.handshake`, written into and read back from SGLang's real `MetadataBuffers` row). The startup and attach hooks run
 in-process on SGLang's real `ServerArgs` (resolved as a launcher resolves it) through the installed HOOKS; the same
 checks on live servers are in `test_e2e_pd.py`."""
 import asyncio
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vradix import namespace
-from vradix.pd import bootstrap, layout, restore_policy
+from vradix.pd import bootstrap, handshake, layout, restore_policy
 from vradix.pd.layout import IncompatibleLayoutError, KvLayout
 
 # ---- bad input: bootstrap fields ---------------------------------------------------------------------------------
@@ -188,3 +189,57 @@ def test_sglangs_own_health_and_warmup_requests_pass():
     from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
     assert bootstrap.FAKE_BOOTSTRAP_HOST == FAKE_BOOTSTRAP_HOST
     bootstrap.check_decode_request(FAKE_BOOTSTRAP_HOST, None, 0, "mooncake")
+
+
+# ---- the weight-identity handshake ---------------------------------------------------------------------------------
+
+FP_A, FP_B = "fp:" + "a" * 64, "fp:" + "b" * 64
+
+
+def test_equal_identities_pass_and_every_other_case_is_refused_naming_both():
+    assert handshake.mismatch(handshake.decode(handshake.encode([FP_A])), FP_A, "r1") is None
+    other = handshake.mismatch(handshake.decode(handshake.encode([FP_A])), FP_B, "r1")
+    assert "request r1" in other and FP_A[:32] in other and FP_B in other and "retry" in other
+    mixed = handshake.mismatch(handshake.decode(handshake.encode([FP_B, FP_A])), FP_A, "r2")
+    assert "across a publication" in mixed  # prefill's KV spans two weights: refused even though the last matches
+    missing = handshake.mismatch(handshake.decode(bytes(handshake.SIZE)), FP_A, "r3")
+    assert "no weight identity" in missing  # a prefill without vradix writes zeros
+    assert "fingerprint or declared" in handshake.mismatch(None, "nonce:" + "0" * 32, "r4")
+    assert "fingerprint or declared" not in missing
+
+
+def test_prefill_sends_the_identities_of_the_prompt_positions_only():
+    assert handshake.sent_weight_ids([(0, 0, "A", FP_A)], 10) == [FP_A]
+    assert handshake.sent_weight_ids([(0, 0, "A", FP_A), (4, 1, "B", FP_B)], 10) == [FP_A, FP_B]  # crossed mid-prompt
+    assert handshake.sent_weight_ids([(0, 0, "A", FP_A), (10, 1, "B", FP_B)], 10) == [FP_A]  # crossed after it
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(min_size=1, max_size=140), min_size=1, max_size=3), st.text(min_size=1, max_size=140))
+def test_the_handshake_passes_exactly_when_prefill_kv_is_all_under_decodes_identity(prefill_ids, decode_id):
+    verdict = handshake.mismatch(handshake.decode(handshake.encode(prefill_ids)), decode_id, "r")
+    assert (verdict is None) == (set(prefill_ids) == {decode_id})
+
+
+def test_prefill_identity_round_trips_through_sglangs_metadata_row_without_touching_the_room():
+    """The prefill hook writes into a real `MetadataBuffers` row; the bytes that travel (get_buf) decode back, and
+    slot 0 (SGLang's bootstrap_room check) is what SGLang wrote."""
+    import torch
+    from sglang.srt.disaggregation.utils import MetadataBuffers
+
+    from vradix import request
+    from vradix.hooks import pd as pd_hooks
+
+    bufs = MetadataBuffers(4, hidden_size=8, hidden_states_dtype=torch.float32, max_sampling_mask_tokens=4)
+    req = types.SimpleNamespace(metadata_buffer_index=2, rid="r", origin_input_ids=list(range(10)))
+    bufs.bootstrap_room[2, 0] = 12345
+    pd_hooks.send_prefill_identity(None, bufs, req)  # not admitted by vradix: writes nothing
+    assert handshake.decode(bufs.get_buf(2)[-1].view(torch.uint8)[8:].numpy().tobytes()) is None
+    request.attach(req, None, 0).kv_history = [(0, 0, "A", FP_A)]
+    pd_hooks.send_prefill_identity(None, bufs, req)
+    row = bufs.get_buf(2)[-1]
+    assert int(row[0].item()) == 12345
+    sent = handshake.decode(row.view(torch.uint8)[8:].numpy().tobytes())
+    assert sent == handshake.PrefillIdentity(handshake.digest(FP_A), FP_A[:32], False)
+    bufs.clear_slot(2)  # decode resets a slot for its next owner: no identity survives
+    assert handshake.decode(bufs.get_buf(2)[-1].view(torch.uint8)[8:].numpy().tobytes()) is None

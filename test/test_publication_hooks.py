@@ -387,3 +387,24 @@ def test_fingerprint_mode_proves_equal_weights_and_tells_different_ones_apart():
     # ... but a namespace of its own inside this process (suffixed by the epoch)
     assert e.state.prefix_of_epoch(e.state.epoch) != e.state.prefix_of_epoch(e.state.epoch - 2)
     assert e.state.last_publication.identity_ms > 0  # the fingerprint's cost is reported with each publication
+
+
+def test_a_decode_publication_rebinds_requests_waiting_for_kv_and_crosses_those_receiving_it():
+    """P/D decode role: a request in the prealloc queue (nothing matched or promised yet) is re-bound, so it matches
+    and promises prefill a prefix in the new namespace; a request in the transfer queue (its matched prefix locked and
+    its row preallocated, prefill's KV arriving) crosses the publication: keeps its KV, never inserts it. The queues
+    hold SGLang's `DecodeRequest` wrappers; only `.req` is read, so plain stand-ins carry real `Req`s."""
+    fx = build_cache("rust", 1, kv_tokens=1024)
+    state = attach(fx.cache)
+    receiving, waiting = fx.make_req(list(range(10, 40))), fx.make_req(list(range(50, 80)))
+    for r in (receiving, waiting):
+        stamp(state, r)
+    fx.admit(receiving)  # its row allocated, as decode's pre-allocation does before it tells prefill where to write
+    key_before = waiting.extra_key
+    scheduler = StubScheduler(fx, [])
+    scheduler.disagg_decode_prealloc_queue = types.SimpleNamespace(
+        queue=[types.SimpleNamespace(req=waiting)], pending_reqs=[], retracted_queue=[])
+    scheduler.disagg_decode_transfer_queue = types.SimpleNamespace(queue=[types.SimpleNamespace(req=receiving)])
+    inv = publication.bump_scheduler(scheduler, reason="update_weights_from_disk", label="B")
+    assert inv.requeued_rebound == 1 and waiting._vradix.epoch == state.epoch and waiting.extra_key != key_before
+    assert receiving._vradix.crossed and receiving.skip_radix_cache_insert and receiving._vradix.epoch == 0

@@ -74,6 +74,10 @@ HOOKS = [
     # bad input on a P/D decode role: a request without bootstrap fields is refused before it reaches the scheduler
     (f"{_TM}._validate_one_request", "BEFORE", pd.reject_decode_request_without_bootstrap),
     (f"{_TCM}.attach_hicache_storage", "AROUND", pd.refuse_unsafe_restore_policy_at_attach),
+    # P/D handshake: prefill's KV carries its weight identity to decode, which refuses KV of other weights
+    ("sglang.srt.disaggregation.utils.MetadataBuffers.set_buf", "AFTER", pd.send_prefill_identity),
+    ("sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req", "AROUND",
+     pd.check_prefill_identity),
     # overlap safety: nothing in flight while weights change
     (f"{_SCHED}.pause_generation", "BEFORE", publication.drain_before_in_place_pause),
     (f"{_SCHED}.process_batch_result", "AROUND", overlap.skip_drained_result),

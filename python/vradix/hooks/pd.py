@@ -4,10 +4,20 @@
   (`vradix.pd.bootstrap`), so the client gets HTTP 400 naming the fields and the decode scheduler never sees it;
 - restore policy: a role whose L3 restore must finish (decode with L3, DCP) is refused at startup and at runtime
   attach unless its effective prefetch policy is `wait_complete` (`vradix.pd.restore_policy`).
+
+Scheduler process (the weight-identity handshake, `vradix.pd.handshake`):
+- prefill writes the identity of each request's KV into the metadata row that travels with its last chunk;
+- decode commits the received KV only when that identity equals the one the decode request is bound to; otherwise the
+  request fails with HTTP 503 naming both identities, and its KV is released without being inserted.
 """
 from __future__ import annotations
 
-from vradix.pd import bootstrap, restore_policy
+import logging
+
+from vradix import request
+from vradix.pd import bootstrap, handshake, restore_policy
+
+logger = logging.getLogger("vradix")
 
 
 def reject_decode_request_without_bootstrap(tokenizer_manager, obj, *args, **kwargs):
@@ -46,3 +56,43 @@ async def refuse_unsafe_restore_policy_at_attach(original, tokenizer_manager, hi
         return AttachHiCacheStorageReqOutput(success=False, message=str(e))
     return await original(tokenizer_manager, hicache_storage_backend, hicache_storage_backend_extra_config_json,
                           hicache_storage_prefetch_policy, *args, **kwargs)
+
+
+def send_prefill_identity(_result, buffers, req, *args, **kwargs):
+    """AFTER MetadataBuffers.set_buf (prefill, last chunk): write the identity of the request's KV (the weight_ids
+    of its provenance history over the prompt) into bytes 8..63 of its `bootstrap_room` row, which the transfer engine moves to decode
+    with the KV. A request vradix never admitted writes nothing (decode then refuses it)."""
+    st = request.of(req)
+    if st is None or not st.kv_history:
+        return
+    import torch
+
+    raw = handshake.encode(handshake.sent_weight_ids(st.kv_history, len(req.origin_input_ids)))
+    row = buffers.bootstrap_room[req.metadata_buffer_index].view(torch.uint8)
+    row[8:] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+def check_prefill_identity(original, queue, decode_req, *args, **kwargs):
+    """AROUND DecodeTransferQueue._commit_transfer_to_req (decode, the transfer succeeded): when prefill's identity
+    differs from the one the decode request is bound to (its first provenance entry: the namespace decode matched
+    and promised its prefix in), fail the request with HTTP 503 instead of committing; SGLang's own abort path then
+    streams the error and releases the KV without inserting it. A metadata row whose room does not match is left to
+    SGLang's own corruption check."""
+    import torch
+    from sglang.srt.disaggregation.utils import _is_fake_transfer, prepare_abort
+
+    req = decode_req.req
+    st = request.of(req)
+    idx = decode_req.metadata_buffer_index
+    row = queue.metadata_buffers.bootstrap_room[idx]
+    if st is None or not st.kv_history or _is_fake_transfer(req) or int(row[0].item()) != int(req.bootstrap_room or 0):
+        return original(queue, decode_req, *args, **kwargs)
+    prefill = handshake.decode(row.view(torch.uint8)[8:].numpy().tobytes())
+    error = handshake.mismatch(prefill, st.kv_history[0][3], req.rid)
+    if error is None:
+        return original(queue, decode_req, *args, **kwargs)
+    logger.warning(error)
+    prepare_abort(req, error, status_code=handshake.STATUS)
+    decode_req.kv_receiver.clear()
+    decode_req.kv_receiver = None
+

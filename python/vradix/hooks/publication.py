@@ -17,6 +17,22 @@ def live_requests(scheduler) -> set:
     coordinator = getattr(scheduler, "hisparse_coordinator", None)
     if coordinator is not None:
         reqs.update(act.req for act in coordinator.ack_staging_queue)
+    reqs.update(decode_disagg_requests(scheduler))
+    return reqs
+
+
+def decode_disagg_requests(scheduler) -> list:
+    """A P/D decode role's requests outside SGLang's waiting queue and batches: those waiting for a KV allocation
+    (holding nothing yet: the bump re-binds them, so they match and promise prefill a prefix in the new namespace)
+    and those receiving KV from prefill (holding their preallocated row and matched prefix: they cross the bump,
+    keep their KV and never insert it)."""
+    prealloc = getattr(scheduler, "disagg_decode_prealloc_queue", None)
+    transfer = getattr(scheduler, "disagg_decode_transfer_queue", None)
+    reqs = []
+    if prealloc is not None:
+        reqs += [d.req for d in (*prealloc.queue, *prealloc.pending_reqs)] + list(prealloc.retracted_queue)
+    if transfer is not None:
+        reqs += [d.req for d in transfer.queue]
     return reqs
 
 
@@ -26,7 +42,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     new namespace (`vradix.prefetch`)."""
     state = state_of(scheduler.tree_cache)
     live = live_requests(scheduler)
-    queued = list(scheduler.waiting_queue)
+    queued = [*scheduler.waiting_queue, *decode_disagg_requests(scheduler)]
     t0 = time.perf_counter()
     ident = publication_identity(scheduler, state, label) if is_publication else None
     identity_ms = (time.perf_counter() - t0) * 1e3

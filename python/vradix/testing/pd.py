@@ -145,11 +145,14 @@ class PdPair(ServerClient):
         self.decode: Optional[CpuServer] = None
         self.router: Optional[Router] = None
         server_env = with_pd_cpu_aid(dict(env or {}))
+        # the handshake compares weight_ids across the roles: equal weights must get equal ids (a nonce never does)
+        identity_flags = ["--vradix-weight-identity", "fingerprint"] if vradix else []
         prefill_flags = ["--disaggregation-mode", "prefill", *TRANSFER_FLAGS,
                          "--disaggregation-bootstrap-port", str(self.bootstrap_port), "--disable-overlap-schedule",
-                         *prefill_args]
+                         *identity_flags, *prefill_args]
         decode_flags = ["--disaggregation-mode", "decode", *TRANSFER_FLAGS,
-                        *(["--disaggregation-decode-enable-radix-cache"] if decode_radix else []), *decode_args]
+                        *(["--disaggregation-decode-enable-radix-cache"] if decode_radix else []), *identity_flags,
+                        *decode_args]
 
         def start(flags):
             return CpuServer(model_path, vradix=vradix, extra_args=flags, env=server_env,

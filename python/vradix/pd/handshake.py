@@ -1,0 +1,91 @@
+"""The P/D weight-identity handshake (pure): prefill names the weights its KV was computed with, decode refuses KV
+that does not match the weights it serves the request with.
+
+SGLang's P/D protocol carries no weight version. What prefill sends decode with a request's last chunk is one row of
+`MetadataBuffers` per buffer, moved by the transfer engine with the KV. The `bootstrap_room` row is 64 bytes (8 uint64
+slots, padded for the RDMA minimum) of which SGLang uses slot 0; vradix writes the prefill identity into the other 56:
+
+    bytes 0..6   MAGIC (b"vradix1")     absent (zeros) when prefill runs without vradix
+    byte  7      flags                  bit 0: the request crossed a publication on prefill (its KV mixes weights)
+    bytes 8..23  blake2b-128 of the weight_id (what is compared)
+    bytes 24..55 the weight_id's first 32 UTF-8 bytes (what error messages show)
+
+Invariants:
+- decode commits a request's transferred KV only when prefill's identity is present, unmixed, and its digest equals
+  the digest of the `weight_id` the decode request is bound to (the namespace its prefix was matched and promised in);
+- anything else is a `Mismatch`: the request fails with HTTP 503 (retryable) and a message naming both identities,
+  and none of its KV is inserted into decode's tree.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Optional, Sequence, Tuple
+
+MAGIC = b"vradix1"
+FLAG_MIXED = 0x01
+SIZE = 56  # bytes 8..64 of the bootstrap_room row
+SHOWN = 32
+#: a mismatch is transient (a publication is reaching the roles at different times): retry
+STATUS = HTTPStatus.SERVICE_UNAVAILABLE
+
+
+@dataclass(frozen=True)
+class PrefillIdentity:
+    """What decode reads back: the digest it compares, a readable prefix of the weight_id, and whether prefill's KV
+    for the request spans a publication."""
+
+    digest: bytes
+    shown: str
+    mixed: bool
+
+
+def digest(weight_id: str) -> bytes:
+    return hashlib.blake2b(weight_id.encode(), digest_size=16).digest()
+
+
+def encode(weight_ids: Sequence[str]) -> bytes:
+    """The 56 bytes prefill sends for a request whose KV was computed under `weight_ids` (its provenance history, in
+    order; more than one distinct id means it crossed a publication)."""
+    if not weight_ids:
+        raise ValueError("a request's KV has at least one identity")
+    mixed = len(set(weight_ids)) > 1
+    last = weight_ids[-1]
+    shown = last.encode()[:SHOWN]
+    out = MAGIC + bytes([FLAG_MIXED if mixed else 0]) + digest(last) + shown.ljust(SHOWN, b"\0")
+    assert len(out) == SIZE
+    return out
+
+
+def decode(raw: bytes) -> Optional[PrefillIdentity]:
+    """Read back what `encode` wrote; None when prefill wrote no identity (no vradix on prefill)."""
+    raw = bytes(raw)
+    if len(raw) != SIZE or raw[:len(MAGIC)] != MAGIC:
+        return None
+    return PrefillIdentity(digest=raw[8:24], shown=raw[24:].rstrip(b"\0").decode(errors="replace"),
+                           mixed=bool(raw[7] & FLAG_MIXED))
+
+
+def mismatch(prefill: Optional[PrefillIdentity], decode_weight_id: str, rid: str) -> Optional[str]:
+    """None when decode may commit the request's KV; otherwise the error the client gets, naming both identities."""
+    if prefill is None:
+        why = "prefill sent no weight identity (is vradix installed on the prefill role?)"
+    elif prefill.mixed:
+        why = f"prefill computed its KV across a publication (ending under weight_id {prefill.shown!r})"
+    elif prefill.digest != digest(decode_weight_id):
+        why = f"prefill computed its KV under weight_id {prefill.shown!r}"
+    else:
+        return None
+    hint = (" Both roles must name equal weights with the same id: run them with --vradix-weight-identity "
+            "fingerprint or declared (a nonce identity never matches across processes)."
+            if decode_weight_id.startswith("nonce:") else "")
+    return (f"vradix P/D weight-identity mismatch for request {rid}: {why}, but decode serves it under weight_id "
+            f"{decode_weight_id!r}. Nothing was cached; retry once both roles serve the same weights.{hint}")
+
+
+def sent_weight_ids(kv_history: Sequence[Tuple], prompt_len: int) -> list:
+    """The weight_ids under which the KV prefill sends (positions `[0, prompt_len)`) was computed: the entries of the
+    request's provenance history (`request.HistoryEntry`) that start inside the prompt, in order. A crossing after
+    the prompt was computed adds an entry at `prompt_len`, which covers no sent position."""
+    return [entry[3] for entry in kv_history if entry[0] < prompt_len] or [kv_history[0][3]]
