@@ -130,8 +130,9 @@ def assert_refused_naming(r: requests.Response, prefill_id: str, decode_id: str)
 
 def skew_then_converge(pair, models, oracle, first, second):
     """Pair on A (its answer is A's), `first` updated to B: a request fails with the handshake's error, and decode's
-    current tree gains nothing from it; `second` updated to B too: the pair answers B's output, and decode's new-epoch tree holds
-    only KV computed under B (a repeat is a decode hit with B's output)."""
+    current tree gains nothing from it; `second` updated to B too: the pair answers B's output, its provenance names B's identity for
+    prefill's and decode's spans, and decode's new-epoch tree holds only KV computed under B (a repeat is a decode
+    hit with B's output)."""
     assert pair.generate(PROMPT, 6)["output_ids"] == oracle["A"]
     first.update_weights(models[1], "B")
     assert weight_id(pair.prefill) != weight_id(pair.decode)
@@ -141,10 +142,20 @@ def skew_then_converge(pair, models, oracle, first, second):
     assert current_epoch_tokens(pair.decode) == held  # nothing of the refused request entered decode's tree
     second.update_weights(models[1], "B")
     assert weight_id(pair.prefill) == weight_id(pair.decode)
-    assert pair.generate(PROMPT, 6)["output_ids"] == oracle["B"]
+    served = pair.generate(PROMPT, 6)
+    assert served["output_ids"] == oracle["B"]
+    assert roles_and_ids(served) == [("prefill", weight_id(pair.prefill)), ("decode", weight_id(pair.decode))]
     assert current_epoch_tokens(pair.decode) > 0
     again = pair.generate(PROMPT, 6)
     assert again["output_ids"] == oracle["B"], again
+    # a decode hit now: the prefix decode promised is its own B-epoch KV, the rest prefill's on B
+    assert [r for r, _ in roles_and_ids(again)] == ["decode_cache", "prefill", "decode"], again["meta_info"]
+    assert {w for _, w in roles_and_ids(again)} == {weight_id(pair.decode)}
+
+
+def roles_and_ids(response) -> list:
+    """The response's P/D provenance: (role, weight_id) of each span of its KV."""
+    return [(s["role"], s["weight_id"]) for s in response["meta_info"]["pd_spans"]]
 
 
 @needs_pd

@@ -15,6 +15,10 @@ all its KV and is re-bound before it runs again, which resets the history.
 crossing request the response also carries `kv_ledger_spans`: what the KV page ledger's `spans` kernel read off the
 request's row just before its release — an independent, device-side record at page granularity (with page_size > 1 the
 page a crossing happened on reports the later epoch). Both must show the same sequence of epochs.
+
+On a P/D decode role the response also carries `pd_spans` (`pd_spans`): the role that computed each span of the
+request's KV and its `weight_id`, recorded when the weight-identity handshake accepted prefill's KV
+(`vradix.pd.handshake`).
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ def record_bind(st: ReqState, state) -> None:
     """The request (holding no KV) is bound to `state`'s current epoch: all its KV will be computed or matched
     under it."""
     st.kv_history = [(0, state.epoch, state.label, state.weight_id)]
+    st.pd_handoff = None  # a re-bound request has received no KV yet
 
 
 def record_crossing(req, st: ReqState, state) -> None:
@@ -80,12 +85,31 @@ def prefix_cache(req) -> Optional[dict]:
     return {"cached_tokens": req.cached_tokens, "epoch": epoch, "weight_version": label, "weight_id": weight_id}
 
 
+def pd_spans(req) -> Optional[List[dict]]:
+    """On a P/D decode role: which role computed each span of the request's KV, under which `weight_id`:
+    `decode_cache` (the prefix decode matched and promised, `[0, decode_prefix_len)`), `prefill` (the rest of the
+    prompt, received with the handshake's identity) and `decode` (the positions decode computed). Empty spans are
+    left out; None when the request did not come through the handshake."""
+    st = request.of(req)
+    if st is None or st.pd_handoff is None:
+        return None
+    promised, prefill_id = st.pd_handoff
+    prompt = len(req.origin_input_ids)
+    total = prompt + len(req.output_ids)
+    spans = [("decode_cache", 0, promised, st.kv_history[0][3]), ("prefill", promised, prompt, prefill_id),
+             ("decode", prompt, total, st.kv_history[-1][3])]
+    return [{"role": role, "start": s, "end": e, "weight_id": w} for role, s, e, w in spans if e > s]
+
+
 def response_provenance(req) -> Optional[dict]:
     """The meta_info fields vradix adds to a finished request's response, or None for an unstamped request."""
     prefix = prefix_cache(req)
     if prefix is None:
         return None
     out = {"prefix_cache": prefix}
+    roles = pd_spans(req)
+    if roles is not None:
+        out["pd_spans"] = roles
     if crossed(req):
         out["kv_weight_versions"] = kv_weight_versions(req)
         ledger_spans = request.of(req).ledger_spans

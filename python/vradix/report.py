@@ -17,7 +17,7 @@ from typing import Optional
 from vradix import provenance
 from vradix.state import state_of
 
-META_KEYS = ("prefix_cache", "kv_weight_versions", "kv_ledger_spans")
+META_KEYS = ("prefix_cache", "kv_weight_versions", "kv_ledger_spans", "pd_spans")
 
 
 # ---- per-response provenance ------------------------------------------------------------------------------------

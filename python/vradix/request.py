@@ -37,6 +37,8 @@ class ReqState:
     skip_insert_before: bool = False
     #: the KV page ledger's spans of a crossing request's row, read just before its release
     ledger_spans: Optional[list] = None
+    #: on a P/D decode role, once the handshake accepted prefill's KV: (decode_prefix_len, prefill's weight_id)
+    pd_handoff: Optional[Tuple[int, str]] = None
     #: the strict guard's cached verdict on the matched prefix, and the (epoch, length, last node, ledger generation)
     #: it holds for
     verdict_key: Optional[tuple] = None

@@ -77,7 +77,7 @@ def check_prefill_identity(original, queue, decode_req, *args, **kwargs):
     differs from the one the decode request is bound to (its first provenance entry: the namespace decode matched
     and promised its prefix in), fail the request with HTTP 503 instead of committing; SGLang's own abort path then
     streams the error and releases the KV without inserting it. A metadata row whose room does not match is left to
-    SGLang's own corruption check."""
+    SGLang's own corruption check. An accepted handoff is recorded for the response's provenance (`pd_spans`)."""
     import torch
     from sglang.srt.disaggregation.utils import _is_fake_transfer, prepare_abort
 
@@ -90,6 +90,8 @@ def check_prefill_identity(original, queue, decode_req, *args, **kwargs):
     prefill = handshake.decode(row.view(torch.uint8)[8:].numpy().tobytes())
     error = handshake.mismatch(prefill, st.kv_history[0][3], req.rid)
     if error is None:
+        match = getattr(decode_req, "prefix_match", None)
+        st.pd_handoff = (match.decode_prefix_len if match is not None else 0, st.kv_history[0][3])
         return original(queue, decode_req, *args, **kwargs)
     logger.warning(error)
     prepare_abort(req, error, status_code=handshake.STATUS)
