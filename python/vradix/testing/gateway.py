@@ -6,8 +6,6 @@ every worker as serving, and always kills its process group.
 """
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -17,10 +15,11 @@ from typing import Sequence
 import requests
 
 from vradix.client import SERVING_HEALTH
+from vradix.testing.process import LoggedProcess
 from vradix.testing.server import free_port
 
 
-class Gateway:
+class Gateway(LoggedProcess):
     def __init__(self, worker_urls: Sequence[str], startup_timeout: float = 60.0):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -49,26 +48,3 @@ class Gateway:
             time.sleep(0.3)
         self.stop()
         raise TimeoutError(f"smg did not list {n} serving worker(s) in {timeout}s:\n{self.logs()[-3000:]}")
-
-    def logs(self) -> str:
-        self.log.flush()
-        with open(self.log.name) as f:
-            return f.read()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=10)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(timeout=10)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()

@@ -27,7 +27,6 @@ import concurrent.futures
 import ctypes
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ import requests
 
 from vradix.testing.cpu_aids import mooncake as mooncake_aid
 from vradix.testing.http import ServerClient
+from vradix.testing.process import LoggedProcess
 from vradix.testing.server import CpuServer, free_port
 
 TRANSFER_FLAGS = ["--disaggregation-transfer-backend", "mooncake_tcp"]
@@ -74,7 +74,7 @@ def with_pd_cpu_aid(env: dict) -> dict:
     return {**env, "PYTHONPATH": os.pathsep.join(p for p in (mooncake_aid.PLUGIN_PATH, path) if p)}
 
 
-class Router(ServerClient):
+class Router(LoggedProcess, ServerClient):
     """The real P/D router in front of one prefill and one decode server, on loopback only."""
 
     def __init__(self, prefill_url: str, bootstrap_port: int, decode_url: str, *, startup_timeout: float = 60.0,
@@ -112,23 +112,6 @@ class Router(ServerClient):
             time.sleep(0.3)
         self.stop()
         raise TimeoutError(f"router not ready in {timeout}s:\n{self.tail()}")
-
-    def tail(self, n: int = 40) -> str:
-        self.log.flush()
-        with open(self.log.name) as f:
-            return "".join(f.readlines()[-n:])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=10)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(timeout=10)
 
 
 class PdPair(ServerClient):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ import requests
 from vradix.testing import cpu_aids
 from vradix.testing.cpu_aids import hybrid as hybrid_aids
 from vradix.testing.http import ServerClient
+from vradix.testing.process import LoggedProcess
 
 CPU_FLAGS = [
     "--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
@@ -77,7 +77,9 @@ class ServerDied(RuntimeError):
     pass
 
 
-class CpuServer(ServerClient):
+class CpuServer(LoggedProcess, ServerClient):
+    stop_grace = 20.0  # a scheduler mid-batch on a loaded CPU takes a while to drain
+
     def __init__(self, model_path: str, *, vradix: bool = True, extra_args: Sequence[str] = (),
                  env: Optional[dict] = None, max_total_tokens: int = 8192, chunked_prefill_size: int = 1024,
                  startup_timeout: float = 240.0, skip_tokenizer_init: bool = True, timeout: float = 120.0,
@@ -134,31 +136,3 @@ class CpuServer(ServerClient):
             time.sleep(0.5)
         self.stop()
         raise TimeoutError(f"server not ready in {timeout}s:\n{self.tail()}")
-
-    def tail(self, n: int = 60) -> str:
-        self.log.flush()
-        with open(self.log.name) as f:
-            return "".join(f.readlines()[-n:])
-
-    def logs(self) -> str:
-        self.log.flush()
-        with open(self.log.name) as f:
-            return f.read()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=20)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(timeout=10)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()

@@ -1,0 +1,44 @@
+"""A test process (server, router, gateway) started in its own session, its output in a log file.
+
+Invariant: `stop()` ends the whole process group (SGLang servers fork a scheduler and a detokenizer, smg spawns
+workers), SIGTERM first and SIGKILL after `stop_grace` seconds, and is safe to call twice.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+
+class LoggedProcess:
+    """Mixin: the subclass sets `self.proc` (a `Popen` with `start_new_session=True`) and `self.log` (its log file)."""
+
+    stop_grace = 10.0
+
+    def tail(self, n: int = 60) -> str:
+        self.log.flush()
+        with open(self.log.name) as f:
+            return "".join(f.readlines()[-n:])
+
+    def logs(self) -> str:
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=self.stop_grace)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(timeout=10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
