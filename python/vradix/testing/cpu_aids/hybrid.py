@@ -35,6 +35,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from vradix.testing.import_time_ops import define_unavailable_ops
+
 #: the folder to put on PYTHONPATH so a server process loads these aids as a plugin
 PLUGIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hybrid_plugin")
 #: server flags a hybrid model needs on the CPU engine: `extra_buffer` (the default) is refused off GPU platforms, and
@@ -46,7 +48,6 @@ IMPORT_TIME_OPS = ("fused_gdn_gating_cpu", "fused_sigmoid_gating_delta_rule_upda
 PAD_SLOT_ID = -1
 
 _applied = False
-_library = None
 
 
 def _activate(x: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
@@ -239,14 +240,7 @@ def _sgl_kernel_mamba_module() -> types.ModuleType:
 
 
 def _define_import_time_ops() -> None:
-    global _library
-    missing = [name for name in IMPORT_TIME_OPS if not hasattr(torch.ops.sgl_kernel, name)]
-    if not missing:
-        return
-    _library = _library or torch.library.Library("sgl_kernel", "FRAGMENT")
-    for name in missing:
-        _library.define(f"{name}(Tensor x) -> Tensor")
-        _library.impl(name, _unavailable(name), "CompositeExplicitAutograd")
+    define_unavailable_ops(IMPORT_TIME_OPS, _unavailable)
 
 
 def apply() -> None:

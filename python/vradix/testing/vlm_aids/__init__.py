@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import os
 
-import torch
+from vradix.testing.import_time_ops import define_unavailable_ops
 
 #: the folder to put on PYTHONPATH so a server process loads this aid as a plugin
 PLUGIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugin")
 #: the sgl_kernel CPU ops `sglang.srt.models.qwen3_5` binds at import on the CPU engine
 IMPORT_TIME_OPS = ("fused_sigmoid_mul_cpu", "fused_qk_gemma_rmsnorm_cpu", "fused_qk_gemma_rmsnorm_with_gate_cpu",
                    "fused_qkvzba_split_reshape_cat_contiguous_cpu")
-
-_library = None
 
 
 def _unavailable(name):
@@ -32,14 +30,7 @@ def _unavailable(name):
 
 def register() -> None:
     """Define each missing op of IMPORT_TIME_OPS in the `sgl_kernel` torch namespace (idempotent)."""
-    global _library
-    missing = [name for name in IMPORT_TIME_OPS if not hasattr(torch.ops.sgl_kernel, name)]
-    if not missing:
-        return
-    _library = _library or torch.library.Library("sgl_kernel", "FRAGMENT")
-    for name in missing:
-        _library.define(f"{name}(Tensor x) -> Tensor")
-        _library.impl(name, _unavailable(name), "CompositeExplicitAutograd")
+    define_unavailable_ops(IMPORT_TIME_OPS, _unavailable)
 
 
 def server_env() -> dict:
