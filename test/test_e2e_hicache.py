@@ -284,7 +284,6 @@ def test_cache_inspector_shows_the_host_and_storage_tiers_per_weights(published)
     host) to none of epoch 0 after the publication; the L3 figures name the file backend and count this process's
     backed-up pages under the weight identity that wrote them."""
     held, after = published["in_place"]["view_held"], published["in_place"]["view_after"]
-    print("VIEW", held["host"], held["storage"], after["host"], after["storage"])
     assert held["host"]["tokens_by_epoch"].get("0", 0) >= len(PROMPT) - 1, held["host"]
     assert "0" not in (after["host"]["tokens_by_epoch"] or {}), after["host"]
     assert "File" in held["storage"]["backend"], held["storage"]
