@@ -14,7 +14,7 @@ from sglang.srt.mem_cache import common
 from vradix import epochs, lora, reclaim, reclaim_queue
 from vradix.admission import stamp
 from vradix.state import attach
-from vradix.testing.cache_fixture import build_cache
+from vradix.testing.cache_fixture import build_cache, seq
 
 CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
 
@@ -25,9 +25,6 @@ def env(request):
     fx = build_cache(core, ps, kv_tokens=2048)
     return fx, attach(fx.cache)
 
-
-def seq(start, n):
-    return [start + i for i in range(n)]
 
 
 def running(fx, state, tokens, rid=None):

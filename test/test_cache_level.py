@@ -8,7 +8,7 @@ from vradix import epochs, namespace
 from vradix.admission import stamp
 from vradix.namespace import ReservedNamespaceError
 from vradix.state import attach, state_of
-from vradix.testing.cache_fixture import build_cache
+from vradix.testing.cache_fixture import build_cache, seq
 
 CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
 
@@ -20,9 +20,6 @@ def env(request):
     assert fx.tree_core_name == {"rust": "RustUnifiedTreeCore", "python": "UnifiedTreeCore"}[core]
     return fx, attach(fx.cache)
 
-
-def seq(start, n):
-    return [start + i for i in range(n)]
 
 
 def new_req(fx, state, tokens, **kw):

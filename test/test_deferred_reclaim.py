@@ -17,16 +17,12 @@ from sglang.srt.mem_cache.base_prefix_cache import InsertParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from vradix import epochs
-from vradix.admission import stamp
 from vradix.state import attach
-from vradix.testing.cache_fixture import build_cache
+from vradix.testing.cache_fixture import build_cache, seq
 
 CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
 IDS = [f"{c}-ps{p}" for c, p in CONFIGS]
 
-
-def seq(start, n):
-    return [start + i for i in range(n)]
 
 
 def insert(fx, state, tokens, times=1, priority=0):
@@ -37,13 +33,6 @@ def insert(fx, state, tokens, times=1, priority=0):
         fx.cache.insert(InsertParams(key=key, value=fx.allocator.alloc(len(tokens)), priority=priority))
 
 
-def running(fx, state, tokens):
-    req = fx.make_req(tokens)
-    stamp(state, req)
-    fx.admit(req)
-    fx.prefill(req)
-    return req
-
 
 def fill(fx, state, groups, width=48):
     """`groups` x 4 cached sequences sharing a prefix per group (~5 nodes per group), then one running request on
@@ -52,7 +41,7 @@ def fill(fx, state, groups, width=48):
         base = seq(10_000 + g * 1000, width)
         for k in range(4):
             insert(fx, state, base + seq(500_000 + g * 100 + k * 20, width))
-    return running(fx, state, seq(10_000, width) + seq(500_000, width) + [7])
+    return fx.running(state, seq(10_000, width) + seq(500_000, width) + [7])
 
 
 def bump(fx, state, live=()):
@@ -121,7 +110,7 @@ def test_slices_are_bounded_evict_only_stale_kv_and_end_with_the_pool_whole(core
     holder = fill(fx, state, 12)
     bump(fx, state, live=[holder])
     stale_slots = tree_slots(fx)
-    fresh = running(fx, state, seq(90_000, 64) + [3])  # new-epoch KV cached after the bump
+    fresh = fx.running(state, seq(90_000, 64) + [3])  # new-epoch KV cached after the bump
     fx.finish(fresh)
     fresh_slots = tree_slots(fx) - stale_slots
     assert fresh_slots
@@ -156,7 +145,7 @@ def test_an_allocation_that_needs_memory_frees_stale_kv_first(core, page_size, p
     state = attach(fx.cache)
     for g in range(4):  # stale: hit many times, high priority
         insert(fx, state, seq(1000 + 100 * g, 64), times=6, priority=10)
-    holder = running(fx, state, seq(9000, 32) + [1])
+    holder = fx.running(state, seq(9000, 32) + [1])
     bump(fx, state, live=[holder])
     stale, stale_slots = fx.cache.evictable_size(), tree_slots(fx)
     assert stale > 0, "the publication left no stale KV to reclaim"
@@ -188,7 +177,7 @@ def test_a_publication_mid_reclaim_and_a_crossing_release_keep_the_accounting_ex
     bump(fx, state, live=[a])  # epoch 1: a crosses, the rest of epoch 0 is pending
     reclaim_slice(fx.scheduler_view(running=[a]))
     assert q.active and 0 < q.pending_tokens
-    b = running(fx, state, seq(70_000, 40) + [2])  # epoch-1 KV, locked by b
+    b = fx.running(state, seq(70_000, 40) + [2])  # epoch-1 KV, locked by b
     insert(fx, state, seq(80_000, 40))  # epoch-1 KV, unlocked
     freed_at_second, tree_at_second = (state.stale_tokens_freed_total,
                                        fx.cache.evictable_size() + fx.cache.protected_size())
@@ -199,7 +188,7 @@ def test_a_publication_mid_reclaim_and_a_crossing_release_keep_the_accounting_ex
     fx.finish(a)  # a crossing request released while its epoch's stale KV is pending
     assert state.stale_tokens_freed_total >= freed_before
     assert q.pending_tokens <= fx.cache.evictable_size()
-    fresh = running(fx, state, seq(60_000, 40) + [5])
+    fresh = fx.running(state, seq(60_000, 40) + [5])
     fx.finish(fresh)
     kept = tree_slots(fx)
     fx.finish(b)
@@ -237,13 +226,13 @@ def test_node_ids_only_grow():
         seen = []
         for round_ in range(3):
             for k in range(4):
-                r = running(fx, state, seq(100 * k + 1, 8) + [round_ + 1])
+                r = fx.running(state, seq(100 * k + 1, 8) + [round_ + 1])
                 seen.extend(info.node_id for info in fx.cache.tree_core.collect_path_info([r.lock.node])[0])
                 fx.finish(r)
             common.evict_from_tree_cache(fx.cache, fx.total) if round_ == 0 else fx.cache.reset()
         new_ids = []
         for k in range(3):
-            r = running(fx, state, seq(7000 + 100 * k, 8) + [1])
+            r = fx.running(state, seq(7000 + 100 * k, 8) + [1])
             new_ids.append(max(info.node_id for info in fx.cache.tree_core.collect_path_info([r.lock.node])[0]))
             fx.finish(r)
         assert new_ids == sorted(new_ids) and min(new_ids) > max(seen), (core, seen, new_ids)

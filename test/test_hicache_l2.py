@@ -17,6 +17,7 @@ from sglang.srt.mem_cache import common
 from vradix import epochs, host_tier
 from vradix.admission import stamp
 from vradix.state import attach
+from vradix.testing.cache_fixture import seq
 from vradix.testing.hicache_fixture import build_hicache, versioned
 
 CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
@@ -39,9 +40,6 @@ def env(core_ps, write_policy="write_through", **kw):
 def epoch_of_code(code):
     return code // STRIDE - 1
 
-
-def seq(start, n):
-    return [start + i for i in range(n)]
 
 
 def new_req(fx, state, tokens):

@@ -7,9 +7,8 @@ import pytest
 from sglang.srt.mem_cache import common
 
 from vradix import cache_view, epochs
-from vradix.admission import stamp
 from vradix.state import attach
-from vradix.testing.cache_fixture import build_cache
+from vradix.testing.cache_fixture import build_cache, seq
 
 CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
 
@@ -21,20 +20,10 @@ def env(request):
     return fx, attach(fx.cache)
 
 
-def seq(start, n):
-    return [start + i for i in range(n)]
-
-
-def admitted(fx, state, tokens):
-    req = fx.make_req(tokens)
-    stamp(state, req)
-    fx.admit(req)
-    fx.prefill(req)
-    return req
 
 
 def finished(fx, state, tokens):
-    req = admitted(fx, state, tokens)
+    req = fx.running(state, tokens)
     fx.finish(req)
     return req
 
@@ -52,7 +41,7 @@ def test_per_epoch_figures_after_a_publication_with_a_crossing_request(env):
     ps = fx.page_size
     for i in range(3):
         finished(fx, state, seq(1000 * (i + 1), 3 * ps) + [7])
-    held = admitted(fx, state, seq(5000, 4 * ps) + [7])
+    held = fx.running(state, seq(5000, 4 * ps) + [7])
     before = snap(fx, state, [held])
     assert [r["epoch"] for r in before["epochs"]] == [0]
     assert before["epochs"][0]["cached_tokens"] == fx.cache.evictable_size() + fx.cache.protected_size() > 0
@@ -95,7 +84,7 @@ def test_top_prefixes_rank_by_hits_with_lock_counts_and_paginate(env):
     for name, n in uses.items():
         for i in range(n):
             finished(fx, state, prefixes[name] + [900 + i, 901])
-    holder = admitted(fx, state, prefixes["B"] + [950, 951])  # a 3rd hit on B, still locked
+    holder = fx.running(state, prefixes["B"] + [950, 951])  # a 3rd hit on B, still locked
     view = snap(fx, state, [holder], limit=10, head=4)
     msgspec.msgpack.encode(view)  # the reply crosses to the HTTP process as msgpack: plain Python values only
     items = view["top_prefixes"]["items"]
@@ -144,7 +133,7 @@ def test_a_snapshot_changes_nothing_in_the_tree(env):
     older = finished(fx, state, seq(100, 2 * ps) + [1])
     finished(fx, state, seq(100, 2 * ps) + [2])  # a hit on the older prefix
     newer = finished(fx, state, seq(600, 2 * ps) + [1])
-    held = admitted(fx, state, seq(900, 2 * ps) + [1])
+    held = fx.running(state, seq(900, 2 * ps) + [1])
     nodes = [older.last_node, newer.last_node, held.lock.node] + list(state.prefix_hits.entries)
     before = lru_and_lock_state(fx, nodes)
     hits_before = [(h.node_id, h.hits, h.last_hit) for h in state.prefix_hits.entries.values()]

@@ -9,7 +9,7 @@ from vradix.admission import stamp
 from vradix.guard import GuardConfig, GuardConfigError
 from vradix.kernels import FREE
 from vradix.state import attach
-from vradix.testing.cache_fixture import build_cache
+from vradix.testing.cache_fixture import build_cache, seq
 
 CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
 
@@ -22,9 +22,6 @@ def env(request):
     assert state.ledger is not None and state.guard.verify == "strict"
     return fx, state
 
-
-def seq(start, n):
-    return [start + i for i in range(n)]
 
 
 def admitted(fx, state, tokens):

@@ -15,11 +15,8 @@ from vradix.guard import GuardConfig
 from vradix.hooks.admission import sample_verify_prefill_batch
 from vradix.request import UnstampedRequestError
 from vradix.state import attach
-from vradix.testing.cache_fixture import build_cache
+from vradix.testing.cache_fixture import build_cache, seq
 
-
-def seq(start, n):
-    return [start + i for i in range(n)]
 
 
 @pytest.fixture(params=["rust", "python"])

@@ -12,7 +12,7 @@ from sglang.srt.mem_cache import common
 from vradix import epochs, kernels
 from vradix.admission import stamp
 from vradix.state import attach
-from vradix.testing.cache_fixture import build_cache
+from vradix.testing.cache_fixture import build_cache, seq
 
 CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
 
@@ -39,9 +39,6 @@ def kernel_calls(monkeypatch):
             monkeypatch.setattr(kernels, name, counted)
     return calls
 
-
-def seq(start, n):
-    return [start + i for i in range(n)]
 
 
 def stamped(fx, state, tokens):

@@ -25,6 +25,11 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 
+
+def seq(start: int, n: int) -> list:
+    """`n` consecutive token ids from `start` (distinct prompts for cache-level tests)."""
+    return [start + i for i in range(n)]
+
 @dataclass
 class CacheFixture:
     """One tree cache with its pools; `total` is the allocator's capacity in tokens."""
@@ -91,6 +96,16 @@ class CacheFixture:
 
     def load_host_hit(self, req: Req) -> None:
         """What the scheduler does with a match's host hit (none without a HiCache host tier)."""
+
+    def running(self, state, tokens: Sequence[int]) -> Req:
+        """A request stamped in `state`'s current epoch, admitted and prefilled: it holds its KV as a running one."""
+        from vradix.admission import stamp
+
+        req = self.make_req(tokens)
+        stamp(state, req)
+        self.admit(req)
+        self.prefill(req)
+        return req
 
     def prefill(self, req: Req, upto: Optional[int] = None, checkpoint: bool = True) -> None:
         """Allocate and 'compute' KV for tokens [extend_end, upto), then checkpoint it into the tree like the
