@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast bench bench-kernels bench-rl csrc wheel clean
+.PHONY: setup demo test test-long test-fast bench bench-kernels bench-rl csrc wheel clean
 
 setup:  ## build .venv from nothing (idempotent; reruns are fast)
 	bash scripts/setup_env.sh
@@ -11,8 +11,11 @@ setup:  ## build .venv from nothing (idempotent; reruns are fast)
 demo: setup  ## CPU server on a tiny model: stale-prefix publication scenario, stock vs vradix
 	$(PY) -m vradix.demo
 
-test: setup  ## cache-level, plugin and end-to-end server tests (CPU)
-	$(PY) -m pytest -q -p no:cacheprovider --timeout=1200 --durations=40 test $(PYTEST_ARGS)
+test: setup  ## cache-level, plugin and end-to-end server tests (CPU; what CI runs)
+	$(PY) -m pytest -q -p no:cacheprovider --timeout=1200 --durations=40 -m "not long" test $(PYTEST_ARGS)
+
+test-long: setup  ## the long profiles CI leaves out (benchmark smokes that repeat E2E coverage)
+	$(PY) -m pytest -q -p no:cacheprovider --timeout=1200 --durations=40 -m long test $(PYTEST_ARGS)
 
 test-fast: setup  ## everything except the E2E server tests
 	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e" test $(PYTEST_ARGS)

@@ -17,6 +17,7 @@ load_plugins()
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: starts real SGLang CPU servers (slow)")
+    config.addinivalue_line("markers", "long: a long profile: `make test-long` runs it, `make test` (CI) does not")
 
 
 @pytest.fixture(scope="session")

@@ -44,9 +44,11 @@ def test_bench_fingerprint_smoke_prints_the_table():
 
 
 @pytest.mark.e2e
+@pytest.mark.long
 @pytest.mark.timeout(1200)
 def test_bench_hicache_smoke_prints_three_tables():
-    """Starts real CPU servers (two waves)."""
+    """Starts nine real CPU servers in two waves (about 4 minutes on 2 cores), on the paths test_e2e_hicache covers
+    already, so it is a long profile: `make test-long`."""
     out = run_script("benchmark/bench_hicache.py", "--smoke", timeout=1100)
     assert "# 1. in_place publication with L2 populated" in out and "\n| 1 | " in out
     assert "| nonce (default) | False | 2 | 1200 |" in out and "| declared run1-step5 | True | 2 | 1200 |" in out

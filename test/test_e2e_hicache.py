@@ -25,7 +25,7 @@ import pytest
 from vradix.testing.hicache_store import hicache_server, stored_pages, tiers, wait_stored
 from vradix.testing.reliability import strict_idle_check
 from vradix.testing.scenario import PROBE, stale_prefix_publication
-from vradix.testing.server import CpuServer
+from vradix.testing.server import fresh_stock_outputs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
@@ -45,23 +45,18 @@ STEP5, STEP6 = "run1-step5", "run1-step6"
 ORACLE_PROMPTS = {"prompt": PROMPT, "declared": P_DECLARED, "nonce": P_NONCE, "shared": P_SHARED, "probe": PROBE}
 
 
-def fresh_outputs(s, weights):
+def fresh_outputs(s):
     out = {}
     for name, p in ORACLE_PROMPTS.items():
         r = s.generate(p, 4 if name == "probe" else NEW, timeout=300)
-        assert r["meta_info"]["cached_tokens"] == 0, (weights, name)  # computed from scratch
+        assert r["meta_info"]["cached_tokens"] == 0, (r["meta_info"]["weight_version"], name)  # from scratch
         out[name] = r["output_ids"]
     return out
 
 
 def oracle_outputs(models):
     """Greedy outputs of a fresh stock server (no HiCache) on B, then of the same process on A after an idle flush."""
-    with CpuServer(models[1], vradix=False, startup_timeout=600) as s:
-        out = {"B": fresh_outputs(s, "B")}
-        r = s.post("/update_weights_from_disk", {"model_path": models[0], "flush_cache": True}, timeout=300)
-        assert r.status_code == 200 and r.json()["success"], r.text
-        out["A"] = fresh_outputs(s, "A")
-    return out
+    return fresh_stock_outputs({"B": models[1], "A": models[0]}, fresh_outputs, startup_timeout=600)
 
 
 def write_prompt(model, store, **kw):

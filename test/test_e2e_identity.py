@@ -6,7 +6,7 @@ import pytest
 import requests
 
 from vradix.testing.scenario import PROBE
-from vradix.testing.server import CpuServer
+from vradix.testing.server import CpuServer, servers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -53,7 +53,8 @@ def test_fingerprint_identities_are_equal_for_equal_weights_across_servers_and_p
     """Two servers started on the same checkpoint prove the same identity; publishing other weights changes it;
     publishing the first weights again brings it back (the same bytes, the same proof)."""
     flags = ["--vradix-weight-identity", "fingerprint"]
-    with CpuServer(models[0], extra_args=flags) as s1, CpuServer(models[0], extra_args=flags) as s2:
+    with servers(lambda: CpuServer(models[0], extra_args=flags), lambda: CpuServer(models[0], extra_args=flags)) \
+            as (s1, s2):
         (a1, how, _, _), (a2, _, _, _) = identity_of(s1), identity_of(s2)
         assert a1 == a2 and a1.startswith("fp:") and how == {"mode": "fingerprint", "source": "fingerprint"}
         assert s1.post("/update_weights_from_disk", {"model_path": models[1]}).json()["success"]

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from vradix.testing import pd
-from vradix.testing.server import CpuServer, ServerDied
+from vradix.testing.server import CpuServer, ServerDied, fresh_stock_outputs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -31,10 +31,7 @@ SAMPLING = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
 @pytest.fixture(scope="module")
 def oracle(models):
     """Greedy outputs of a fresh non-P/D server on A and on B."""
-    out = {}
-    for name, path in zip("AB", models):
-        with CpuServer(path, vradix=False) as s:
-            out[name] = s.generate(PROMPT, 6)["output_ids"]
+    out = fresh_stock_outputs(dict(zip("AB", models)), lambda s: s.generate(PROMPT, 6)["output_ids"])
     assert out["A"] != out["B"]
     return out
 
@@ -63,11 +60,13 @@ def vradix_pair(models):
 def test_stock_decode_serves_and_caches_prefill_kv_of_other_weights(stock_pair, models, oracle):
     pair = stock_pair
     assert pair.generate(PROMPT, 6)["output_ids"] == oracle["A"]  # the KV really moves: P/D == non-P/D
-    pair.decode.update_weights(models[1], "B", flush=True)  # decode first; prefill still on A
+    # decode first; prefill still on A. Stock flushes only an idle engine, and decode may still be releasing the request
+    # the router has answered, so `reset` retries until the flush succeeds.
+    pair.decode.reset(models[1], "B")
     skewed = pair.generate(PROMPT, 6)
     assert skewed["meta_info"]["weight_version"] == "B"
     assert skewed["output_ids"] != oracle["B"]  # labelled B, computed from A's KV
-    pair.prefill.update_weights(models[1], "B", flush=True)  # both on B now
+    pair.prefill.reset(models[1], "B")  # both on B now
     after = pair.generate(PROMPT, 6)
     assert after["meta_info"]["cached_tokens"] > 0  # decode's own tree: the KV it received from prefill-A
     assert after["output_ids"] != oracle["B"], (after, oracle)

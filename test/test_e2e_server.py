@@ -8,7 +8,7 @@ import requests
 
 from vradix.testing.scenario import (LONG_PROMPT, PREFIX, PROBE, StreamingRequest, shared_prefix_burst,
                                      stale_prefix_publication)
-from vradix.testing.server import CpuServer
+from vradix.testing.server import CpuServer, fresh_stock_outputs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -19,13 +19,11 @@ BURST = [[(i * 31 + j * 17) % 490 + 10 for j in range(40 + i)] for i in range(27
 @pytest.fixture(scope="module")
 def oracle(models):
     """Greedy outputs of a fresh server on the new weights (B) and of one on the old weights (A)."""
-    out = {}
-    for name, path in zip("AB", models):
-        with CpuServer(path, vradix=False) as s:
-            out[name] = {"probe": s.generate(PROBE, 4)["output_ids"],
-                         "chunked": s.generate(CHUNKED_PROMPT, 4, timeout=300)["output_ids"],
-                         "burst": [s.generate(p, 1)["output_ids"][0] for p in BURST]}
-    return out
+    def compute(s):
+        return {"probe": s.generate(PROBE, 4)["output_ids"],
+                "chunked": s.generate(CHUNKED_PROMPT, 4, timeout=300)["output_ids"],
+                "burst": [s.generate(p, 1)["output_ids"][0] for p in BURST]}
+    return fresh_stock_outputs(dict(zip("AB", models)), compute)
 
 
 def test_stock_sglang_serves_stale_prefix_after_in_place_publication(models, oracle):

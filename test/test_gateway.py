@@ -14,7 +14,7 @@ import requests
 
 from vradix.client import publish
 from vradix.testing.scenario import PROBE
-from vradix.testing.server import CpuServer
+from vradix.testing.server import CpuServer, servers
 
 pytest.importorskip("smg")
 from vradix.testing.gateway import Gateway  # noqa: E402
@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 @pytest.fixture(scope="module")
 def fleet(models):
-    with CpuServer(models[0]) as w1, CpuServer(models[0]) as w2, Gateway([w1.url, w2.url]) as gw:
+    with servers(lambda: CpuServer(models[0]), lambda: CpuServer(models[0])) as (w1, w2), \
+            Gateway([w1.url, w2.url]) as gw:
         yield gw, (w1, w2)
         assert "Traceback" not in w1.logs() + w2.logs()
 

@@ -23,7 +23,6 @@ custom headers do not. Control calls (`/update_weights_from_disk`, pause/continu
 """
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import importlib.util
 import os
@@ -38,7 +37,7 @@ import requests
 from vradix.testing.cpu_aids import mooncake as mooncake_aid
 from vradix.testing.http import ServerClient
 from vradix.testing.process import LoggedProcess
-from vradix.testing.server import CpuServer, free_port
+from vradix.testing.server import CpuServer, free_port, start_servers
 
 TRANSFER_FLAGS = ["--disaggregation-transfer-backend", "mooncake_tcp"]
 #: routers that speak SGLang's P/D protocol, in order of preference: (module, launch module)
@@ -141,19 +140,7 @@ class PdPair(ServerClient):
             return CpuServer(model_path, vradix=vradix, extra_args=flags, env=server_env,
                              startup_timeout=startup_timeout, timeout=timeout)
 
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            futures = [pool.submit(start, prefill_flags), pool.submit(start, decode_flags)]
-            errors = []
-            for f in futures:
-                try:
-                    f.result()
-                except BaseException as e:  # keep going: the other server must be stopped too
-                    errors.append(e)
-            started = [f.result() for f in futures if f.exception() is None]
-        if errors:
-            for s in started:
-                s.stop()
-            raise errors[0]
+        started = start_servers(lambda: start(prefill_flags), lambda: start(decode_flags))
         self.prefill, self.decode = started
         try:
             self.router = Router(self.prefill.url, self.bootstrap_port, self.decode.url, timeout=timeout)

@@ -6,13 +6,15 @@ Its HTTP calls (`post`, `generate`, `server_info`, `vradix_info`, the publicatio
 """
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import requests
 
@@ -136,3 +138,43 @@ class CpuServer(LoggedProcess, ServerClient):
             time.sleep(0.5)
         self.stop()
         raise TimeoutError(f"server not ready in {timeout}s:\n{self.tail()}")
+
+
+def start_servers(*factories: Callable[[], CpuServer]) -> List[CpuServer]:
+    """Run each factory (a server start) concurrently, since start-up dominates on CPU. All start, or none is left
+    running: when one fails, the others are stopped and its error is raised."""
+    with concurrent.futures.ThreadPoolExecutor(len(factories)) as pool:
+        futures = [pool.submit(f) for f in factories]
+        concurrent.futures.wait(futures)
+    started = [f.result() for f in futures if f.exception() is None]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        for s in started:
+            s.stop()
+        raise errors[0]
+    return started
+
+
+@contextlib.contextmanager
+def servers(*factories: Callable[[], CpuServer]) -> Iterator[List[CpuServer]]:
+    """`start_servers` as a context: every server is stopped on exit."""
+    started = start_servers(*factories)
+    try:
+        yield started
+    finally:
+        for s in started:
+            s.stop()
+
+
+def fresh_stock_outputs(weights: Dict[str, str], compute: Callable[[CpuServer], Any], **server_kw) -> Dict[str, Any]:
+    """`{name: compute(server)}` as a fresh stock server on each checkpoint of `weights` ({name: path}, in order)
+    would answer: the oracle of the E2E tests. One process serves them all (start-up dominates on CPU): it starts on
+    the first checkpoint, and loads each next one with an idle flush, which resets stock SGLang's whole cache."""
+    names = list(weights)
+    out = {}
+    with CpuServer(weights[names[0]], vradix=False, **server_kw) as s:
+        for name in names:
+            if name != names[0]:
+                s.reset(weights[name], name)  # succeeds only once the cache is flushed
+            out[name] = compute(s)
+    return out
