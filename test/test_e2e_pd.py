@@ -5,7 +5,8 @@
   B with KV prefill computed on A, caches it, and keeps reusing it after prefill is on B too;
 - stock SGLang's decode scheduler crashes on a request without `bootstrap_host`; vradix refuses it with HTTP 400
   naming the missing fields, and the pair keeps serving;
-- a decode role with L3 storage and a prefetch policy other than `wait_complete` does not start;
+- a decode role with L3 storage and a prefetch policy other than `wait_complete`, or with the `nonce` identity
+  (which prefill can never share), does not start;
 - vradix on both roles (the weight-identity handshake, `vradix.pd.handshake`): with the roles on different weights,
   decode updated first or prefill updated first, a request fails with HTTP 503 naming both identities and nothing of
   it enters decode's tree; once both roles are updated the pair answers what a fresh server on the new weights does.
@@ -174,12 +175,20 @@ def test_skew_with_prefill_updated_first_fails_the_request_and_caches_nothing(vr
     skew_then_converge(pair, models, oracle, pair.prefill, pair.decode)
 
 
+L3_DECODE = ["--enable-hierarchical-cache", "--hicache-storage-backend", "file"]
+
+
 @pytest.mark.skipif(bool(MISSING), reason="P/D kit needs: " + ", ".join(MISSING))
-def test_a_decode_role_with_l3_and_another_prefetch_policy_does_not_start(models, tmp_path):
-    """The launcher refuses it before any scheduler starts (seconds, no model load)."""
+@pytest.mark.parametrize("flags, refused", [
+    (["--vradix-weight-identity", "fingerprint", *L3_DECODE, "--hicache-storage-prefetch-policy", "best_effort"],
+     "requires --hicache-storage-prefetch-policy wait_complete, got 'best_effort'"),
+    ([], "decode-role engine needs a weight identity both P/D roles compute equally"),  # the default: nonce
+], ids=["l3-best-effort", "nonce-identity"])
+def test_a_decode_role_that_cannot_keep_its_contract_does_not_start(models, tmp_path, flags, refused):
+    """The launcher refuses it before any scheduler starts (seconds, no model load): an L3 restore policy that can end
+    short of the promise, or an identity mode the prefill role can never share."""
     with pytest.raises(ServerDied) as e:
         CpuServer(models[0], startup_timeout=120, env={"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(tmp_path)},
                   extra_args=["--disaggregation-mode", "decode", *pd.TRANSFER_FLAGS,
-                              "--disaggregation-decode-enable-radix-cache", "--enable-hierarchical-cache",
-                              "--hicache-storage-backend", "file", "--hicache-storage-prefetch-policy", "best_effort"])
-    assert "requires --hicache-storage-prefetch-policy wait_complete, got 'best_effort'" in str(e.value)
+                              "--disaggregation-decode-enable-radix-cache", *flags])
+    assert refused in str(e.value)

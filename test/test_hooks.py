@@ -55,6 +55,7 @@ DRIVEN_BY = {
     "vradix.hooks.publication.publish_on_version_change": "test_e2e_server.py::test_lock_aware_flush_and_update_weight_version",
     "vradix.hooks.launcher.reject_bad_version_label": "test_fault_injection.py::test_bad_version_labels_are_refused_and_change_nothing",
     "vradix.hooks.pd.refuse_unsafe_restore_policy_at_startup": "test_pd_rules.py::test_a_decode_role_with_l3_starts_only_with_wait_complete",
+    "vradix.hooks.pd.refuse_unmatchable_identity_at_startup": "test_pd_rules.py::test_a_pd_role_starts_only_with_an_identity_both_roles_share",
     "vradix.hooks.pd.reject_decode_request_without_bootstrap": "test_e2e_pd.py::test_decode_refuses_a_request_without_bootstrap_fields_and_keeps_serving",
     "vradix.hooks.pd.refuse_unsafe_restore_policy_at_attach": "test_pd_rules.py::test_a_runtime_attach_with_another_policy_is_refused_before_any_scheduler",
     "vradix.hooks.pd.send_prefill_identity": "test_e2e_pd.py::test_skew_with_decode_updated_first_fails_the_request_and_caches_nothing",

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vradix import namespace
+from vradix import identity, namespace
 from vradix.pd import bootstrap, handshake, layout, restore_policy
 from vradix.pd.layout import IncompatibleLayoutError, KvLayout
 
@@ -85,11 +85,44 @@ def decode_server_args(model, policy, **extra):
 
 def test_a_decode_role_with_l3_starts_only_with_wait_complete(models, monkeypatch):
     monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    monkeypatch.setenv(identity.ENV, "fingerprint")
     bad = decode_server_args(models[0], "best_effort", hicache_storage_backend="file")
     with pytest.raises(restore_policy.RestorePolicyError, match="decode-role engine with HiCache L3 storage"):
         bad.check_server_args()  # the launcher's validation; the vradix hook runs after SGLang's own checks
     decode_server_args(models[0], "wait_complete", hicache_storage_backend="file").check_server_args()
     decode_server_args(models[0], "timeout").check_server_args()  # no L3 at startup: nothing to restore yet
+
+
+@pytest.mark.parametrize("role, mode, version, refused", [
+    ("decode", "nonce", "default", "the nonce identity"),
+    ("prefill", "nonce", "step1", "the nonce identity"),
+    ("decode", "declared", "default", "--weight-version is 'default'"),
+    ("prefill", "declared", "run1-step0", None),
+    ("decode", "fingerprint", "default", None),
+    (None, "nonce", "default", None),
+    ("null", "declared", "default", None),
+])
+def test_role_identity_rule(role, mode, version, refused):
+    if refused is None:
+        handshake.check_role_identity(role, mode, version)
+        return
+    with pytest.raises(handshake.RoleIdentityError) as e:
+        handshake.check_role_identity(role, mode, version)
+    assert refused in str(e.value) and f"a {role}-role engine" in str(e.value)
+    assert "--vradix-weight-identity fingerprint" in str(e.value)
+
+
+def test_a_pd_role_starts_only_with_an_identity_both_roles_share(models, monkeypatch):
+    """The launcher's validation on real ServerArgs: the hook reads the exported identity mode."""
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    for mode, version in (("nonce", "default"), ("declared", "default")):
+        monkeypatch.setenv(identity.ENV, mode)
+        with pytest.raises(handshake.RoleIdentityError, match="decode-role engine needs a weight identity"):
+            decode_server_args(models[0], "wait_complete", weight_version=version).check_server_args()
+    monkeypatch.setenv(identity.ENV, "declared")
+    decode_server_args(models[0], "wait_complete", weight_version="run1-step0").check_server_args()
+    monkeypatch.setenv(identity.ENV, "fingerprint")
+    decode_server_args(models[0], "wait_complete").check_server_args()
 
 
 class AttachOnly:

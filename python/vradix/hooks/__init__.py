@@ -26,8 +26,10 @@ HOOKS = [
     # server flags (launcher process): --vradix-weight-identity
     ("sglang.srt.server_args.ServerArgs.add_cli_args", "AFTER", launcher.add_identity_flag),
     ("sglang.srt.server_args.prepare_server_args", "AROUND", launcher.export_identity_flag),
-    # P/D: a role whose L3 restore must finish (decode with L3, DCP) starts only with prefetch policy wait_complete
+    # P/D: a role whose L3 restore must finish (decode with L3, DCP) starts only with prefetch policy wait_complete,
+    # and only with an identity mode both roles compute equally (not nonce)
     ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", pd.refuse_unsafe_restore_policy_at_startup),
+    ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", pd.refuse_unmatchable_identity_at_startup),
     # engine start; under Ray, each scheduler actor loads vradix before it builds its Scheduler
     ("sglang.srt.ray.scheduler_actor.SchedulerActor.options", "AROUND", ray_actor.load_vradix_in_scheduler_actor),
     (f"{_SCHED}.__init__", "AFTER", startup.attach_to_scheduler),

@@ -2,6 +2,8 @@
 
 - bad input: a decode-role request without usable bootstrap fields is refused in the tokenizer manager
   (`vradix.pd.bootstrap`), so the client gets HTTP 400 naming the fields and the decode scheduler never sees it;
+- identity: a role whose weight identity mode the other role can never share (`nonce`) is refused at startup
+  (`vradix.pd.handshake.check_role_identity`);
 - restore policy: a role whose L3 restore must finish (decode with L3, DCP) is refused at startup and at runtime
   attach unless its effective prefetch policy is `wait_complete` (`vradix.pd.restore_policy`).
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from vradix import request
+from vradix import identity, request
 from vradix.pd import bootstrap, handshake, restore_policy
 
 logger = logging.getLogger("vradix")
@@ -38,6 +40,14 @@ def refuse_unsafe_restore_policy_at_startup(_result, server_args, *args, **kwarg
     RestorePolicyError when its role needs `wait_complete` and its L3 storage is configured with another policy."""
     restore_policy.check(server_args.disaggregation_mode, int(server_args.dcp_size or 1),
                          server_args.hicache_storage_backend, server_args.hicache_storage_prefetch_policy)
+
+
+def refuse_unmatchable_identity_at_startup(_result, server_args, *args, **kwargs):
+    """AFTER ServerArgs.check_server_args (launcher, before any scheduler starts): a P/D role whose identity mode can
+    never pass the handshake (`nonce`, or `declared` without a startup label) fails to start with RoleIdentityError.
+    The mode is the launcher's (`--vradix-weight-identity` is exported before the arguments are checked)."""
+    handshake.check_role_identity(server_args.disaggregation_mode, identity.mode_from_env(),
+                                  server_args.weight_version)
 
 
 async def refuse_unsafe_restore_policy_at_attach(original, tokenizer_manager, hicache_storage_backend,

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Optional, Sequence, Tuple
 
+from vradix import identity
+
 MAGIC = b"vradix1"
 FLAG_MIXED = 0x01
 SIZE = 56  # bytes 8..64 of the bootstrap_room row
@@ -89,3 +91,28 @@ def sent_weight_ids(kv_history: Sequence[Tuple], prompt_len: int) -> list:
     request's provenance history (`request.HistoryEntry`) that start inside the prompt, in order. A crossing after
     the prompt was computed adds an entry at `prompt_len`, which covers no sent position."""
     return [entry[3] for entry in kv_history if entry[0] < prompt_len] or [kv_history[0][3]]
+
+
+class RoleIdentityError(ValueError):
+    """A P/D role whose weight identity mode can never pass the handshake (refused at startup)."""
+
+
+def check_role_identity(role: Optional[str], mode: str, weight_version: Optional[str]) -> None:
+    """Raise RoleIdentityError when a P/D role (`prefill` or `decode`) would serve under an identity the other role
+    cannot share: `nonce` (each process draws its own), or `declared` without a declared startup label (the startup
+    epoch then gets a nonce). Either way every request would fail the handshake until a publication. Non-P/D engines
+    (`role` None or `null`) may use any mode."""
+    if role not in ("prefill", "decode"):
+        return
+    if mode == "nonce":
+        why = "the nonce identity (the default) is drawn per process, so the other role never shares it"
+    elif mode == "declared" and not identity.is_declaration(weight_version):
+        why = (f"the declared identity needs a startup label: --weight-version is {weight_version!r}, so the startup "
+               f"weights get a nonce the other role never shares")
+    else:
+        return
+    raise RoleIdentityError(
+        f"vradix: a {role}-role engine needs a weight identity both P/D roles compute equally for equal weights, but "
+        f"{why}; every request would fail the weight-identity handshake. Start both roles with "
+        f"--vradix-weight-identity fingerprint, or with --vradix-weight-identity declared and the same "
+        f"--weight-version.")
