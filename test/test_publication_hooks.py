@@ -389,6 +389,29 @@ def test_fingerprint_mode_proves_equal_weights_and_tells_different_ones_apart():
     assert e.state.last_publication.identity_ms > 0  # the fingerprint's cost is reported with each publication
 
 
+def test_a_prefill_publication_crosses_requests_still_sending_kv_and_rebinds_those_awaiting_bootstrap():
+    """P/D prefill role: a request whose prompt prefill computed and is still sending to decode sits only in
+    `disagg_prefill_inflight_queue` (no batch holds it). It crosses the publication: when its transfer ends, SGLang's
+    `release_kv_cache(checkpoint=True)` frees its old-weights KV instead of inserting it, and nothing stale stays in
+    the tree. A request still waiting for decode's bootstrap holds nothing and is re-bound. Before prefill's queues
+    were swept, the sent request was no holder: it inserted old-weights KV after the publication."""
+    fx = build_cache("rust", 1, kv_tokens=1024)
+    state = attach(fx.cache)
+    sending = fx.running(state, list(range(10, 40)))
+    awaiting = fx.make_req(list(range(50, 80)))
+    stamp(state, awaiting)
+    key_before = awaiting.extra_key
+    scheduler = StubScheduler(fx, [])
+    scheduler.disagg_prefill_inflight_queue = [sending]
+    scheduler.disagg_prefill_bootstrap_queue = types.SimpleNamespace(queue=[awaiting])
+    inv = publication.bump_scheduler(scheduler, reason="update_weights_from_disk", label="B")
+    assert inv.requeued_rebound == 1 and awaiting._vradix.epoch == state.epoch and awaiting.extra_key != key_before
+    assert inv.crossing_requests == 1 and sending._vradix.crossed and sending.skip_radix_cache_insert
+    fx.finish(sending)  # the transfer succeeded: SGLang releases the request's KV with checkpoint=True
+    assert state.crossing == {} and fx.cache.evictable_size() + fx.cache.protected_size() == 0
+    assert fx.idle_invariant_holds()
+
+
 def test_a_decode_publication_rebinds_requests_waiting_for_kv_and_crosses_those_receiving_it():
     """P/D decode role: a request in the prealloc queue (nothing matched or promised yet) is re-bound, so it matches
     and promises prefill a prefix in the new namespace; a request in the transfer queue (its matched prefix locked and

@@ -17,22 +17,30 @@ def live_requests(scheduler) -> set:
     coordinator = getattr(scheduler, "hisparse_coordinator", None)
     if coordinator is not None:
         reqs.update(act.req for act in coordinator.ack_staging_queue)
-    reqs.update(decode_disagg_requests(scheduler))
+    reqs.update(disagg_requests(scheduler))
     return reqs
 
 
-def decode_disagg_requests(scheduler) -> list:
-    """A P/D decode role's requests outside SGLang's waiting queue and batches: those waiting for a KV allocation
-    (holding nothing yet: the bump re-binds them, so they match and promise prefill a prefix in the new namespace)
-    and those receiving KV from prefill (holding their preallocated row and matched prefix: they cross the bump,
-    keep their KV and never insert it)."""
-    prealloc = getattr(scheduler, "disagg_decode_prealloc_queue", None)
-    transfer = getattr(scheduler, "disagg_decode_transfer_queue", None)
+def disagg_requests(scheduler) -> list:
+    """A P/D role's requests outside SGLang's waiting queue and batches.
+
+    Decode: those waiting for a KV allocation (holding nothing yet: the bump re-binds them, so they match and promise
+    prefill a prefix in the new namespace) and those receiving KV from prefill (holding their preallocated row and
+    matched prefix: they cross the bump, keep their KV and never insert it).
+    Prefill: those waiting for decode's bootstrap (nothing matched yet: re-bound) and those whose KV prefill computed
+    and is still sending (`disagg_prefill_inflight_queue`: they cross the bump, so at release their old-weights KV
+    is freed instead of inserted)."""
     reqs = []
+    prealloc = getattr(scheduler, "disagg_decode_prealloc_queue", None)
     if prealloc is not None:
         reqs += [d.req for d in (*prealloc.queue, *prealloc.pending_reqs)] + list(prealloc.retracted_queue)
+    transfer = getattr(scheduler, "disagg_decode_transfer_queue", None)
     if transfer is not None:
         reqs += [d.req for d in transfer.queue]
+    bootstrap = getattr(scheduler, "disagg_prefill_bootstrap_queue", None)
+    if bootstrap is not None:
+        reqs += list(bootstrap.queue)
+    reqs += list(getattr(scheduler, "disagg_prefill_inflight_queue", None) or ())
     return reqs
 
 
@@ -42,7 +50,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     new namespace (`vradix.prefetch`)."""
     state = state_of(scheduler.tree_cache)
     live = live_requests(scheduler)
-    queued = [*scheduler.waiting_queue, *decode_disagg_requests(scheduler)]
+    queued = [*scheduler.waiting_queue, *disagg_requests(scheduler)]
     t0 = time.perf_counter()
     ident = publication_identity(scheduler, state, label) if is_publication else None
     identity_ms = (time.perf_counter() - t0) * 1e3
