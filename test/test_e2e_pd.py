@@ -12,12 +12,15 @@
   it enters decode's tree; once both roles are updated the pair answers what a fresh server on the new weights does.
 The pair needs packages beyond the venv (`pd.missing_requirements()`); without them these tests skip and say which.
 """
+import concurrent.futures as cf
 import time
 
 import pytest
 import requests
 
 from vradix.testing import pd
+from vradix.testing.reliability import wait_until
+from vradix.testing.scenario import StreamingRequest
 from vradix.testing.server import CpuServer, ServerDied, fresh_stock_outputs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -157,7 +160,11 @@ def skew_then_converge(pair, models, oracle, first, second):
 
 def roles_and_ids(response) -> list:
     """The response's P/D provenance: (role, weight_id) of each span of its KV."""
-    return [(s["role"], s["weight_id"]) for s in response["meta_info"]["pd_spans"]]
+    return roles_and_ids_of(response["meta_info"])
+
+
+def roles_and_ids_of(meta) -> list:
+    return [(s["role"], s["weight_id"]) for s in meta["pd_spans"]]
 
 
 @needs_pd
@@ -173,6 +180,72 @@ def test_skew_with_prefill_updated_first_fails_the_request_and_caches_nothing(vr
     for server in (pair.prefill, pair.decode):  # back to A on both (the previous test left them on B)
         server.update_weights(models[0], "A")
     skew_then_converge(pair, models, oracle, pair.prefill, pair.decode)
+
+
+#: prompts of the requests decoding when a publication pauses the pair (300 tokens each, none a prefix of PROMPT)
+DECODING = [[(i * 13 + k * 53) % 480 + 20 for i in range(300)] for k in range(3)]
+DECODE_TOKENS = 400
+
+
+def publish_in_place(pair, model, version) -> None:
+    """The RL publication on a P/D pair: pause both roles in place, update both, continue both."""
+    roles = (pair.prefill, pair.decode)
+    for server in roles:
+        server.pause("in_place")
+    for server in roles:
+        server.update_weights(model, version)
+    for server in roles:
+        server.resume()
+
+
+def check_served_whole_or_refused(r: requests.Response, oracle, ids: dict) -> None:
+    """A request sent around a publication: refused by the handshake (503), or served with its prompt's KV under one
+    identity; when nothing of it crossed, its output is that identity's fresh-server output."""
+    if r.status_code == 503:
+        assert "weight-identity mismatch" in r.text, r.text
+        return
+    assert r.status_code == 200, (r.status_code, r.text)
+    body = r.json()
+    meta = body["meta_info"]
+    prompt_ids = {s["weight_id"] for s in meta["pd_spans"] if s["role"] != "decode"}
+    assert len(prompt_ids) == 1 and prompt_ids <= set(ids), meta["pd_spans"]
+    if "kv_weight_versions" not in meta:
+        assert body["output_ids"] == oracle[ids[prompt_ids.pop()]], body
+
+
+@needs_pd
+@pytest.mark.timeout(600)
+def test_in_place_publication_on_both_roles_with_requests_in_flight(vradix_pair, models, oracle):
+    """Requests decoding at the pause cross it on decode: 0 retractions, every token generated, and `pd_spans` splits
+    decode's positions at the publication (A's identity, then B's). Requests sent around it are served whole under
+    one identity or refused by the handshake, never a silent mix. Requests after it answer what a fresh server on B
+    does, a repeat from decode's cache too, and nothing stale stays pinned on either role."""
+    pair = vradix_pair
+    for server in (pair.prefill, pair.decode):
+        server.update_weights(models[0], "A")
+    a_id = weight_id(pair.decode)
+    decoding = [StreamingRequest(pair.url, p, DECODE_TOKENS) for p in DECODING]
+    for s in decoding:
+        assert s.started.wait(120) and s.error is None, s.error
+    with cf.ThreadPoolExecutor(4) as pool:
+        around = [pool.submit(generate_raw, pair) for _ in range(4)]
+        publish_in_place(pair, models[1], "B")
+        b_id = weight_id(pair.decode)
+        assert b_id != a_id and weight_id(pair.prefill) == b_id
+        for f in around:
+            check_served_whole_or_refused(f.result(), oracle, {a_id: "A", b_id: "B"})
+    for s in decoding:
+        meta = s.result()["meta_info"]
+        assert meta["completion_tokens"] == DECODE_TOKENS and meta["num_retractions"] == 0, meta
+        assert [w for role, w in roles_and_ids_of(meta) if role == "decode"] == [a_id, b_id], meta["pd_spans"]
+        assert [v["weight_id"] for v in meta["kv_weight_versions"]] == [a_id, b_id], meta["kv_weight_versions"]
+    served = pair.generate(PROMPT, 6)
+    assert served["output_ids"] == oracle["B"] and {w for _, w in roles_and_ids(served)} == {b_id}
+    again = pair.generate(PROMPT, 6)
+    assert again["output_ids"] == oracle["B"] and again["meta_info"]["cached_tokens"] > 0, again
+    for server in (pair.prefill, pair.decode):  # a response may reach the client just before its KV is released
+        wait_until(lambda: server.vradix_info()["crossing_requests"] == 0, 30, "crossing requests released")
+        assert server.vradix_info()["stale_tokens_pinned"] == 0
 
 
 L3_DECODE = ["--enable-hierarchical-cache", "--hicache-storage-backend", "file"]

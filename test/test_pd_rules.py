@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vradix import identity, namespace
+from vradix import identity, namespace, provenance
 from vradix.pd import bootstrap, handshake, layout, restore_policy
 from vradix.pd.layout import IncompatibleLayoutError, KvLayout
 
@@ -276,3 +276,33 @@ def test_prefill_identity_round_trips_through_sglangs_metadata_row_without_touch
     assert sent == handshake.PrefillIdentity(handshake.digest(FP_A), FP_A[:32], False)
     bufs.clear_slot(2)  # decode resets a slot for its next owner: no identity survives
     assert handshake.decode(bufs.get_buf(2)[-1].view(torch.uint8)[8:].numpy().tobytes()) is None
+
+
+def spans_of(promised, prompt, generated, history):
+    return [(s["role"], s["start"], s["end"], s["weight_id"])
+            for s in provenance.role_spans(promised, "P", prompt, generated, history)]
+
+
+def test_pd_spans_name_each_roles_span_and_split_decode_where_it_crossed_a_publication():
+    a, b = (0, 0, "A", "idA"), (603, 1, "B", "idB")
+    assert spans_of(100, 600, 6, [a]) == [("decode_cache", 0, 100, "idA"), ("prefill", 100, 600, "P"),
+                                          ("decode", 600, 606, "idA")]
+    assert spans_of(0, 600, 6, [a]) == [("prefill", 0, 600, "P"), ("decode", 600, 606, "idA")]
+    # crossed while decoding: decode's positions before the publication were computed under A, the rest under B
+    assert spans_of(0, 600, 6, [a, b])[-2:] == [("decode", 600, 603, "idA"), ("decode", 603, 606, "idB")]
+    # crossed while receiving prefill's KV (the crossing is recorded inside the prompt): decode computed all under B
+    assert spans_of(0, 600, 6, [a, (100, 1, "B", "idB")])[-1] == ("decode", 600, 606, "idB")
+    # bumps that keep the identity (a lock-aware flush) do not split a span
+    assert spans_of(0, 600, 6, [a, (602, 1, "A", "idA")])[-1] == ("decode", 600, 606, "idA")
+
+
+@given(promised=st.integers(0, 50), prompt=st.integers(1, 50), generated=st.integers(0, 50),
+       cuts=st.lists(st.integers(1, 120), max_size=4), ids=st.lists(st.sampled_from("ab"), min_size=5, max_size=5))
+@settings(max_examples=200, deadline=None)
+def test_pd_spans_are_ordered_disjoint_and_cover_every_position(promised, prompt, generated, cuts, ids):
+    promised = min(promised, prompt)
+    history = [(0, 0, None, ids[0])] + [(c, i + 1, None, ids[i + 1]) for i, c in enumerate(sorted(set(cuts)))]
+    spans = provenance.role_spans(promised, "P", prompt, generated, history)
+    assert spans[0]["start"] == 0 and spans[-1]["end"] == prompt + generated
+    assert all(x["end"] == y["start"] for x, y in zip(spans, spans[1:]))
+    assert all(s["end"] > s["start"] for s in spans)

@@ -88,17 +88,33 @@ def prefix_cache(req) -> Optional[dict]:
 def pd_spans(req) -> Optional[List[dict]]:
     """On a P/D decode role: which role computed each span of the request's KV, under which `weight_id`:
     `decode_cache` (the prefix decode matched and promised, `[0, decode_prefix_len)`), `prefill` (the rest of the
-    prompt, received with the handshake's identity) and `decode` (the positions decode computed). Empty spans are
-    left out; None when the request did not come through the handshake."""
+    prompt, received with the handshake's identity) and `decode` (the positions decode computed, one span per
+    identity when the request crossed a publication on decode). Empty spans are left out; None when the request did
+    not come through the handshake."""
     st = request.of(req)
     if st is None or st.pd_handoff is None:
         return None
     promised, prefill_id = st.pd_handoff
-    prompt = len(req.origin_input_ids)
-    total = prompt + len(req.output_ids)
-    spans = [("decode_cache", 0, promised, st.kv_history[0][3]), ("prefill", promised, prompt, prefill_id),
-             ("decode", prompt, total, st.kv_history[-1][3])]
-    return [{"role": role, "start": s, "end": e, "weight_id": w} for role, s, e, w in spans if e > s]
+    return role_spans(promised, prefill_id, len(req.origin_input_ids), len(req.output_ids), st.kv_history)
+
+
+def role_spans(promised: int, prefill_id: str, prompt: int, generated: int, history) -> List[dict]:
+    """`pd_spans` from its inputs. Invariant: the spans are disjoint, ordered and cover `[0, prompt + generated)`;
+    decode's positions (from `prompt` on) are split where the provenance history changes identity."""
+    total = prompt + generated
+    spans = [("decode_cache", 0, promised, history[0][3]), ("prefill", promised, prompt, prefill_id)]
+    for i, entry in enumerate(history):
+        end = history[i + 1][0] if i + 1 < len(history) else total
+        spans.append(("decode", max(entry[0], prompt), min(max(end, prompt), total), entry[3]))
+    merged: List[list] = []
+    for role, s, e, w in spans:
+        if e <= s:
+            continue
+        if merged and merged[-1][0] == role and merged[-1][3] == w and merged[-1][2] == s:
+            merged[-1][2] = e
+        else:
+            merged.append([role, s, e, w])
+    return [{"role": role, "start": s, "end": e, "weight_id": w} for role, s, e, w in merged]
 
 
 def response_provenance(req) -> Optional[dict]:
