@@ -111,6 +111,18 @@ def test_decode_refuses_a_request_without_bootstrap_fields_and_keeps_serving(vra
     assert pair.generate(PROMPT, 6)["output_ids"] == oracle["A"]
 
 
+@needs_pd
+def test_each_role_stamps_its_namespaces_with_its_role_local_scope(vradix_pair):
+    """Role-local L3: every namespace a role stamps starts with its role and KV layout (`vradix.pd.layout`), so its
+    storage keys are its own; the weight_id, which the handshake compares, is the same on both roles."""
+    pair = vradix_pair
+    prefill, decode = pair.prefill.vradix_info(), pair.decode.vradix_info()
+    assert prefill["l3_scope"] == "prefill.tp1.dcp1.ps1.float32"
+    assert decode["l3_scope"] == "decode.tp1.dcp1.ps1.float32"
+    assert prefill["weight_id"] == decode["weight_id"]
+    assert "role-local scope decode.tp1.dcp1.ps1.float32" in pair.decode.logs()
+
+
 def weight_id(server) -> str:
     return server.vradix_info()["weight_id"]
 

@@ -27,10 +27,11 @@ from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 from sglang.test.kits.unified_radix_cache.fixtures import drop_hicache_atexit_pin
 
-from vradix import admission, epochs, namespace, reclaim
+from vradix import admission, epochs, identity, namespace, reclaim
 from vradix.hooks import publication
 from vradix.l3 import gc, manifest
 from vradix.l3.__main__ import main as l3_main
+from vradix.pd import layout
 from vradix.state import attach
 from vradix.testing import cpu_aids
 from vradix.testing.cache_fixture import SchedulerView, build_cache
@@ -244,6 +245,35 @@ def test_a_nonce_publication_revokes_without_looking_up_again(tmp_path):
         publication.bump_scheduler(sched, reason="test publication")
         assert state.identities[1].identity.source == "nonce"
         assert not cache.ongoing_prefetch
+
+
+# ---- P/D: role-local L3 --------------------------------------------------------------------------------------------
+def role_scope(role: str) -> str:
+    return layout.scope_of(layout.KvLayout(role, tp_size=1, dcp_size=1, page_size=1, kv_dtype="float32"))
+
+
+def test_each_pd_role_reads_only_its_own_l3_objects(tmp_path):
+    """Engines with one declared identity share a `file` store. A prefill role stores a prompt's pages; a second
+    prefill role of the same layout finds them through SGLang's own storage prefetch, while a decode role and a
+    non-P/D engine find none: a role's scope starts every namespace it stamps, so it seeds the page-hash chain and
+    every key differs."""
+    ident = identity.declared("run1-step5")
+    with file_store_cache(tmp_path) as fx:
+        cache = fx.cache
+        writer = attach(cache, with_ledger=False, weight_identity=ident, identity_mode="declared",
+                        scope=role_scope("prefill"))
+        store_pages(fx, PROMPT, writer.prefix_of_epoch(0))
+        reclaim.free_all_by_reset(cache)  # the pages are in L3 only
+        backend = cache.cache_controller.storage_backend
+        found = {}
+        for name, scope in (("decode", role_scope("decode")), ("non-P/D", None), ("prefill", role_scope("prefill"))):
+            reader = attach(cache, with_ledger=False, weight_identity=ident, identity_mode="declared", scope=scope)
+            q = queued_request(fx, reader)
+            assert namespace.weight_id_of(q.extra_key) == ident.weight_id
+            found[name] = backend.batch_exists(page_hashes(PROMPT, q.extra_key))
+        assert found == {"decode": 0, "non-P/D": 0, "prefill": len(PROMPT)}
+        op = start_prefetch(StorageScheduler(fx, waiting=[q]), q)  # the same role: SGLang's own lookup hits
+        assert len(op.host_indices) == len(PROMPT)
 
 
 # ---- item 4: manifests and garbage collection -----------------------------------------------------------------------

@@ -5,13 +5,14 @@ SGLang keys every radix-tree edge by `(extra_key, token)` (`RadixKey.child_key_a
 `extra_key` seeds the HiCache storage page-hash chain (`storage_namespace_seed`), in Python and natively in the Rust
 TreeCore. vradix stamps a namespace as a *prefix* of `extra_key`:
 
-    extra_key = "\x1evradix:<weight_id>[\x1d<epoch>]\x1f" + (user extra_key + LoRA suffix, or "")
+    extra_key = "\x1evradix:[<scope>\x1c]<weight_id>[\x1d<epoch>]\x1f" + (user extra_key + LoRA suffix, or "")
 
 The namespace is built from the epoch's global `weight_id` (`vradix.identity`), so L3 keys of equal identities are
 equal across restarts and engines, and keys of different weights never collide. The `\x1d<epoch>` suffix is added only
 when an earlier epoch of the same process already used that `weight_id` (equal weights published again, or a
 lock-aware flush, which keeps the weights): inside one process every epoch has its own namespace, and every key that
-carries a suffix still names the same weights.
+carries a suffix still names the same weights. On a P/D role the namespace also starts with the role's scope (role
+and KV layout, `vradix.pd.layout`), so the roles' L3 objects never mix, in any storage backend.
 
 Invariants:
 - The prefix is the only place the marker `\x1evradix:` may appear; a user `extra_key` or `cache_salt` containing it
@@ -28,16 +29,20 @@ MARKER = "\x1evradix:"
 _END = "\x1f"
 #: separates a reused weight_id from its epoch; a control character, so no weight_id can contain it
 _EPOCH = "\x1d"
+#: ends a role-local scope before the weight_id (`vradix.pd.layout`); a control character, like the others
+SCOPE_END = "\x1c"
 
 
 class ReservedNamespaceError(ValueError):
     """A user-supplied cache key tried to use vradix's reserved epoch marker."""
 
 
-def namespace(weight_id: str, epoch: Optional[int] = None) -> str:
-    """The extra_key prefix of an epoch with identity `weight_id`; `epoch` disambiguates a reused identity."""
+def namespace(weight_id: str, epoch: Optional[int] = None, scope: Optional[str] = None) -> str:
+    """The extra_key prefix of an epoch with identity `weight_id`; `epoch` disambiguates a reused identity; `scope`
+    makes it role-local (a P/D role's KV layout, `vradix.pd.layout.scope_of`)."""
     suffix = "" if epoch is None else f"{_EPOCH}{epoch}"
-    return f"{MARKER}{weight_id}{suffix}{_END}"
+    scoped = "" if scope is None else f"{scope}{SCOPE_END}"
+    return f"{MARKER}{scoped}{weight_id}{suffix}{_END}"
 
 
 def check_user_key(user_key: Optional[str]) -> None:
@@ -67,5 +72,5 @@ def weight_id_of(extra_key: Optional[str]) -> Optional[str]:
     if prefix is None:
         return None
     body = prefix[len(MARKER):-len(_END)]
-    # a role-local L3 namespace (`vradix.pd.layout`) puts its scope before the weight_id, ended by \x1c
-    return body.rsplit("\x1c", 1)[-1].split(_EPOCH, 1)[0]
+    # a role-local namespace (`vradix.pd.layout`) puts its scope before the weight_id
+    return body.rsplit(SCOPE_END, 1)[-1].split(_EPOCH, 1)[0]

@@ -68,7 +68,7 @@ def may_be_stored(state: EpochState) -> bool:
     identities build equal keys across processes) and this process uses it for the first time (no epoch suffix)."""
     current = state.identities[state.epoch]
     return (current.identity.source != "nonce"
-            and current.prefix == namespace.namespace(current.identity.weight_id))
+            and current.prefix == namespace.namespace(current.identity.weight_id, scope=state.scope))
 
 
 def reissue(scheduler, state: EpochState, queued: Iterable) -> int:

@@ -106,6 +106,9 @@ class EpochState:
     metrics: Any = None
     #: how each epoch's weight identity is chosen (`vradix.identity.MODES`)
     identity_mode: str = "nonce"
+    #: a P/D role's scope (role + KV layout, `vradix.pd.layout.scope_of`), the start of every namespace it stamps, so
+    #: its L3 objects are role-local; None on a non-P/D engine
+    scope: Optional[str] = None
     #: epoch -> its identity and namespace prefix, for every epoch this engine has served (one entry per bump)
     identities: Dict[int, EpochIdentity] = field(default_factory=dict)
     #: hold back a request whose uncached prefix another request is computing (`vradix.prefill_dedup`)
@@ -127,7 +130,7 @@ class EpochState:
         """Record `ident` as epoch `epoch`'s identity and return its namespace prefix: the bare `weight_id` the
         first time this process serves it, else disambiguated by the epoch (one namespace per epoch)."""
         reused = any(e.identity.weight_id == ident.weight_id for e in self.identities.values())
-        prefix = namespace.namespace(ident.weight_id, epoch if reused else None)
+        prefix = namespace.namespace(ident.weight_id, epoch if reused else None, self.scope)
         self.identities[epoch] = EpochIdentity(ident, prefix)
         self._epoch_by_prefix[prefix] = epoch
         return prefix
@@ -163,6 +166,7 @@ class EpochState:
             "label": self.label,
             "weight_id": self.weight_id,
             "weight_identity": {"mode": self.identity_mode, "source": self.identities[self.epoch].identity.source},
+            "l3_scope": self.scope,
             "publications": self.publications,
             "lock_aware_flushes": self.flushes,
             "crossing_requests": len(self.crossing),
@@ -231,12 +235,13 @@ class WeightSession:
 
 
 def attach(tree_cache, with_ledger: bool = True, weight_identity: Optional[identity.WeightIdentity] = None,
-           identity_mode: str = "nonce") -> EpochState:
+           identity_mode: str = "nonce", scope: Optional[str] = None) -> EpochState:
     """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0 under `weight_identity` (a fresh nonce when
-    None), with a KV page ledger on its allocator unless `with_ledger` is False. Raises `GuardConfigError` for an
+    None), with a KV page ledger on its allocator unless `with_ledger` is False; on a P/D role every namespace starts
+    with its `scope` (`vradix.pd.layout`). Raises `GuardConfigError` for an
     invalid VRADIX_VERIFY / VRADIX_AUDIT setting, `DedupConfigError` for an invalid VRADIX_PREFILL_DEDUP."""
     state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardConfig.from_env(),
-                       identity_mode=identity_mode, dedup_enabled=prefill_dedup.enabled_from_env())
+                       identity_mode=identity_mode, dedup_enabled=prefill_dedup.enabled_from_env(), scope=scope)
     state.bind_identity(0, weight_identity or identity.nonce())
     if with_ledger:
         state.ledger = kv_ledger.attach(tree_cache.token_to_kv_pool_allocator)

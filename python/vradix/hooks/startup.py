@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 from vradix import __version__, hicache_ledger, identity, report
 from vradix.hooks.publication import current_label, proven_identity
+from vradix.pd import layout
 from vradix.state import attach
 
 logger = logging.getLogger("vradix")
@@ -28,18 +30,31 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
         logger.warning("vradix: KV page ledger disabled (KV also arrives via %s); the epoch namespace still applies",
                        ", ".join(unobserved))
     mode = identity.mode_from_env()
+    scope = role_scope(scheduler)
     state = attach(cache, with_ledger=not unobserved, weight_identity=startup_identity(scheduler, mode),
-                   identity_mode=mode)
+                   identity_mode=mode, scope=scope)
     if state.ledger is not None and getattr(scheduler, "enable_hierarchical_cache", False):
         hicache_ledger.attach(cache, state.ledger)
     state.guard = state.guard.for_ranks(getattr(scheduler, "tp_size", 1), getattr(scheduler, "pp_size", 1))
     state.label = current_label()
     state.metrics = report.metrics_for(scheduler)
     report.export_metrics(scheduler)
-    logger.info("vradix %s active: epoch-namespaced radix cache (%s, tree core %s), epoch %d, weight_id %s (%s); "
+    logger.info("vradix %s active: epoch-namespaced radix cache (%s, tree core %s), epoch %d, weight_id %s (%s)%s; "
                 "KV page ledger %s (verify=%s, audit=%s)", __version__, type(cache).__name__, state.tree_core,
-                state.epoch, state.weight_id, mode,
+                state.epoch, state.weight_id, mode, f", role-local scope {scope}" if scope else "",
                 "on" if state.ledger is not None else "off", state.guard.verify, state.guard.audit)
+
+
+def role_scope(scheduler) -> Optional[str]:
+    """A P/D role's scope (its role and KV layout, `vradix.pd.layout`), or None on a non-P/D engine. Raises
+    IncompatibleLayoutError, so the engine does not start, for a layout L3 storage cannot shard."""
+    args = scheduler.server_args
+    if layout.role_of(getattr(args, "disaggregation_mode", None)) == "unified":
+        return None
+    runner = scheduler.tp_worker.model_runner
+    kv_layout = layout.layout_of(args, runner.kv_cache_dtype, is_mla=bool(getattr(runner, "use_mla_backend", False)))
+    layout.check_layout(kv_layout)
+    return layout.scope_of(kv_layout)
 
 
 def startup_identity(scheduler, mode: str) -> identity.WeightIdentity:

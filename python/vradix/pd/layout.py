@@ -32,7 +32,7 @@ from vradix import namespace
 
 ROLES = ("prefill", "decode", "unified")
 #: separates a scope from the weight_id inside the namespace; a control character, so neither can contain it
-SCOPE_END = "\x1c"
+SCOPE_END = namespace.SCOPE_END
 _SCOPE_RE = re.compile(r"^(prefill|decode|unified)\.tp(\d+)\.dcp(\d+)\.ps(\d+)\.([a-z0-9_]+)(\.mla)?$")
 
 
@@ -99,8 +99,7 @@ def parse_scope(scope: str) -> KvLayout:
 def l3_namespace(layout: KvLayout, weight_id: str, epoch: Optional[int] = None) -> str:
     """The L3 key prefix of `weight_id`'s KV in `layout`'s role-local namespace (`epoch` as in `namespace.namespace`:
     only for an identity this process already used)."""
-    inner = namespace.namespace(weight_id, epoch)
-    return namespace.MARKER + scope_of(layout) + SCOPE_END + inner[len(namespace.MARKER):]
+    return namespace.namespace(weight_id, epoch, scope_of(layout))
 
 
 def scope_in(prefix: str) -> Optional[str]:
