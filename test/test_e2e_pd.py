@@ -13,11 +13,13 @@
 The pair needs packages beyond the venv (`pd.missing_requirements()`); without them these tests skip and say which.
 """
 import concurrent.futures as cf
+import dataclasses
 import time
 
 import pytest
 import requests
 
+from vradix.pd import layout
 from vradix.testing import pd
 from vradix.testing.reliability import wait_until
 from vradix.testing.scenario import StreamingRequest
@@ -117,10 +119,11 @@ def test_each_role_stamps_its_namespaces_with_its_role_local_scope(vradix_pair):
     storage keys are its own; the weight_id, which the handshake compares, is the same on both roles."""
     pair = vradix_pair
     prefill, decode = pair.prefill.vradix_info(), pair.decode.vradix_info()
-    assert prefill["l3_scope"] == "prefill.tp1.dcp1.ps1.float32"
-    assert decode["l3_scope"] == "decode.tp1.dcp1.ps1.float32"
+    p_layout, d_layout = layout.parse_scope(prefill["l3_scope"]), layout.parse_scope(decode["l3_scope"])
+    assert (p_layout.role, p_layout.tp_size, p_layout.dcp_size, p_layout.page_size) == ("prefill", 1, 1, 1)
+    assert d_layout == dataclasses.replace(p_layout, role="decode")  # the same KV layout, another role
     assert prefill["weight_id"] == decode["weight_id"]
-    assert "role-local scope decode.tp1.dcp1.ps1.float32" in pair.decode.logs()
+    assert f"role-local scope {decode['l3_scope']}" in pair.decode.logs()
 
 
 def weight_id(server) -> str:

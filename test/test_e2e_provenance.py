@@ -16,7 +16,7 @@ import vradix
 from vradix.client import EngineHandle, PublishError, publish
 from vradix.predicate import UnsafeDeployment
 from vradix.testing.scenario import LONG_PROMPT, PROBE, StreamingRequest
-from vradix.testing.server import CpuServer
+from vradix.testing.server import CpuServer, servers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -29,10 +29,15 @@ def server(models):
 
 
 @pytest.fixture(scope="module")
-def stock(models):
-    """A stock SGLang server (VRADIX_DISABLE=1), shared by the client tests."""
-    with CpuServer(models[0], vradix=False) as s:
-        yield s
+def stock_fleet(models):
+    """Two stock SGLang servers (VRADIX_DISABLE=1), started together and shared by the client tests."""
+    with servers(lambda: CpuServer(models[0], vradix=False), lambda: CpuServer(models[0], vradix=False)) as fleet:
+        yield fleet
+
+
+@pytest.fixture(scope="module")
+def stock(stock_fleet):
+    return stock_fleet[0]
 
 
 def wait_for_progress(stream: StreamingRequest, tokens: int, timeout: float = 120.0) -> None:
@@ -259,38 +264,38 @@ class RewarmedProbe(EngineHandle):
         return super().probe_cached_tokens(input_ids)
 
 
-def test_publish_client_stock_fleet_is_all_or_nothing_across_probes(stock, models):
-    with CpuServer(models[0], vradix=False) as s2:
-        fleet = [stock.url, s2.url]
+def test_publish_client_stock_fleet_is_all_or_nothing_across_probes(stock_fleet, models):
+    s1, s2 = stock_fleet
+    fleet = [s1.url, s2.url]
 
-        def second_probe_fails(url, timeout):
-            return (RewarmedProbe if url == s2.url else EngineHandle)(url, timeout)
+    def second_probe_fails(url, timeout):
+        return (RewarmedProbe if url == s2.url else EngineHandle)(url, timeout)
 
-        with pytest.raises(PublishError) as e:
-            publish(fleet, models[1], "f1", seed=11, engine_factory=second_probe_fails)
-        r1, r2 = e.value.results
-        assert r2.probe_cached_after > 0 and "probe prefix still cached" in r2.error
-        # the first engine's probe passed, but it is neither reported verified nor left serving
-        assert [r.state for r in (r1, r2)] == ["paused(retract)", "paused(retract)"], str(e.value)
-        assert not r1.verified and not r2.verified and "engines left paused" in str(e.value)
-        assert r1.checks_passed and "NOT verified (its own checks passed), left paused(retract)" in str(e.value)
-        for url in fleet:  # really paused: a generation does not complete until the engine is continued
-            with pytest.raises(requests.Timeout):
-                requests.post(url + "/generate", json={"input_ids": PROBE, "sampling_params": {"max_new_tokens": 1}},
-                              timeout=5)
-        for url in fleet:
-            assert requests.post(url + "/continue_generation", json={}, timeout=60).status_code == 200
-        for url in fleet:  # both serve again (the updated but unverified weights: the operator chose to continue)
-            r = requests.post(url + "/generate", json={"input_ids": PROBE, "sampling_params": {"max_new_tokens": 2}},
-                              timeout=120)
-            assert r.status_code == 200 and r.json()["meta_info"]["weight_version"] == "f1", r.text
+    with pytest.raises(PublishError) as e:
+        publish(fleet, models[1], "f1", seed=11, engine_factory=second_probe_fails)
+    r1, r2 = e.value.results
+    assert r2.probe_cached_after > 0 and "probe prefix still cached" in r2.error
+    # the first engine's probe passed, but it is neither reported verified nor left serving
+    assert [r.state for r in (r1, r2)] == ["paused(retract)", "paused(retract)"], str(e.value)
+    assert not r1.verified and not r2.verified and "engines left paused" in str(e.value)
+    assert r1.checks_passed and "NOT verified (its own checks passed), left paused(retract)" in str(e.value)
+    for url in fleet:  # really paused: a generation does not complete until the engine is continued
+        with pytest.raises(requests.Timeout):
+            requests.post(url + "/generate", json={"input_ids": PROBE, "sampling_params": {"max_new_tokens": 1}},
+                          timeout=5)
+    for url in fleet:
+        assert requests.post(url + "/continue_generation", json={}, timeout=60).status_code == 200
+    for url in fleet:  # both serve again (the updated but unverified weights: the operator chose to continue)
+        r = requests.post(url + "/generate", json={"input_ids": PROBE, "sampling_params": {"max_new_tokens": 2}},
+                          timeout=120)
+        assert r.status_code == 200 and r.json()["meta_info"]["weight_version"] == "f1", r.text
 
-        # on_failure="continue" keeps its meaning: the same failure, every engine resumed, none reported verified
-        with pytest.raises(PublishError) as e:
-            publish(fleet, models[0], "f2", seed=12, engine_factory=second_probe_fails, on_failure="continue")
-        assert [r.state for r in e.value.results] == ["running", "running"]
-        assert not any(r.verified for r in e.value.results)
-        # and without the fault the same fleet publishes: both probes go from a hit to 0, both verified and running
-        ok = publish(fleet, models[0], "f3", seed=13)
-        assert [(r.verified, r.state) for r in ok] == [(True, "running"), (True, "running")]
-        assert all(r.probe_cached_before > 0 and r.probe_cached_after == 0 for r in ok)
+    # on_failure="continue" keeps its meaning: the same failure, every engine resumed, none reported verified
+    with pytest.raises(PublishError) as e:
+        publish(fleet, models[0], "f2", seed=12, engine_factory=second_probe_fails, on_failure="continue")
+    assert [r.state for r in e.value.results] == ["running", "running"]
+    assert not any(r.verified for r in e.value.results)
+    # and without the fault the same fleet publishes: both probes go from a hit to 0, both verified and running
+    ok = publish(fleet, models[0], "f3", seed=13)
+    assert [(r.verified, r.state) for r in ok] == [(True, "running"), (True, "running")]
+    assert all(r.probe_cached_before > 0 and r.probe_cached_after == 0 for r in ok)
