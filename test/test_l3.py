@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import types
 from array import array
 from contextlib import contextmanager
 
 import pytest
+from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.environ import envs
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
@@ -264,16 +266,42 @@ def test_each_pd_role_reads_only_its_own_l3_objects(tmp_path):
                         scope=role_scope("prefill"))
         store_pages(fx, PROMPT, writer.prefix_of_epoch(0))
         reclaim.free_all_by_reset(cache)  # the pages are in L3 only
-        backend = cache.cache_controller.storage_backend
         found = {}
         for name, scope in (("decode", role_scope("decode")), ("non-P/D", None), ("prefill", role_scope("prefill"))):
             reader = attach(cache, with_ledger=False, weight_identity=ident, identity_mode="declared", scope=scope)
             q = queued_request(fx, reader)
             assert namespace.weight_id_of(q.extra_key) == ident.weight_id
-            found[name] = backend.batch_exists(page_hashes(PROMPT, q.extra_key))
+            found[name] = backend_hits(cache, PROMPT, q.extra_key)
         assert found == {"decode": 0, "non-P/D": 0, "prefill": len(PROMPT)}
         op = start_prefetch(StorageScheduler(fx, waiting=[q]), q)  # the same role: SGLang's own lookup hits
         assert len(op.host_indices) == len(PROMPT)
+
+
+def test_a_decode_role_leaves_storage_lookups_to_its_pre_allocation_at_a_publication(tmp_path):
+    """Another engine stored a prompt as weights "B" in the decode role's namespace. A decode request waiting for its
+    pre-allocation when B is published is re-bound to B, so the match at its pre-allocation looks B's pages up (and
+    sizes its promise to prefill by what that prefetch takes), but the publication starts no queue-time lookup of
+    its own, which would be a second prefetch for one request outside decode's restore accounting."""
+    scope = role_scope("decode")
+    with file_store_cache(tmp_path) as fx:
+        cache = fx.cache
+        state = attach(cache, with_ledger=False, identity_mode="declared", scope=scope)
+        b_ns = namespace.namespace("declared:B", scope=scope)
+        store_pages(fx, PROMPT, b_ns)
+        reclaim.free_all_by_reset(cache)
+        q = queued_request(fx, state)
+        sched = StorageScheduler(fx)
+        sched.disaggregation_mode = DisaggregationMode.DECODE
+        sched.disagg_decode_prealloc_queue = types.SimpleNamespace(
+            queue=[types.SimpleNamespace(req=q)], pending_reqs=[], retracted_queue=[])
+        publication.bump_scheduler(sched, reason="update_weights_from_disk", label="B")
+        assert state.weight_id == "declared:B" and q.extra_key.startswith(b_ns)
+        assert backend_hits(cache, PROMPT, q.extra_key) == len(PROMPT)  # what its pre-allocation will find
+        assert not cache.ongoing_prefetch
+
+
+def backend_hits(cache, tokens, extra_key) -> int:
+    return cache.cache_controller.storage_backend.batch_exists(page_hashes(tokens, extra_key))
 
 
 # ---- item 4: manifests and garbage collection -----------------------------------------------------------------------

@@ -73,8 +73,11 @@ def may_be_stored(state: EpochState) -> bool:
 
 def reissue(scheduler, state: EpochState, queued: Iterable) -> int:
     """After a bump: look the re-bound queued requests up again under their new namespace, when it may be stored.
-    Returns how many lookups were issued."""
-    if not may_be_stored(state):
+    Returns how many lookups were issued. Not on a P/D decode role: SGLang looks a decode request up in storage only
+    when its pre-allocation matches it (`DecodePreallocQueue._start_hicache_prefetch`, which also sizes the promise
+    to prefill), and by then it is bound to the new namespace; a queue-time lookup there would be a second prefetch
+    for one request, outside decode's restore accounting."""
+    if not may_be_stored(state) or is_decode_role(scheduler):
         return 0
     issued = 0
     for req in queued:
@@ -85,9 +88,16 @@ def reissue(scheduler, state: EpochState, queued: Iterable) -> int:
     return issued
 
 
+def is_decode_role(scheduler) -> bool:
+    return getattr(getattr(scheduler, "disaggregation_mode", None), "value", None) == "decode"
+
+
 def stale(state: EpochState, extra_key) -> bool:
     """Whether a prefetch keyed by `extra_key` can no longer be used: its namespace is not the current epoch's. Every
-    request that holds no KV matches under the current epoch, and requests holding KV never prefetch."""
+    request that holds no KV matches under the current epoch. The one kind that prefetches while holding KV, a P/D
+    decode request restoring its promised prefix from L3, crosses the publication: its old-namespace pages are
+    discarded too, so its restore comes up short and SGLang fails the request (`HiCacheRestoreResult.FAILED`) rather
+    than serve an incomplete restore."""
     return state.epoch_of(extra_key) != state.epoch
 
 

@@ -57,10 +57,10 @@ def tiers(response: dict) -> dict:
 
 def current_namespace(server: CpuServer) -> Optional[str]:
     """The `extra_key` a request without a user key gets on `server` now: None on stock SGLang; the namespace of the
-    current weight identity on vradix (valid while this process has not served that identity before, e.g. at
+    current weight identity on vradix, role-local on a P/D role (valid while this process has not served that identity before, e.g. at
     startup or right after a publication of new weights)."""
     info = server.vradix_info()
-    return None if info is None else namespace.namespace(info["weight_id"])
+    return None if info is None else namespace.namespace(info["weight_id"], scope=info.get("l3_scope"))
 
 
 def page_files(store: str, tokens: Sequence[int], extra_key: Optional[str]) -> list:
