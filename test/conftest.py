@@ -27,3 +27,14 @@ def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("models")
     return (generate(str(d / "A"), seed=1, dtype="float32", init_range=0.2),
             generate(str(d / "B"), seed=2, dtype="float32", init_range=0.2))
+
+
+@pytest.fixture(scope="session")
+def pd_oracle(models):
+    """Greedy outputs (6 tokens) for the P/D tests' prompt (`vradix.testing.pd.PROMPT`) of a fresh non-P/D stock
+    server on A and on B: computed once, shared by the P/D modules."""
+    from vradix.testing.pd import PROMPT
+    from vradix.testing.server import fresh_stock_outputs
+    out = fresh_stock_outputs(dict(zip("AB", models)), lambda s: s.generate(PROMPT, 6)["output_ids"])
+    assert out["A"] != out["B"]
+    return out

@@ -23,23 +23,21 @@ from vradix.pd import layout
 from vradix.testing import pd
 from vradix.testing.reliability import wait_until
 from vradix.testing.scenario import StreamingRequest
-from vradix.testing.server import CpuServer, ServerDied, fresh_stock_outputs
+from vradix.testing.server import CpuServer, ServerDied
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 MISSING = pd.missing_requirements()
 needs_pd = pytest.mark.skipif(bool(MISSING), reason="P/D kit needs: " + ", ".join(MISSING))
 
-PROMPT = [(i * 7) % 480 + 20 for i in range(600)]
+PROMPT = pd.PROMPT
 SAMPLING = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def oracle(models):
+def oracle(pd_oracle):
     """Greedy outputs of a fresh non-P/D server on A and on B."""
-    out = fresh_stock_outputs(dict(zip("AB", models)), lambda s: s.generate(PROMPT, 6)["output_ids"])
-    assert out["A"] != out["B"]
-    return out
+    return pd_oracle
 
 
 def decode_direct(pair, **fields):
@@ -266,17 +264,28 @@ def test_in_place_publication_on_both_roles_with_requests_in_flight(vradix_pair,
 L3_DECODE = ["--enable-hierarchical-cache", "--hicache-storage-backend", "file"]
 
 
+#: decode roles that cannot keep their contract, and what the launcher says: an L3 restore policy that can end short
+#: of the promise, and the default identity mode (nonce), which the prefill role can never share
+REFUSED_DECODE_ROLES = {
+    "l3-best-effort": (["--vradix-weight-identity", "fingerprint", *L3_DECODE,
+                        "--hicache-storage-prefetch-policy", "best_effort"],
+                       "requires --hicache-storage-prefetch-policy wait_complete, got 'best_effort'"),
+    "nonce-identity": ([], "decode-role engine needs a weight identity both P/D roles compute equally"),
+}
+
+
 @pytest.mark.skipif(bool(MISSING), reason="P/D kit needs: " + ", ".join(MISSING))
-@pytest.mark.parametrize("flags, refused", [
-    (["--vradix-weight-identity", "fingerprint", *L3_DECODE, "--hicache-storage-prefetch-policy", "best_effort"],
-     "requires --hicache-storage-prefetch-policy wait_complete, got 'best_effort'"),
-    ([], "decode-role engine needs a weight identity both P/D roles compute equally"),  # the default: nonce
-], ids=["l3-best-effort", "nonce-identity"])
-def test_a_decode_role_that_cannot_keep_its_contract_does_not_start(models, tmp_path, flags, refused):
-    """The launcher refuses it before any scheduler starts (seconds, no model load): an L3 restore policy that can end
-    short of the promise, or an identity mode the prefill role can never share."""
-    with pytest.raises(ServerDied) as e:
-        CpuServer(models[0], startup_timeout=120, env={"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(tmp_path)},
-                  extra_args=["--disaggregation-mode", "decode", *pd.TRANSFER_FLAGS,
-                              "--disaggregation-decode-enable-radix-cache", *flags])
-    assert refused in str(e.value)
+def test_a_decode_role_that_cannot_keep_its_contract_does_not_start(models, tmp_path):
+    """The launcher refuses each before any scheduler starts (seconds, no model load); the starts run together."""
+    def start(flags):
+        return CpuServer(models[0], startup_timeout=120, env={"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(tmp_path)},
+                         extra_args=["--disaggregation-mode", "decode", *pd.TRANSFER_FLAGS,
+                                     "--disaggregation-decode-enable-radix-cache", *flags])
+
+    with cf.ThreadPoolExecutor(len(REFUSED_DECODE_ROLES)) as pool:
+        starts = {case: pool.submit(start, flags) for case, (flags, _) in REFUSED_DECODE_ROLES.items()}
+    for case, (_, refused) in REFUSED_DECODE_ROLES.items():
+        error = starts[case].exception()
+        if error is None:
+            starts[case].result().stop()  # it started: stop it, then fail
+        assert isinstance(error, ServerDied) and refused in str(error), (case, error)

@@ -1,4 +1,4 @@
-"""The publication soak (`benchmark/soak_publications.py`), short: about 50 publications under concurrent load with
+"""The publication soak (`benchmark/soak_publications.py`), short: 30 publications under concurrent load with
 shared prefixes; every response that did not cross a publication must equal the oracle of its label's weights."""
 import importlib.util
 import os
@@ -19,11 +19,11 @@ def load_soak():
 
 
 def test_short_publication_soak(tmp_path):
-    s = load_soak().main(["--publications", "50", "--concurrency", "3", "--suffixes", "10",
+    s = load_soak().main(["--publications", "30", "--concurrency", "3", "--suffixes", "10",
                           "--leak-check-every", "10", "--unpaused-every", "7", "--workdir", str(tmp_path)])
     assert s["error_list"] == []
-    assert s["publications"] == 50 and s["server_publications"] == 50
+    assert s["publications"] == 30 and s["server_publications"] == 30
     assert s["stale_hits"] == 0
-    assert s["leak_checks_passed"] == 5
-    assert s["checked_vs_oracle"] >= 50, s  # enough responses outside publication windows to mean something
+    assert s["leak_checks_passed"] == 3
+    assert s["checked_vs_oracle"] >= 30, s  # enough responses outside publication windows to mean something
     assert s["prefix_hit_share"] > 0  # the load really shares prefixes

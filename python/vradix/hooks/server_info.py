@@ -32,6 +32,12 @@ def report_server_info(result, internal_state, *args, **kwargs):
     return result
 
 
+def req_slots_total(pool) -> int:
+    """Every request slot of the pool: a P/D decode role's pool also holds `pre_alloc_size` slots for requests whose
+    KV is pre-allocated before it arrives (`DecodeReqToTokenPool`)."""
+    return pool.size + getattr(pool, "pre_alloc_size", 0)
+
+
 def pool_accounting(scheduler) -> dict:
     """The terms of SGLang's idle memory check, read on the scheduler thread (one consistent snapshot).
 
@@ -46,7 +52,7 @@ def pool_accounting(scheduler) -> dict:
         "evictable": cache.evictable_size(),
         "protected": cache.protected_size(),
         "req_slots_free": len(scheduler.req_to_token_pool.free_slots),
-        "req_slots_total": scheduler.req_to_token_pool.size,
+        "req_slots_total": req_slots_total(scheduler.req_to_token_pool),
         "waiting_requests": len(scheduler.waiting_queue),
         "running_requests": len(scheduler.running_batch.reqs),
         "paused": bool(scheduler._engine_paused),

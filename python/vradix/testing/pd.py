@@ -40,6 +40,8 @@ from vradix.testing.process import LoggedProcess
 from vradix.testing.server import CpuServer, free_port, start_servers
 
 TRANSFER_FLAGS = ["--disaggregation-transfer-backend", "mooncake_tcp"]
+#: the prompt of the P/D E2E tests (600 tokens: long enough that prefill sends KV over several pages)
+PROMPT = [(i * 7) % 480 + 20 for i in range(600)]
 #: routers that speak SGLang's P/D protocol, in order of preference: (module, launch module)
 ROUTERS = (("smg", "smg.launch_router"), ("sglang_router", "sglang_router.launch_router"))
 
