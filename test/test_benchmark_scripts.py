@@ -71,3 +71,27 @@ def test_bench_inspector_prints_the_table():
         assert re.search(rf"^\| {core} \| no polling \| \d+ \|", out, re.M), out
         assert re.search(rf"^\| {core} \| polled every 5 \| \d+ \| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$",
                          out, re.M), out
+
+
+def test_gpu_check_pd_command_lines_parse_with_sglangs_own_parser():
+    """The P/D GPU check cannot run here (no GPU); its server command lines are at least ones SGLang 0.5.23 and
+    vradix accept, flag by flag (`ServerArgs.add_cli_args`, with vradix's flags registered by the plugin)."""
+    import argparse
+    import importlib.util
+
+    from sglang.srt.server_args import ServerArgs
+
+    from vradix.hooks.launcher import FLAG, add_identity_flag
+
+    spec = importlib.util.spec_from_file_location("gpu_check_pd", os.path.join(ROOT, "benchmark", "gpu_check_pd.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    if FLAG not in parser._option_string_actions:  # vradix's hook after ServerArgs.add_cli_args, if not yet applied
+        add_identity_flag(None, parser)
+    for name, args in script.command_lines("mooncake").items():
+        parsed = parser.parse_args(["--model-path", "m", "--port", "1", *args])
+        assert parsed.disaggregation_mode in ("prefill", "decode"), name
+        if "decode" in name:
+            assert parsed.hicache_storage_prefetch_policy == "wait_complete", name
