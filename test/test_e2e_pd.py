@@ -212,10 +212,11 @@ def publish_in_place(pair, model, version) -> None:
 
 
 def check_served_whole_or_refused(r: requests.Response, oracle, ids: dict) -> None:
-    """A request sent around a publication: refused by the handshake (503), or served with its prompt's KV under one
-    identity; when nothing of it crossed, its output is that identity's fresh-server output."""
+    """A request sent around a publication: refused by the handshake or by the revocation of its promise (503), or
+    served with its prompt's KV under one identity; when nothing of it crossed, its output is that identity's
+    fresh-server output."""
     if r.status_code == 503:
-        assert "weight-identity mismatch" in r.text, r.text
+        assert "weight-identity mismatch" in r.text or "promise revoked" in r.text, r.text
         return
     assert r.status_code == 200, (r.status_code, r.text)
     body = r.json()
