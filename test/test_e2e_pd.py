@@ -10,6 +10,8 @@
 - vradix on both roles (the weight-identity handshake, `vradix.pd.handshake`): with the roles on different weights,
   decode updated first or prefill updated first, a request fails with HTTP 503 naming both identities and nothing of
   it enters decode's tree; once both roles are updated the pair answers what a fresh server on the new weights does.
+- a publication on decode revokes a promise prefill has not fulfilled (prefill paused, the request waiting in decode's
+  transfer queue): 503 naming the revoked promise and both identities, the request released, the retry served on B.
 The pair needs packages beyond the venv (`pd.missing_requirements()`); without them these tests skip and say which.
 """
 import concurrent.futures as cf
