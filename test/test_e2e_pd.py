@@ -298,7 +298,8 @@ def test_a_decode_publication_revokes_a_promise_prefill_has_not_fulfilled(vradix
         pair.prefill.resume()
     b_id = weight_id(pair.decode)
     r = to_decode.result()
-    pool.shutdown(wait=True)  # prefill answers its half too (it was told of the abort)
+    to_prefill.result()  # prefill answers its half too (it was told of the abort): no timeout
+    pool.shutdown()
     assert r.status_code == 503, (r.status_code, r.text)
     assert "promise revoked" in r.text and repr(a_id) in r.text and repr(b_id) in r.text, r.text
     pair.prefill.update_weights(models[1], "B")
