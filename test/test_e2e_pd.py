@@ -10,6 +10,8 @@
 - vradix on both roles (the weight-identity handshake, `vradix.pd.handshake`): with the roles on different weights,
   decode updated first or prefill updated first, a request fails with HTTP 503 naming both identities and nothing of
   it enters decode's tree; once both roles are updated the pair answers what a fresh server on the new weights does.
+- a publication on decode revokes a promise prefill has not fulfilled (prefill paused, the request waiting in decode's
+  transfer queue): 503 naming the revoked promise and both identities, the request released, the retry served on B.
 The pair needs packages beyond the venv (`pd.missing_requirements()`); without them these tests skip and say which.
 """
 import concurrent.futures as cf
@@ -212,10 +214,11 @@ def publish_in_place(pair, model, version) -> None:
 
 
 def check_served_whole_or_refused(r: requests.Response, oracle, ids: dict) -> None:
-    """A request sent around a publication: refused by the handshake (503), or served with its prompt's KV under one
-    identity; when nothing of it crossed, its output is that identity's fresh-server output."""
+    """A request sent around a publication: refused by the handshake or by the revocation of its promise (503), or
+    served with its prompt's KV under one identity; when nothing of it crossed, its output is that identity's
+    fresh-server output."""
     if r.status_code == 503:
-        assert "weight-identity mismatch" in r.text, r.text
+        assert "weight-identity mismatch" in r.text or "promise revoked" in r.text, r.text
         return
     assert r.status_code == 200, (r.status_code, r.text)
     body = r.json()
@@ -259,6 +262,51 @@ def test_in_place_publication_on_both_roles_with_requests_in_flight(vradix_pair,
     for server in (pair.prefill, pair.decode):  # a response may reach the client just before its KV is released
         wait_until(lambda: server.vradix_info()["crossing_requests"] == 0, 30, "crossing requests released")
         assert server.vradix_info()["stale_tokens_pinned"] == 0
+
+
+def transfer_queue_len(server) -> int:
+    """Requests in the decode role's transfer queue (SGLang's `/v1/loads`, disaggregation section)."""
+    loads = server.get("/v1/loads?include=disagg").json()["loads"]
+    return sum(load["disaggregation"]["decode_transfer_queue_reqs"] for load in loads)
+
+
+@needs_pd
+@pytest.mark.timeout(300)
+def test_a_decode_publication_revokes_a_promise_prefill_has_not_fulfilled(vradix_pair, models):
+    """Prefill is paused, so a request whose prompt decode's cache holds waits in decode's transfer queue with its
+    promise sent and unfulfilled. A publication on decode revokes it: decode answers 503 naming the revoked promise
+    and both identities, and releases it (no crossing request, no stale token pinned). Prefill, told by the abort,
+    resumes without sending. Before the revocation, the request crossed and was served (200) from A's KV on decode
+    after its publication to B."""
+    pair = vradix_pair
+    for server in (pair.prefill, pair.decode):
+        server.update_weights(models[0], "A")
+    a_id = weight_id(pair.decode)
+    prompt = PROMPT[100:228]
+    pair.generate(prompt, 2)  # decode's cache now holds the prompt under A
+    body = {"input_ids": prompt, "sampling_params": SAMPLING, **pair.bootstrap()}
+    pool = cf.ThreadPoolExecutor(2)
+    pair.prefill.pause("in_place")
+    try:  # the two halves of one P/D request, as the router sends them
+        to_prefill = pool.submit(pair.prefill.post, "/generate", body, 120)
+        to_decode = pool.submit(pair.decode.post, "/generate", body, 120)
+        wait_until(lambda: transfer_queue_len(pair.decode) == 1, 60, "the promise sent, the request waiting for KV")
+        pair.decode.pause("in_place")
+        pair.decode.update_weights(models[1], "B")
+        pair.decode.resume()
+    finally:
+        pair.prefill.resume()
+    b_id = weight_id(pair.decode)
+    r = to_decode.result()
+    to_prefill.result()  # prefill answers its half too (it was told of the abort): no timeout
+    pool.shutdown()
+    assert r.status_code == 503, (r.status_code, r.text)
+    assert "promise revoked" in r.text and repr(a_id) in r.text and repr(b_id) in r.text, r.text
+    pair.prefill.update_weights(models[1], "B")
+    wait_until(lambda: pair.decode.vradix_info()["crossing_requests"] == 0, 60, "the revoked request released")
+    assert pair.decode.vradix_info()["stale_tokens_pinned"] == 0 and transfer_queue_len(pair.decode) == 0
+    served = pair.generate(prompt, 2)  # the retry: matched, promised and served under B
+    assert {w for _, w in roles_and_ids(served)} == {b_id}, served["meta_info"]["pd_spans"]
 
 
 L3_DECODE = ["--enable-hierarchical-cache", "--hicache-storage-backend", "file"]

@@ -1,6 +1,7 @@
 """P/D rules at unit level (no server): bad decode input (`vradix.pd.bootstrap`), the restore-policy rule
 (`vradix.pd.restore_policy`), role-local L3 namespaces (`vradix.pd.layout`) and the weight-identity handshake
-(`vradix.pd.handshake`, written into and read back from SGLang's real `MetadataBuffers` row). The startup and attach hooks run
+(`vradix.pd.handshake`, written into and read back from SGLang's real `MetadataBuffers` row) and the revocation
+rule for decode's unfulfilled promises at a publication (`vradix.pd.revocation`). The startup and attach hooks run
 in-process on SGLang's real `ServerArgs` (resolved as a launcher resolves it) through the installed HOOKS; the same
 checks on live servers are in `test_e2e_pd.py`."""
 import asyncio
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vradix import identity, namespace, provenance
-from vradix.pd import bootstrap, handshake, layout, restore_policy
+from vradix.pd import bootstrap, handshake, layout, restore_policy, revocation
 from vradix.pd.layout import IncompatibleLayoutError, KvLayout
 
 # ---- bad input: bootstrap fields ---------------------------------------------------------------------------------
@@ -306,3 +307,25 @@ def test_pd_spans_are_ordered_disjoint_and_cover_every_position(promised, prompt
     assert spans[0]["start"] == 0 and spans[-1]["end"] == prompt + generated
     assert all(x["end"] == y["start"] for x, y in zip(spans, spans[1:]))
     assert all(s["end"] > s["start"] for s in spans)
+
+
+# ---- revoking decode's unfulfilled promises at a publication -----------------------------------------------------
+
+
+def test_a_promise_is_revoked_exactly_while_prefill_has_not_reported_it_fulfilled():
+    """Against SGLang's real `KVPoll`: only a receiver still Bootstrapping or WaitingForInput is unfulfilled; a
+    promise of nothing, a finished request, a fake transfer, or a publication of the same weights revokes nothing."""
+    from sglang.srt.disaggregation.base import KVPoll
+
+    def revoked(poll, promised=8, finished=False, fake=False, under="fp:a", published="fp:b"):
+        return revocation.must_revoke(poll, promised, finished=finished, fake=fake, promised_under=under,
+                                      published=published)
+
+    states = {name: getattr(KVPoll, name) for name in ("Failed", "Bootstrapping", "WaitingForInput", "Transferring",
+                                                       "Success")}
+    assert {name for name, poll in states.items() if revoked(poll)} == {"Bootstrapping", "WaitingForInput"}
+    waiting = KVPoll.WaitingForInput
+    assert not revoked(waiting, promised=0) and not revoked(waiting, finished=True) and not revoked(waiting, fake=True)
+    assert not revoked(waiting, under="fp:b")
+    why = revocation.message("rid7", 8, "fp:a", "fp:b", 3)
+    assert all(part in why for part in ("rid7", "first 8 prompt", "'fp:a'", "'fp:b'", "epoch 3", "retry"))

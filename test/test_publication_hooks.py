@@ -13,6 +13,7 @@ Stand-ins (where a real object cannot be built on CPU without a launched engine)
 import types
 
 import pytest
+import torch
 
 from sglang.srt.managers.io_struct import (UpdateWeightFromDiskReqInput, UpdateWeightFromDiskReqOutput,
                                            UpdateWeightsFromDistributedReqInput,
@@ -412,22 +413,103 @@ def test_a_prefill_publication_crosses_requests_still_sending_kv_and_rebinds_tho
     assert fx.idle_invariant_holds()
 
 
-def test_a_decode_publication_rebinds_requests_waiting_for_kv_and_crosses_those_receiving_it():
-    """P/D decode role: a request in the prealloc queue (nothing matched or promised yet) is re-bound, so it matches
-    and promises prefill a prefix in the new namespace; a request in the transfer queue (its matched prefix locked and
-    its row preallocated, prefill's KV arriving) crosses the publication: keeps its KV, never inserts it. The queues
-    hold SGLang's `DecodeRequest` wrappers; only `.req` is read, so plain stand-ins carry real `Req`s."""
+def decode_request(req, poll, promised=0):
+    """SGLang's real `DecodeRequest` around `req`, with SGLang's real `FakeKVReceiver` brought to `poll` (the states a
+    mooncake receiver passes through: Bootstrapping until prefill's bootstrap, WaitingForInput once the promise is
+    sent and until prefill reports the KV sent, then Success) and the real `DecodePrefixMatch` of a `promised`-token
+    prefix from decode's cache (the request's locked prefix, as `_match_prefix_and_lock` built it)."""
+    from sglang.srt.disaggregation.base import KVPoll
+    from sglang.srt.disaggregation.decode import DecodeRequest
+    from sglang.srt.disaggregation.decode_hicache_mixin import DecodePrefixMatch
+    from sglang.srt.disaggregation.fake.conn import FakeKVReceiver
+
+    receiver = FakeKVReceiver(mgr=None, bootstrap_addr="127.0.0.1:8998", bootstrap_room=len(req.rid))
+    if poll != KVPoll.Bootstrapping:
+        receiver.init(0)
+    if poll == KVPoll.Success:
+        receiver.send_metadata([])
+    assert receiver.poll() == poll
+    match = None
+    if promised:
+        assert req.prefix_len == promised
+        match = DecodePrefixMatch(prefix_indices=torch.zeros(promised, dtype=torch.int64), l2_host_hit_length=0,
+                                  l3_storage_hit_length=0, last_device_node=req.last_node)
+    return DecodeRequest(req=req, kv_receiver=receiver, prefix_match=match)
+
+
+def pre_allocate(fx, req):
+    """What decode's pre-allocation does before it promises prefill a prefix: match and lock the prefix, take a row,
+    and allocate the slots prefill will write the rest of the prompt into (`alloc_for_decode_prealloc`)."""
+    fx.admit(req)
+    n = len(req.origin_input_ids)
+    locs = fx._alloc(req.prefix_len, n - req.prefix_len)
+    fx.req_pool.write((req.kv.req_pool_idx, slice(req.prefix_len, n)), locs.to(torch.int32))
+    req.kv.kv_allocated_len = req.kv.kv_committed_len = n
+
+
+def test_a_decode_publication_revokes_unfulfilled_promises_crosses_fulfilled_ones_and_rebinds_the_waiting():
+    """P/D decode role, at a publication (`vradix.pd.revocation`):
+    - a transfer-queue request that promised prefill a prefix of decode's cache under the old identity, and whose KV
+      prefill has not reported sent (receiver WaitingForInput), is revoked: it fails with a 503 naming the
+      publication and both identities, its receiver is aborted (prefill is told), and SGLang's failed-transfer path
+      (its generic 500, then `release_kv_cache(checkpoint=False)`) keeps that 503 and inserts nothing;
+    - a transfer-queue request whose KV prefill already sent (Success) crosses: keeps its KV, never inserts it;
+    - a transfer-queue request that promised nothing from decode's cache crosses (the handshake alone decides it);
+    - a prealloc-queue request (nothing matched or promised yet) is re-bound to the new namespace.
+    Before revocation was built, the unfulfilled promise crossed like the others and kept its old-identity prefix."""
+    from sglang.srt.disaggregation.base import KVPoll
+    from sglang.srt.disaggregation.utils import prepare_abort
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+    from sglang.srt.mem_cache import common
+
     fx = build_cache("rust", 1, kv_tokens=1024)
     state = attach(fx.cache)
-    receiving, waiting = fx.make_req(list(range(10, 40))), fx.make_req(list(range(50, 80)))
-    for r in (receiving, waiting):
+    fx.finish(fx.running(state, list(range(10, 40))))  # decode's cache holds a 30-token prompt under identity A
+    cached = fx.cache.evictable_size()
+    old_id = state.weight_id
+    unfulfilled, received = fx.make_req(list(range(10, 50))), fx.make_req(list(range(10, 45)))
+    unpromised, waiting = fx.make_req(list(range(100, 130))), fx.make_req(list(range(50, 80)))
+    for r in (unfulfilled, received, unpromised, waiting):
         stamp(state, r)
-    fx.admit(receiving)  # its row allocated, as decode's pre-allocation does before it tells prefill where to write
+    for r in (unfulfilled, received, unpromised):
+        pre_allocate(fx, r)
     key_before = waiting.extra_key
     scheduler = StubScheduler(fx, [])
     scheduler.disagg_decode_prealloc_queue = types.SimpleNamespace(
-        queue=[types.SimpleNamespace(req=waiting)], pending_reqs=[], retracted_queue=[])
-    scheduler.disagg_decode_transfer_queue = types.SimpleNamespace(queue=[types.SimpleNamespace(req=receiving)])
+        queue=[decode_request(waiting, KVPoll.Bootstrapping)], pending_reqs=[], retracted_queue=[])
+    transfer = [decode_request(unfulfilled, KVPoll.WaitingForInput, promised=30),
+                decode_request(received, KVPoll.Success, promised=30),
+                decode_request(unpromised, KVPoll.WaitingForInput)]
+    scheduler.disagg_decode_transfer_queue = types.SimpleNamespace(queue=transfer, gloo_group=None)
+
     inv = publication.bump_scheduler(scheduler, reason="update_weights_from_disk", label="B")
+
     assert inv.requeued_rebound == 1 and waiting._vradix.epoch == state.epoch and waiting.extra_key != key_before
-    assert receiving._vradix.crossed and receiving.skip_radix_cache_insert and receiving._vradix.epoch == 0
+    for r in (unfulfilled, received, unpromised):
+        assert r._vradix.crossed and r.skip_radix_cache_insert and r._vradix.epoch == 0
+    assert received.finished_reason is None and unpromised.finished_reason is None
+    reason = unfulfilled.finished_reason
+    assert isinstance(reason, FINISH_ABORT) and reason.status_code == 503, reason
+    for part in ("promise revoked", f"epoch {state.epoch}", repr(old_id), repr(state.weight_id), "first 30 prompt"):
+        assert part in reason.message, (part, reason.message)
+    assert inv.promises_revoked == 1 and "1 unfulfilled P/D promise(s) revoked" in inv.summary()
+    assert transfer[0].kv_receiver.poll() == KVPoll.Failed  # aborted: the mooncake receiver tells prefill here
+    assert transfer[1].kv_receiver.poll() == KVPoll.Success and transfer[2].kv_receiver.poll() == KVPoll.WaitingForInput
+
+    # SGLang's pop_transferred on the Failed receiver: its generic 500 (through the installed hook), then the release
+    # without insert
+    from sglang.srt.disaggregation import decode
+    assert decode.prepare_abort is prepare_abort  # the reference pop_transferred calls is the hooked one
+    prepare_abort(unfulfilled, "Decode transfer failed ... Aborted by AbortReq.", status_code=500)
+    assert unfulfilled.finished_reason.status_code == 503 and unfulfilled.finished_reason.message == reason.message
+    common.release_kv_cache(unfulfilled, fx.cache, checkpoint=False)
+    assert fx.cache.evictable_size() + fx.cache.protected_size() <= cached  # nothing of it was inserted
+    for r in (received, unpromised):
+        fx.finish(r)  # committed and served later: crossing requests free their KV instead of inserting it
+    assert state.crossing == {} and fx.idle_invariant_holds()
+
+    # an abort of any other request stays SGLang's
+    other = fx.make_req([1, 2, 3])
+    stamp(state, other)
+    prepare_abort(other, "Aborted by AbortReq.", status_code=500)
+    assert other.finished_reason.status_code == 500 and other.finished_reason.message == "Aborted by AbortReq."

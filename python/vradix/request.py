@@ -39,6 +39,9 @@ class ReqState:
     ledger_spans: Optional[list] = None
     #: on a P/D decode role, once the handshake accepted prefill's KV: (decode_prefix_len, prefill's weight_id)
     pd_handoff: Optional[Tuple[int, str]] = None
+    #: on a P/D decode role, once a publication revoked the request's unfulfilled prefix promise: the 503 reason it
+    #: fails with (`vradix.pd.revocation`), whichever SGLang path then fails it
+    revoked: Optional[str] = None
     #: the strict guard's cached verdict on the matched prefix, and the (epoch, length, last node, ledger generation)
     #: it holds for
     verdict_key: Optional[tuple] = None

@@ -31,6 +31,9 @@ class Invalidation:
     crossing_mid_prefill: int = 0
     tokens_pinned: int = 0
     requeued_rebound: int = 0
+    #: P/D decode: transfer-queue requests whose unfulfilled prefix promise the publication revoked
+    #: (`vradix.pd.revocation`)
+    promises_revoked: int = 0
     #: entries dropped from SGLang's multimodal embedding cache (`mm_embeddings.clear_all`)
     mm_embeddings_cleared: int = 0
     latency_ms: float = 0.0
@@ -49,7 +52,8 @@ class Invalidation:
                 f"weight_id={self.weight_id}): "
                 f"freed {self.tokens_freed} stale tokens{host}{deferred}, {self.tokens_pinned} stale tokens pinned by "
                 f"{self.crossing_requests} crossing request(s) ({self.crossing_mid_prefill} mid-prefill), "
-                f"{self.requeued_rebound} queued request(s) re-bound")
+                f"{self.requeued_rebound} queued request(s) re-bound"
+                + (f", {self.promises_revoked} unfulfilled P/D promise(s) revoked" if self.promises_revoked else ""))
 
     def as_dict(self) -> dict:
         d = asdict(self)

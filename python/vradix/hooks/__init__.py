@@ -80,6 +80,9 @@ HOOKS = [
     ("sglang.srt.disaggregation.utils.MetadataBuffers.set_buf", "AFTER", pd.send_prefill_identity),
     ("sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req", "AROUND",
      pd.check_prefill_identity),
+    # a decode request whose prefix promise a publication revoked fails with the revocation's 503 (the revocation
+    # itself runs in the bump: publication.bump_scheduler)
+    ("sglang.srt.disaggregation.utils.prepare_abort", "AROUND", pd.keep_revocation_reason),
     # overlap safety: nothing in flight while weights change
     (f"{_SCHED}.pause_generation", "BEFORE", publication.drain_before_in_place_pause),
     (f"{_SCHED}.process_batch_result", "AROUND", overlap.skip_drained_result),

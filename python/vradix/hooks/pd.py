@@ -11,13 +11,15 @@ Scheduler process (the weight-identity handshake, `vradix.pd.handshake`):
 - prefill writes the identity of each request's KV into the metadata row that travels with its last chunk;
 - decode commits the received KV only when that identity equals the one the decode request is bound to; otherwise the
   request fails with HTTP 503 naming both identities, and its KV is released without being inserted.
+Scheduler process, a publication on decode (`vradix.pd.revocation`): a transfer-queue request whose prefix promise
+prefill has not fulfilled yet is revoked: it fails with HTTP 503 naming the publication and both identities.
 """
 from __future__ import annotations
 
 import logging
 
 from vradix import identity, request
-from vradix.pd import bootstrap, handshake, restore_policy
+from vradix.pd import bootstrap, handshake, restore_policy, revocation
 
 logger = logging.getLogger("vradix")
 
@@ -108,3 +110,55 @@ def check_prefill_identity(original, queue, decode_req, *args, **kwargs):
     decode_req.kv_receiver.clear()
     decode_req.kv_receiver = None
 
+
+
+def revoke_unfulfilled_promises(scheduler, inv) -> int:
+    """At a publication on a P/D decode role, right after the bump (every transfer-queue request already crosses it):
+    revoke each transfer-queue request's unfulfilled prefix promise (`vradix.pd.revocation.must_revoke`). Returns how
+    many were revoked.
+
+    A revoked request is failed the way SGLang's own `/abort_request` fails a transfer-queue request: its receiver is
+    aborted, which tells prefill (an abort notification, so prefill stops and drops the request) and marks its room
+    Failed. The next `DecodeTransferQueue.pop_transferred` then streams the error and releases the request's prefix
+    lock and preallocated row with `checkpoint=False` (nothing inserted), after prefill acknowledged the abort when
+    it may still be writing (SGLang's deferred release); `keep_revocation_reason` keeps the 503 on that path. A
+    request staged to host memory keeps its receiver, as SGLang's abort does, until prefill stops writing.
+    The receivers' states are reduced over the attention TP group (MIN), as `pop_transferred` reduces them, so every
+    rank revokes the same requests."""
+    queue = getattr(scheduler, "disagg_decode_transfer_queue", None)
+    entries = [d for d in (queue.queue if queue is not None else ()) if d.kv_receiver is not None]
+    if not entries:
+        return 0
+    import torch.distributed as dist
+    from sglang.srt.disaggregation.utils import _is_fake_transfer, all_reduce_flags, prepare_abort
+
+    polls = [int(d.kv_receiver.poll()) for d in entries]
+    if queue.gloo_group is not None:
+        polls = all_reduce_flags(polls, queue.gloo_group, dist.ReduceOp.MIN)
+    revoked = 0
+    for decode_req, poll in zip(entries, polls):
+        req, st = decode_req.req, request.of(decode_req.req)
+        if st is None or not st.kv_history:
+            continue
+        promised = decode_req.prefix_match.decode_prefix_len if decode_req.prefix_match is not None else 0
+        under = st.kv_history[0][3]
+        if not revocation.must_revoke(poll, promised, finished=req.finished_reason is not None,
+                                      fake=_is_fake_transfer(req), promised_under=under, published=inv.weight_id):
+            continue
+        st.revoked = revocation.message(req.rid, promised, under, inv.weight_id, inv.epoch_after)
+        logger.warning(st.revoked)
+        prepare_abort(req, st.revoked, status_code=revocation.STATUS)
+        if not decode_req.host_staged:
+            decode_req.kv_receiver.abort()
+        revoked += 1
+    return revoked
+
+
+def keep_revocation_reason(original, req, error_message, status_code=None, *args, **kwargs):
+    """AROUND disaggregation.utils.prepare_abort: a decode request whose promise a publication revoked fails with the
+    revocation's reason and 503, whichever SGLang path finishes it (the failed-transfer path would otherwise replace
+    it with a generic 500 "Decode transfer failed ... Aborted by AbortReq."). Every other abort is SGLang's."""
+    st = request.of(req)
+    if st is None or st.revoked is None:
+        return original(req, error_message, status_code, *args, **kwargs)
+    return original(req, st.revoked, status_code=revocation.STATUS)

@@ -5,6 +5,7 @@ import logging
 import time
 
 from vradix import epochs, guard, identity, mm_embeddings, overlap, prefetch, report
+from vradix.hooks import pd
 from vradix.state import EpochState, Invalidation, UpdateScope, WeightSession, state_of
 
 logger = logging.getLogger("vradix")
@@ -25,8 +26,9 @@ def disagg_requests(scheduler) -> list:
     """A P/D role's requests outside SGLang's waiting queue and batches.
 
     Decode: those waiting for a KV allocation (holding nothing yet: the bump re-binds them, so they match and promise
-    prefill a prefix in the new namespace) and those receiving KV from prefill (holding their preallocated row and
-    matched prefix: they cross the bump, keep their KV and never insert it).
+    prefill a prefix in the new namespace) and those in the transfer queue (holding their preallocated row and
+    matched prefix: they cross the bump, keep their KV and never insert it; a publication then revokes the promises
+    among them prefill has not fulfilled, `vradix.hooks.pd.revoke_unfulfilled_promises`).
     Prefill: those waiting for decode's bootstrap (nothing matched yet: re-bound) and those whose KV prefill computed
     and is still sending (`disagg_prefill_inflight_queue`: they cross the bump, so at release their old-weights KV
     is freed instead of inserted)."""
@@ -47,7 +49,8 @@ def disagg_requests(scheduler) -> list:
 def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool = True) -> Invalidation:
     """One epoch bump on the scheduler's engine. With an external KV store, the queued requests the bump re-binds
     end their cache attempt first (their storage prefetches are revoked) and are looked up again afterwards under the
-    new namespace (`vradix.prefetch`)."""
+    new namespace (`vradix.prefetch`). On a P/D decode role a publication also revokes the prefix promises prefill
+    has not fulfilled yet (`vradix.pd.revocation`)."""
     state = state_of(scheduler.tree_cache)
     live = live_requests(scheduler)
     queued = [*scheduler.waiting_queue, *disagg_requests(scheduler)]
@@ -59,6 +62,8 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     inv = epochs.bump(state, scheduler.tree_cache, live, queued,
                       reason=reason, label=label, is_publication=is_publication, identity=ident)
     inv.identity_ms = identity_ms
+    if is_publication:
+        inv.promises_revoked = pd.revoke_unfulfilled_promises(scheduler, inv)
     # multimodal embeddings are keyed by content only: the ones the old weights computed must not be reused
     inv.mm_embeddings_cleared = mm_embeddings.clear_all()
     if lookups:
