@@ -4,22 +4,31 @@ host and storage, promises prefill `decode_prefix_len` (only the L3 span its pre
 the restore, and fails the request when the restore comes up short. vradix keys all of it by the request's
 role-local namespace (`vradix.pd.layout`).
 
+Decode's L3 is SGLang's `file` store behind the test aid `vradix.testing.lossy_store` (loaded with
+`--hicache-storage-backend dynamic`; same files, same keys, same metadata cache), which loses pages at read time only
+while a test asks it to.
+
 - restore under the right identity: the prompt's pages decode stored under weights A are restored from L3 after its
   device and host tiers were flushed, and the output equals a fresh non-P/D server on A;
 - after both roles publish B, decode never restores A's pages: the request is computed under B, as a fresh server on
   B computes it;
-- pages lost from the store before the promise (deleted after decode indexed them) are not promised: decode's hit
-  query checks the store itself, prefill computes the rest, and the idle pool is exact. A page lost *between* the
-  promise and the restore is SGLang's restore-failure path (`HiCacheRestoreResult.FAILED`); it needs a deletion timed
-  inside decode's prefetch and is not exercised here.
+- a page lost between the promise and the restore (the store still reports it, the read finds it gone): decode's
+  restore comes up short, SGLang fails that attempt on decode (HTTP 500, `HiCacheRestoreResult.FAILED`), the router
+  retries it, and the retry is computed correctly: decode promises only the pages that really loaded, the lost span
+  is never a hit, nothing leaks, and the pair keeps serving;
+- pages deleted from the store behind decode's back (after its metadata cache indexed them) are the same path: the
+  metadata cache still reports them, decode promises them, the restore comes up short and fails, and the router's
+  retry gets only the pages that loaded from decode and the rest from prefill; the idle pool is exact.
 
-The oracle is a fresh non-P/D stock server on each weight (the session's `pd_oracle`).
+The oracle is a fresh non-P/D stock server on each weight (the session's `pd_oracle`). The router is smg, which
+retries a request whose decode answered 500 (its default retry policy).
 """
 import os
 
 import pytest
 
 from vradix.testing import pd
+from vradix.testing import lossy_store
 from vradix.testing.hicache_store import STORE_ENV, current_namespace, page_files, wait_stored
 from vradix.testing.reliability import strict_idle_check, wait_until
 
@@ -30,9 +39,11 @@ needs_pd = pytest.mark.skipif(bool(MISSING), reason="P/D kit needs: " + ", ".joi
 
 PROMPT = pd.PROMPT
 SERVED = ["--served-model-name", "tiny"]
-DECODE_L3 = ["--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-storage-backend", "file",
-             "--hicache-storage-prefetch-policy", "wait_complete",
-             "--hicache-storage-backend-extra-config", '{"enable_metadata_cache": true, "metadata_ttl": 3600}']
+# decode's L3: SGLang's `file` store behind the aid that can lose pages at read time (off until a test turns it on)
+DECODE_L3 = ["--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-storage-prefetch-policy", "wait_complete",
+             *lossy_store.backend_args(enable_metadata_cache=True, metadata_ttl=3600)]
+#: what SGLang's decode logs when a restore comes up short, just before it fails the request (500)
+RESTORE_FAILED = "HiCache load_back failed for rid="
 
 
 @pytest.fixture(scope="module")
@@ -89,17 +100,56 @@ def test_after_a_publication_decode_never_restores_the_old_identitys_pages(pair,
     assert promised_by_decode(served) == 0 and served["output_ids"] == oracle["B"], served
 
 
+def restore_failures(server) -> int:
+    """How many restores came up short on `server` so far (SGLang's decode log)."""
+    return server.logs().count(RESTORE_FAILED)
+
+
 @needs_pd
-def test_pages_lost_from_the_store_are_never_promised_and_nothing_leaks(pair, store, oracle):
-    """Half of the prompt's pages are deleted from the store (another engine's garbage collection, say) after decode
-    indexed them in its metadata cache: decode promises only the pages still there, prefill computes the rest, the
-    answer is a fresh server's and the idle pool is exact (the strict leak check)."""
+def test_a_page_lost_between_promise_and_restore_fails_safely_is_recomputed_and_nothing_leaks(pair, store, oracle):
+    """Decode's storage query finds all 600 pages of the prompt and it promises them; then its prefetch's reads find
+    pages 300 on gone (`lossy_store`: the read deletes the page first). The restore loads 300 of the 600 promised
+    tokens, so SGLang fails that attempt on decode (HTTP 500, "HiCache local restore failed on this rank") instead of
+    serving it, and the router retries. The retry must not see the lost span as a hit: decode promises only the 300
+    tokens the failed restore did load (now in its host tier), prefill computes the rest, and the answer is a fresh
+    server's. Nothing leaks on either role, and the pair keeps serving."""
     wait_stored(pair.decode, store, PROMPT)  # B's pages, from the previous test's request
+    flush_decode_tiers(pair)
+    pages = page_files(store, PROMPT, current_namespace(pair.decode))
+    failures = restore_failures(pair.decode)
+    lossy_store.lose_on_read(store, pages[300:])
+    try:
+        served = pair.generate(PROMPT, 6)
+    finally:
+        lossy_store.stop_losing(store)
+    # the first attempt failed on decode, and only it (the store's files prove nothing here: the retry stores the
+    # lost pages again, asynchronously)
+    assert restore_failures(pair.decode) == failures + 1
+    assert promised_by_decode(served) == 300, served["meta_info"]["pd_spans"]
+    assert [s["role"] for s in served["meta_info"]["pd_spans"]] == ["decode_cache", "prefill", "decode"]
+    assert served["output_ids"] == oracle["B"]
+    strict_idle_check(pair.decode)
+    strict_idle_check(pair.prefill)
+    again = pair.generate(PROMPT, 6)  # lose off: the retry's whole prompt is decode's now, and it is B's
+    assert again["output_ids"] == oracle["B"] and restore_failures(pair.decode) == failures + 1
+    strict_idle_check(pair.decode)
+
+
+@needs_pd
+def test_pages_deleted_behind_decodes_back_fail_the_restore_and_the_retry_is_correct(pair, store, oracle):
+    """Half of the prompt's pages are deleted from the store (another engine's garbage collection, say) after decode
+    indexed them in its metadata cache. The metadata cache still answers that they exist, so decode promises them
+    and its restore comes up short: that attempt fails on decode and the router retries it. The retry promises only
+    the pages that loaded (pages 0-299, now in decode's host tier), prefill computes the rest, the answer is a fresh
+    server's and the idle pool is exact (the strict leak check)."""
+    wait_stored(pair.decode, store, PROMPT)  # B's pages: the previous test's retry stored again what was lost
     flush_decode_tiers(pair)
     pages = page_files(store, PROMPT, current_namespace(pair.decode))
     for f in pages[300:]:
         os.remove(f)
+    failures = restore_failures(pair.decode)
     served = pair.generate(PROMPT, 6)
+    assert restore_failures(pair.decode) == failures + 1
     assert promised_by_decode(served) == 300, served["meta_info"]["pd_spans"]
     assert [s["role"] for s in served["meta_info"]["pd_spans"]] == ["decode_cache", "prefill", "decode"]
     assert served["output_ids"] == oracle["B"]
