@@ -38,3 +38,19 @@ def pd_oracle(models):
     out = fresh_stock_outputs(dict(zip("AB", models)), lambda s: s.generate(PROMPT, 6)["output_ids"])
     assert out["A"] != out["B"]
     return out
+
+
+@pytest.fixture(scope="session")
+def hybrid_models(tmp_path_factory):
+    """Two tiny NemotronH (Mamba2 + attention) hybrid checkpoints: A (served first) and B (published)."""
+    from vradix.testing.tiny_hybrid_model import generate
+    d = tmp_path_factory.mktemp("hybrid")
+    return generate(str(d / "A"), seed=1), generate(str(d / "B"), seed=2)
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(hybrid_models):
+    """HF transformers' greedy outputs on A and B for the hybrid tests' prompts (`vradix.testing.hybrid_oracle`):
+    computed once, shared by the hybrid modules."""
+    from vradix.testing.hybrid_oracle import hf_greedy
+    return hf_greedy(dict(zip("AB", hybrid_models)))

@@ -202,17 +202,6 @@ DECODING = [[(i * 13 + k * 53) % 480 + 20 for i in range(300)] for k in range(3)
 DECODE_TOKENS = 400
 
 
-def publish_in_place(pair, model, version) -> None:
-    """The RL publication on a P/D pair: pause both roles in place, update both, continue both."""
-    roles = (pair.prefill, pair.decode)
-    for server in roles:
-        server.pause("in_place")
-    for server in roles:
-        server.update_weights(model, version)
-    for server in roles:
-        server.resume()
-
-
 def check_served_whole_or_refused(r: requests.Response, oracle, ids: dict) -> None:
     """A request sent around a publication: refused by the handshake or by the revocation of its promise (503), or
     served with its prompt's KV under one identity; when nothing of it crossed, its output is that identity's
@@ -245,7 +234,7 @@ def test_in_place_publication_on_both_roles_with_requests_in_flight(vradix_pair,
         assert s.started.wait(120) and s.error is None, s.error
     with cf.ThreadPoolExecutor(4) as pool:
         around = [pool.submit(generate_raw, pair) for _ in range(4)]
-        publish_in_place(pair, models[1], "B")
+        pair.publish_in_place(models[1], "B")
         b_id = weight_id(pair.decode)
         assert b_id != a_id and weight_id(pair.prefill) == b_id
         for f in around:

@@ -11,6 +11,7 @@ import torch
 from transformers.models.nemotron_h import modeling_nemotron_h as hf
 
 from vradix.testing.cpu_aids import hybrid
+from vradix.testing.hybrid_oracle import EXTENDED, EXTENDED_AGAIN, FORKED, NEW_TOKENS, PREFIX, SHORT, SIBLING
 from vradix.testing.scenario import StreamingRequest
 from vradix.testing.server import CpuServer, is_hybrid_model
 
@@ -135,36 +136,7 @@ def test_apply_binds_the_stand_ins_and_import_time_names():
 
 
 # ---- E2E: a CPU server with vradix on the tiny hybrid ---------------------------------------------------------------------
-SHORT = [5, 17, 99, 3, 250, 77, 8, 9, 10, 11]
-PREFIX = [(i * 7) % 500 + 5 for i in range(48)]
-EXTENDED = PREFIX + [31, 32, 33]
-EXTENDED_AGAIN = EXTENDED + [41, 42]
-SIBLING = PREFIX + [61, 62, 63]
-FORKED = [[(i * 11) % 500 + 3 for i in range(40)] + tail for tail in ([71, 72], [81, 82])]
-NEW_TOKENS = 6
-
-
-@pytest.fixture(scope="module")
-def hybrid_models(tmp_path_factory):
-    from vradix.testing.tiny_hybrid_model import generate
-    d = tmp_path_factory.mktemp("hybrid")
-    return generate(str(d / "A"), seed=1), generate(str(d / "B"), seed=2)
-
-
-@pytest.fixture(scope="module")
-def hf_greedy(hybrid_models):
-    """HF transformers' greedy generate (float32, its torch reference ops) on both weight sets."""
-    from transformers import AutoModelForCausalLM
-
-    out = {}
-    for name, path in zip("AB", hybrid_models):
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        for prompt in (SHORT, PREFIX, EXTENDED, EXTENDED_AGAIN, SIBLING):
-            with torch.no_grad():
-                ids = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                     min_new_tokens=NEW_TOKENS)
-            out[name, tuple(prompt)] = ids[0, len(prompt):].tolist()
-    return out
+# `hybrid_models` and `hf_greedy` (HF's greedy outputs on A and B) are session fixtures in conftest.py
 
 
 def publish(server, weights: str) -> StreamingRequest:
@@ -233,3 +205,52 @@ def test_vradix_hybrid_server_matches_hf_hits_prefixes_and_never_reuses_stale_st
         assert r["meta_info"]["cached_tokens"] == len(EXTENDED_AGAIN)
         v = s.vradix_info()
         assert v["epoch"] == 1 and v["publications"] == 1 and v["stale_tokens_pinned"] == 0, v
+
+
+# ---- cache level: a publication frees the stale recurrent states ------------------------------------------------------
+@pytest.mark.parametrize("locked", [False, True], ids=["idle-engine", "node-locked"])
+def test_a_publication_frees_the_stale_recurrent_states_of_a_hybrid_tree(monkeypatch, locked):
+    """SGLang's test-kit hybrid cache (FULL + MAMBA, page size 1, real `HybridReqToTokenPool`): stale nodes hold KV
+    and a recurrent state each, and a bump frees both: when nothing holds KV (an idle engine, e.g. a P/D prefill role
+    whose requests all finished: the bump drops the whole tree) and when a request's lock pins one stale node (that
+    node keeps its state until released). SGLang's idle check counts a state slot that neither the tree nor a request
+    holds as leaked, and kills the scheduler."""
+    from array import array
+
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.test.kits.unified_radix_cache import fixtures
+    from sglang.test.kits.unified_radix_cache.config import CacheConfig
+
+    from vradix import epochs, namespace
+    from vradix.state import attach
+    from vradix.testing.cache_fixture import seq
+
+    monkeypatch.setattr(fixtures, "get_device", lambda: "cpu")  # the kit builds on the accelerator it finds
+    cache, allocator, req_pool = fixtures.build_fixture(
+        CacheConfig(components=(ComponentType.FULL, ComponentType.MAMBA), mamba_cache_size=8), tree_core_backend="python")
+    state = attach(cache, with_ledger=False)
+    states = req_pool.mamba_allocator
+    states_total, kv_total = states.available_size(), allocator.available_size()
+
+    def insert(tokens, epoch):
+        """A finished request's prompt and its recurrent state (the tree takes the request's state slot)."""
+        req = Req(rid=f"r{len(tokens)}", origin_input_text="", origin_input_ids=array("q"),
+                  sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
+        req_pool.alloc([req])
+        key = RadixKey(array("q", tokens), extra_key=namespace.stamped(state.prefix_of_epoch(epoch), None))
+        return cache.insert(InsertParams(key=key, value=allocator.alloc(len(tokens)),
+                                         mamba_value=req.kv.mamba_pool_idx.unsqueeze(0))).last_device_node
+
+    insert(seq(10, 12), 0)
+    insert(seq(10, 12) + seq(90, 4), 0)
+    pinned = insert(seq(500, 6), 0)
+    assert states.available_size() == states_total - 3
+    if locked:
+        cache.lock(pinned)  # a crossing request's hold on a stale node
+    epochs.bump(state, cache, [], [], reason="test")
+    assert cache.evictable_size() == 0 and allocator.available_size() == kv_total - 6 * locked
+    assert states.available_size() == states_total - locked, "a stale node's recurrent state was not freed"

@@ -7,6 +7,7 @@ Three entry points, all against SGLang's real tree cache API (identical on the R
   HiCache host tier, hybrid components); the others leave it to `vradix.reclaim_queue`, after the bump.
 - `free_all_by_reset(cache)`: the same result when no request holds KV at all (nothing can be locked), at the cost
   of a stock flush: drop the tree and free all its slots in one call (SGLang's reset also clears a HiCache host pool).
+  Full-attention trees only (`resettable`): a hybrid tree's recurrent states are not slots of the KV allocator.
 - `free_released_path(cache, node)`: when a crossing request releases its lock on a stale node, read its path once
   and evict, from the node towards the root, each node that is now an unlocked leaf. Stops at the first node another
   holder still locks or that still has children. Linear in the path length. Stale KV is dropped, never backed up to
@@ -44,9 +45,17 @@ def free_all_unlocked(cache) -> int:
     return result.num_tokens_evicted
 
 
+def resettable(cache) -> bool:
+    """Whether `free_all_by_reset` frees everything `cache`'s tree holds: its values are full-attention KV slots
+    only. A hybrid component's slots live elsewhere (a Mamba node's recurrent state is a slot of the request pool's
+    Mamba allocator, which the tree's reset does not free; stock `flush_cache` clears that pool wholesale), so such a
+    cache frees its stale nodes by eviction, which frees every component of each node."""
+    return tuple(cache.tree_components) == (ComponentType.FULL,)
+
+
 def free_all_by_reset(cache) -> int:
-    """Fast path when no request holds KV and nothing is locked: drop the whole tree at once (what stock
-    `flush_cache` does) and give its slots back in one `free`. Returns tokens freed."""
+    """Fast path when no request holds KV and nothing is locked, for a `resettable` cache: drop the whole tree at
+    once (what stock `flush_cache` does) and give its slots back in one `free`. Returns tokens freed."""
     values = cache.tree_core.all_values_flatten()
     freed = cache.evictable_size()
     cache.reset()

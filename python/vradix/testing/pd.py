@@ -3,6 +3,7 @@
     with PdPair(model_path, vradix=True) as pd:
         pd.generate(input_ids, 6)            # through the router (smg or sglang-router, P/D mode)
         pd.prefill / pd.decode               # the two `CpuServer`s, for direct calls (publication, server info)
+        pd.publish_in_place(model_b, "B")    # pause both roles in place, update both, continue both
 
 What it starts (each process bounded by a deadline and always killed, process group and all):
 - prefill: `CpuServer` with `--disaggregation-mode prefill --disaggregation-transfer-backend mooncake_tcp
@@ -10,6 +11,8 @@ What it starts (each process bounded by a deadline and always killed, process gr
 - decode: `CpuServer` with `--disaggregation-mode decode --disaggregation-transfer-backend mooncake_tcp` and, unless
   `decode_radix=False`, `--disaggregation-decode-enable-radix-cache`;
 - both load the mooncake CPU aid (`vradix.testing.cpu_aids.mooncake`) as a plugin; the KV really moves, over TCP;
+- for a Mamba2 hybrid (NemotronH) each role's `CpuServer` also loads the hybrid CPU aids and their flags; the
+  recurrent state moves with the KV (mooncake's `state` buffers);
 - the router: `python -m smg.launch_router` (or `sglang_router.launch_router`) `--pd-disaggregation --prefill URL B
   --decode URL`, every listener (its metrics one included) bound to 127.0.0.1.
 
@@ -156,6 +159,16 @@ class PdPair(ServerClient):
         import random
         return {"bootstrap_host": "127.0.0.1", "bootstrap_port": self.bootstrap_port,
                 "bootstrap_room": random.getrandbits(63)}
+
+    def publish_in_place(self, model_path: str, version: str) -> None:
+        """The RL publication on a P/D pair: pause both roles in place, update both (no flush), continue both."""
+        roles = (self.prefill, self.decode)
+        for server in roles:
+            server.pause("in_place")
+        for server in roles:
+            server.update_weights(model_path, version)
+        for server in roles:
+            server.resume()
 
     def stop(self) -> None:
         for part in (self.router, self.decode, self.prefill):
