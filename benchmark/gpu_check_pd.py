@@ -35,6 +35,7 @@ import requests
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
 from vradix.testing.http import ServerClient  # noqa: E402
+from vradix.testing.pd import Router, RoutedPair  # noqa: E402
 from vradix.testing.process import LoggedProcess  # noqa: E402
 from vradix.testing.server import free_port  # noqa: E402
 
@@ -114,15 +115,12 @@ def pd_args(role: str, bootstrap_port: int, backend: str, extra: Sequence[str] =
     return [*flags, *extra]
 
 
-class GpuPair(ServerClient):
+class GpuPair(RoutedPair):
     """prefill + decode `GpuServer`s and the real router (`vradix.testing.pd.Router`) in front of them."""
 
     def __init__(self, model: str, *, backend: str, log_dir: str, prefill_gpus: str, decode_gpus: str,
                  prefill_extra: Sequence[str] = (), decode_extra: Sequence[str] = (), env: Optional[dict] = None):
-        from vradix.testing.pd import Router
-
         port = free_port()
-        self.prefill = self.decode = self.router = None
         try:
             self.prefill = GpuServer(model, pd_args("prefill", port, backend, prefill_extra), vradix=True,
                                      gpus=prefill_gpus, log_dir=log_dir, env=env)
@@ -133,17 +131,6 @@ class GpuPair(ServerClient):
             self.stop()
             raise
         super().__init__(self.router.url, 300.0)
-
-    def stop(self) -> None:
-        for part in (self.router, self.decode, self.prefill):
-            if part is not None:
-                part.stop()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
 
 
 def oracle(model_a: str, model_b: str, prompts: Sequence[Sequence[int]], args: Sequence[str], gpus: str,

@@ -118,7 +118,25 @@ class Router(LoggedProcess, ServerClient):
         raise TimeoutError(f"router not ready in {timeout}s:\n{self.tail()}")
 
 
-class PdPair(ServerClient):
+class RoutedPair(ServerClient):
+    """A prefill server, a decode server and the router in front of them (`self.prefill`, `self.decode`,
+    `self.router`, any of them None while starting): stopped together, router first."""
+
+    prefill = decode = router = None
+
+    def stop(self) -> None:
+        for part in (self.router, self.decode, self.prefill):
+            if part is not None:
+                part.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class PdPair(RoutedPair):
     """A prefill and a decode `CpuServer` on `model_path` with real KV transfer, and the router in front of them.
 
     `ServerClient` calls on the pair itself (`generate`, `post`) go through the router. Both servers start
@@ -169,14 +187,3 @@ class PdPair(ServerClient):
             server.update_weights(model_path, version)
         for server in roles:
             server.resume()
-
-    def stop(self) -> None:
-        for part in (self.router, self.decode, self.prefill):
-            if part is not None:
-                part.stop()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
