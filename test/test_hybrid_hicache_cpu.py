@@ -1,4 +1,4 @@
-"""A hybrid (FULL + MAMBA) cache with a HiCache host tier (L2) on CPU: the restore half of the P/D hybrid contract
+"""A hybrid (FULL + MAMBA) cache with a HiCache host tier (L2) and a `file` L3 store on CPU: the restore half of the P/D hybrid contract
 ("Hybrid (Mamba) models over P/D" in docs/pd.md), at cache level.
 
 The cache is SGLang's test-kit FULL + MAMBA `UnifiedRadixCache` (page size 1, real `HybridReqToTokenPool`, Python
@@ -6,10 +6,13 @@ TreeCore), with SGLang's own `init_hicache`: the real `HybridCacheController`, K
 `page_first_direct` layout, copying through the torch stand-ins of `vradix.testing.cpu_aids.page_first`. A decode
 request is driven the way decode's HiCache restore drives it (`_try_hicache_queue_load_back`): its state slot comes
 with its request row (decode's pre-allocation; the P->D transfer writes the prompt's live state there), then a rematch
-with `cow_mamba=False` and `init_load_back` restore the cached prefix. States are marked: every element of a slot
+with `cow_mamba=False` and `init_load_back` restore the cached prefix (from L3: decode's storage lookup and prefetch
+first). States are marked: every element of a slot
 holds one value, so a check sees which copy landed where.
 """
+import json
 from array import array
+from contextlib import ExitStack, contextmanager
 
 import pytest
 import torch
@@ -25,14 +28,20 @@ from vradix import epochs
 from vradix.admission import stamp
 from vradix.state import attach
 from vradix.testing.cache_fixture import seq
+from vradix.testing.reliability import wait_until
 
 CANONICAL, LIVE = 7.0, -3.0  # the cached prefix's state; the state the P->D transfer writes into the request's slot
 PREFIX = seq(10, 12)
+WAIT_S = 60
 
 
-@pytest.fixture
-def hybrid(monkeypatch):
+@contextmanager
+def hybrid_cache(monkeypatch, store=None):
+    """The kit's FULL + MAMBA cache with SGLang's host tier (write-through, host pools twice the device's) and, with
+    `store`, a `file` L3 store there (prefetch policy `wait_complete`, from 1 token on)."""
+    from sglang.srt.environ import envs
     from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
+    from sglang.srt.runtime_context import get_parallel
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
     from sglang.test.kits.unified_radix_cache import fixtures
     from sglang.test.kits.unified_radix_cache.config import CacheConfig
@@ -41,19 +50,41 @@ def hybrid(monkeypatch):
 
     page_first.apply()
     monkeypatch.setattr(fixtures, "get_device", lambda: "cpu")  # the kit builds on the accelerator it finds
-    cache, allocator, req_pool = fixtures.build_fixture(
-        CacheConfig(components=(ComponentType.FULL, ComponentType.MAMBA), mamba_cache_size=8), tree_core_backend="python")
-    args = ServerArgs(model_path="dummy", page_size=1, hicache_io_backend=page_first.IO_BACKEND,
-                      hicache_mem_layout=page_first.MEM_LAYOUT, hicache_write_policy="write_through")
-    set_global_server_args_for_scheduler(args)
-    with host_memory_budget_scope(TEST_HOST_BUDGET_BYTES):
-        cache.init_hicache(args, cache.cache_init_params)
-    fixtures.drop_hicache_atexit_pin(cache)
-    cache.write_through_threshold = 1 << 30  # backups happen where the test says (as SGLang's kit sets them)
-    cache.load_back_threshold = 0
-    hx = Hybrid(cache, allocator, req_pool, attach(cache, with_ledger=False))
-    yield hx
-    cache.release_host_resources()
+    storage = {} if store is None else dict(
+        hicache_storage_backend="file", hicache_storage_prefetch_policy="wait_complete",
+        hicache_storage_backend_extra_config=json.dumps({"prefetch_threshold": 1}))
+    with ExitStack() as scope:
+        if store is not None:  # the kit's recipe: one local rank, the file backend's folder from the environment
+            scope.enter_context(get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1))
+            scope.enter_context(envs.SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR.override(str(store)))
+        cache, allocator, req_pool = fixtures.build_fixture(CacheConfig(
+            components=(ComponentType.FULL, ComponentType.MAMBA), mamba_cache_size=8), tree_core_backend="python")
+        args = ServerArgs(model_path="dummy", page_size=1, hicache_io_backend=page_first.IO_BACKEND,
+                          hicache_mem_layout=page_first.MEM_LAYOUT, hicache_write_policy="write_through", **storage)
+        set_global_server_args_for_scheduler(args)
+        with host_memory_budget_scope(TEST_HOST_BUDGET_BYTES):
+            cache.init_hicache(args, cache.cache_init_params)
+        fixtures.drop_hicache_atexit_pin(cache)
+        cache.write_through_threshold = 1 << 30  # backups happen where the test says (as SGLang's kit sets them)
+        cache.load_back_threshold = 0
+        if store is not None:
+            cc = cache.cache_controller  # the kit's sizing: host pool == device pool leaves no prefetch capacity
+            cc.prefetch_capacity_limit = max(cc.prefetch_capacity_limit, cc.mem_pool_host.size)
+            scope.callback(cc._stop_storage_threads)
+        scope.callback(cache.release_host_resources)
+        yield Hybrid(cache, allocator, req_pool, attach(cache, with_ledger=False))
+
+
+@pytest.fixture
+def hybrid(monkeypatch):
+    with hybrid_cache(monkeypatch) as hx:
+        yield hx
+
+
+@pytest.fixture
+def hybrid_l3(monkeypatch, tmp_path):
+    with hybrid_cache(monkeypatch, tmp_path) as hx:
+        yield hx
 
 
 class Hybrid:
@@ -115,6 +146,35 @@ class Hybrid:
         self.cache.evict(EvictParams(num_tokens=len(tokens), mamba_num=1))
         assert self.node_state_slot(node) is None and self.cache.tree_core.is_full_device_evicted(node)
         return node
+
+    def store_to_l3_and_drop_from_host(self, node, tokens) -> None:
+        """SGLang's host -> L3 backup of `node` (the `file` backend), then host eviction: the prefix is only in L3."""
+        self.cache.write_backup_storage(node)
+
+        def stored():
+            self.cache.drain_storage_control_queues()
+            return not self.cache.ongoing_backup
+
+        wait_until(stored, WAIT_S, "the L3 backup's ack")
+        self.cache.evict_host(len(tokens), ComponentType.FULL)  # a node's host KV goes with its host state
+        assert self.figures() == self.totals
+
+    def prefetch_from_l3(self, req, tokens) -> int:
+        """Decode's L3 step for a request: the storage lookup, then the prefetch into host, run to completion.
+        Returns the storage hit."""
+        root, suffix = self.cache.root_node_handle(), array("q", tokens)
+        hit = self.cache.query_storage_hit_length(root, suffix, None, None, extra_key=req.extra_key, cache_salt=None)
+        if hit:
+            handle = req.cache_request_handle
+            self.cache.prefetch_from_storage(handle, root, suffix, None, None, extra_key=req.extra_key)
+
+            def landed():
+                self.cache.check_hicache_events()
+                return self.cache.check_prefetch_progress(handle)
+
+            wait_until(landed, WAIT_S, "the L3 prefetch")
+            self.cache.pop_prefetch_loaded_tokens(handle)
+        return hit
 
     def restore(self, req, tokens):
         """Decode's local restore of a promised prefix: rematch without CoW, load back, wait for the copy."""
@@ -226,3 +286,31 @@ def test_a_request_crossing_a_publication_keeps_its_live_state_and_publishes_non
         m = hybrid.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens + [5]), extra_key=key)))
         assert (m.device_prefix_len, m.host_hit_length) == (0, 0)
     assert drained(hybrid) == hybrid.totals
+
+
+def test_a_prefix_state_restored_from_l3_lands_in_its_node_slot_and_an_old_epoch_one_is_never_found(hybrid_l3):
+    """The same restore from L3: the prefix (KV pages and its state) backed up to a `file` store and dropped from
+    device and host; a decode request's storage lookup and prefetch bring it to host, and its restore puts the
+    canonical state into the node's slot, not over the live one. After a publication, a new-epoch request for the
+    same prompt finds nothing in L3 (the old epoch's pages, state included, are under the old namespace's keys)."""
+    hx = hybrid_l3
+    node = hx.cache_prefix_on_host_only(PREFIX, CANONICAL)
+    hx.store_to_l3_and_drop_from_host(node, PREFIX)
+    tokens = PREFIX + [99]
+    req = hx.request(tokens)
+    live = int(req.kv.mamba_pool_idx)
+    assert hx.prefetch_from_l3(req, tokens) == len(PREFIX)
+    match, loaded, restored = restore_then_transfer(hx, req, live)
+    assert (match.host_hit_length, match.mamba_host_hit_length, loaded) == (len(PREFIX), 1, len(PREFIX))
+    slot = hx.node_state_slot(restored)
+    assert slot is not None and slot != live and hx.state_is(slot, CANONICAL), "the state restored from L3"
+    assert hx.state_is(live, LIVE)
+    hold_for_decode(hx, req, restored, tokens)
+    finish(hx, req)
+    assert drained(hx) == hx.totals
+
+    fresh = hx.request(tokens)
+    assert hx.prefetch_from_l3(fresh, tokens) == 0, "a new-epoch request found the old epoch's L3 pages"
+    hx.req_pool.free(fresh)
+    hx.req_pool.free_mamba_cache(fresh)
+    assert hx.figures() == hx.totals
