@@ -1,5 +1,5 @@
-"""A hybrid (FULL + MAMBA) cache with a HiCache host tier (L2) and a `file` L3 store on CPU: the restore half of the P/D hybrid contract
-("Hybrid (Mamba) models over P/D" in docs/pd.md), at cache level.
+"""A hybrid (FULL + MAMBA) cache with a HiCache host tier (L2) and a `file` L3 store on CPU: the restore half of the
+P/D hybrid contract ("Hybrid (Mamba) models over P/D" in docs/pd.md), at cache level.
 
 The cache is SGLang's test-kit FULL + MAMBA `UnifiedRadixCache` (page size 1, real `HybridReqToTokenPool`, Python
 TreeCore), with SGLang's own `init_hicache`: the real `HybridCacheController`, KV and Mamba host pools in the
@@ -27,11 +27,13 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from vradix import epochs
 from vradix.admission import stamp
 from vradix.state import attach
+from vradix.pd.layout import KvLayout, scope_of
 from vradix.testing.cache_fixture import seq
 from vradix.testing.reliability import wait_until
 
 CANONICAL, LIVE = 7.0, -3.0  # the cached prefix's state; the state the P->D transfer writes into the request's slot
 PREFIX = seq(10, 12)
+DECODE_SCOPE = scope_of(KvLayout("decode", 1, 1, 1, "bfloat16", False))
 WAIT_S = 60
 
 
@@ -72,7 +74,9 @@ def hybrid_cache(monkeypatch, store=None):
             cc.prefetch_capacity_limit = max(cc.prefetch_capacity_limit, cc.mem_pool_host.size)
             scope.callback(cc._stop_storage_threads)
         scope.callback(cache.release_host_resources)
-        yield Hybrid(cache, allocator, req_pool, attach(cache, with_ledger=False))
+        # the requests below are a P/D decode role's: its scope starts every namespace, and restore rules depend on
+        # the role
+        yield Hybrid(cache, allocator, req_pool, attach(cache, with_ledger=False, scope=DECODE_SCOPE))
 
 
 @pytest.fixture
@@ -231,13 +235,9 @@ def transfer_then_restore(hybrid, req, live):
 # request mamba CoW", copying the host state into `req.kv.mamba_pool_idx` whenever the request holds a slot. A decode
 # request holds one from its pre-allocation: the slot the P->D transfer writes. Decode queues its restore while the
 # transfer is in flight and gates the transfer's success on the restore (`HiCacheRestoreGatedKVReceiver`), so a
-# restore that runs after the state has landed copies the prefix's state over the prompt's.
-LIVE_OVERWRITTEN = pytest.mark.xfail(strict=True, reason=(
-    "SGLang 0.5.23: a restore's per-request Mamba CoW leg copies the cached prefix state into the decode request's "
-    "slot, over the live state the P->D transfer already wrote there"))
-
-
-@pytest.mark.parametrize("arrival", [restore_then_transfer, pytest.param(transfer_then_restore, marks=LIVE_OVERWRITTEN)],
+# restore that runs after the state has landed would copy the prefix's state over the prompt's; on a decode role
+# vradix builds the restore without that leg (`hooks.pd.restore_into_node_slots_only`). Both orders must hold.
+@pytest.mark.parametrize("arrival", [restore_then_transfer, transfer_then_restore],
                          ids=["restore-then-transfer", "transfer-then-restore"])
 def test_a_restored_prefix_state_lands_in_its_node_slot_and_the_live_state_stays(hybrid, arrival):
     """A prefix cached with a known state, backed up to host and evicted from device; a decode request whose own
@@ -256,6 +256,18 @@ def test_a_restored_prefix_state_lands_in_its_node_slot_and_the_live_state_stays
     finish(hybrid, req)
     assert hybrid.state_is(slot, CANONICAL)  # the finished request's state went to a node of its own
     assert drained(hybrid) == hybrid.totals
+
+
+def test_off_the_decode_role_a_restore_still_gives_the_request_its_prefix_state(hybrid):
+    """A request that computes its prompt itself (prefill, or an engine without P/D) continues from the restored
+    prefix state: there SGLang's per-request copy is what it needs, and the decode-only rule leaves it in place."""
+    hybrid.state.scope = None  # an engine without P/D (prefill's scope behaves the same)
+    node = hybrid.cache_prefix_on_host_only(PREFIX, CANONICAL)
+    req = hybrid.request(PREFIX + [99])
+    own = int(req.kv.mamba_pool_idx)
+    _, loaded, _ = transfer_then_restore(hybrid, req, own)
+    assert loaded == len(PREFIX) and hybrid.state_is(own, CANONICAL)
+    assert hybrid.state_is(hybrid.node_state_slot(node), CANONICAL)
 
 
 def test_a_request_crossing_a_publication_keeps_its_live_state_and_publishes_none_of_it(hybrid):

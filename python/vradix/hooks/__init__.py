@@ -83,6 +83,9 @@ HOOKS = [
     # a decode request whose prefix promise a publication revoked fails with the revocation's 503 (the revocation
     # itself runs in the bump: publication.bump_scheduler)
     ("sglang.srt.disaggregation.utils.prepare_abort", "AROUND", pd.keep_revocation_reason),
+    # hybrid P/D decode: a restore puts a prefix's cached recurrent state in its node's slot, never over the live
+    # state prefill sent into the request's slot
+    (f"{_URC}._load_back_transfers", "AROUND", pd.restore_into_node_slots_only),
     # overlap safety: nothing in flight while weights change
     (f"{_SCHED}.pause_generation", "BEFORE", publication.drain_before_in_place_pause),
     (f"{_SCHED}.process_batch_result", "AROUND", overlap.skip_drained_result),

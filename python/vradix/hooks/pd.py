@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 
 from vradix import identity, request
-from vradix.pd import bootstrap, handshake, restore_policy, revocation
+from vradix.pd import bootstrap, handshake, layout, restore_policy, revocation
+from vradix.state import state_of
 
 logger = logging.getLogger("vradix")
 
@@ -162,3 +163,18 @@ def keep_revocation_reason(original, req, error_message, status_code=None, *args
     if st is None or st.revoked is None:
         return original(req, error_message, status_code, *args, **kwargs)
     return original(req, st.revoked, status_code=revocation.STATUS)
+
+
+def restore_into_node_slots_only(original, cache, *args, req=None, **kwargs):
+    """AROUND UnifiedRadixCache._load_back_transfers: on a P/D decode role, a restore from the host tier (L2, or L3
+    via its prefetch) loads a prefix's cached recurrent state into its node's own slot only, never into the request's
+    slot. That slot holds the live state prefill sent for the whole prompt; SGLang's load-back also copies the node's
+    state there (the per-request CoW leg of `MambaComponent.build_hicache_transfers`), and decode's restore may run
+    after the transfer landed, so the copy would overwrite it. Both tree cores read `req` only for that leg, so the
+    restore builds its spec without it. Other roles (whose requests continue from the prefix state), and caches
+    without a Mamba component, are SGLang's. The role is the one vradix stamps namespaces with (`EpochState.scope`)."""
+    state = state_of(cache)
+    on_decode = state is not None and layout.role_of_scope(state.scope) == "decode"
+    if req is not None and on_decode and cache.supports_mamba():
+        req = None
+    return original(cache, *args, req=req, **kwargs)

@@ -87,6 +87,11 @@ def scope_of(layout: KvLayout) -> str:
             + (".mla" if layout.is_mla else ""))
 
 
+def role_of_scope(scope: Optional[str]) -> str:
+    """The role an engine's scope names (`unified` for a non-P/D engine, which stamps no scope)."""
+    return "unified" if scope is None else parse_scope(scope).role
+
+
 def parse_scope(scope: str) -> KvLayout:
     """The layout a scope string was built from. Raises IncompatibleLayoutError for a malformed scope."""
     m = _SCOPE_RE.match(scope)
