@@ -54,6 +54,7 @@ DRIVEN_BY = {
     "vradix.hooks.launcher.release_generation_after_session": "test_weight_sessions.py::test_a_session_without_buckets_bumps_once_and_an_explicit_pause_stays",
     "vradix.hooks.publication.publish_on_version_change": "test_e2e_server.py::test_lock_aware_flush_and_update_weight_version",
     "vradix.hooks.launcher.reject_bad_version_label": "test_fault_injection.py::test_bad_version_labels_are_refused_and_change_nothing",
+    "vradix.hooks.launcher.refuse_unversioned_paths_at_startup": "test_coverage.py::test_a_refused_flag_stops_the_launch",
     "vradix.hooks.pd.refuse_unsafe_restore_policy_at_startup": "test_pd_rules.py::test_a_decode_role_with_l3_starts_only_with_wait_complete",
     "vradix.hooks.pd.refuse_unmatchable_identity_at_startup": "test_pd_rules.py::test_a_pd_role_starts_only_with_an_identity_both_roles_share",
     "vradix.hooks.pd.reject_decode_request_without_bootstrap": "test_e2e_pd.py::test_decode_refuses_a_request_without_bootstrap_fields_and_keeps_serving",

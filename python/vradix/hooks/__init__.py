@@ -26,6 +26,8 @@ HOOKS = [
     # server flags (launcher process): --vradix-weight-identity
     ("sglang.srt.server_args.ServerArgs.add_cli_args", "AFTER", launcher.add_identity_flag),
     ("sglang.srt.server_args.prepare_server_args", "AROUND", launcher.export_identity_flag),
+    # the closed world: a flag that turns on a path vradix cannot version does not start (docs/coverage.md)
+    ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", launcher.refuse_unversioned_paths_at_startup),
     # P/D: a role whose L3 restore must finish (decode with L3, DCP) starts only with prefetch policy wait_complete,
     # and only with an identity mode both roles compute equally (not nonce)
     ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", pd.refuse_unsafe_restore_policy_at_startup),

@@ -7,13 +7,19 @@ import logging
 import os
 import typing
 
-from vradix import epochs, identity
+from vradix import epochs, identity, unversioned
 
 logger = logging.getLogger("vradix")
 
 
 class InvalidUpdateRequest(ValueError):
     """A weight-update request that would fail (or stop the engine) inside the scheduler."""
+
+
+def refuse_unversioned_paths_at_startup(_result, server_args, *args, **kwargs):
+    """AFTER ServerArgs.check_server_args (launcher, before any scheduler starts): a flag that turns on a path vradix
+    cannot version (`vradix.unversioned.REFUSALS`) stops the launch with UnversionedPathError naming the flag."""
+    unversioned.check(server_args)
 
 
 def reject_bad_version_label(tokenizer_manager, obj, *args, **kwargs):
