@@ -48,12 +48,15 @@ def start_turn(fx, state, session, tokens):
 
 def admit_turn(fx, req) -> None:
     """Lock and row as `PrefillAdder` + `alloc_for_extend` do (a borrowing turn runs on the slot's row), then prefill
-    the turn (its first row allocation hands the record to the session: `maybe_hand_to_session`) and checkpoint it."""
+    the turn (its first row allocation hands the record to the session: `maybe_hand_to_session`) and checkpoint it.
+    The admission is announced through the real `_commit_prefill_admission` AFTER hook (the cache inspector's count):
+    a borrowing turn stands on the slot's virtual node, which is no tree node."""
     if not borrows(fx, req):
         assert req.prefix_len == 0  # a turn without a slot here always finds its tree namespace empty
         req.kv.cache_protected_len = 0
-        req.lock = fx.cache.lock(req.last_node)
-        fx.req_pool.alloc([req])
+    req.lock = fx.cache.lock(req.last_node)  # None on a slot's virtual node: the slot holds the lock
+    fx._admitted(req)
+    fx.req_pool.alloc([req])
     req.extend_end = req.prefix_len
     fx.prefill(req, checkpoint=False)
     fx.cache.maybe_hand_to_session(req)
