@@ -40,7 +40,7 @@ def session_across_publication(server, new_model: str) -> dict:
     publish_in_place(server, new_model)
     out["t2"] = turn(server, sid, TURN2)
     out["t3"] = turn(server, sid, TURN3)
-    server._ok("/close_session", {"session_id": sid})
+    assert server.post("/close_session", {"session_id": sid}).status_code == 200
     return out
 
 
