@@ -31,6 +31,7 @@ DRIVEN_BY = {
     "vradix.hooks.admission.stamp_unstamped_on_queue": "test_fault_injection.py::test_a_request_for_a_missing_session_is_refused_and_the_engine_keeps_serving",
     "vradix.hooks.admission.rebind_before_match": "test_cache_level.py::test_lazy_rebind_at_match_covers_requests_the_bump_did_not_see",
     "vradix.hooks.admission.verify_match": "test_ledger.py::test_strict_guard_recomputes_a_corrupted_prefix",
+    "vradix.hooks.admission.release_stale_session_slot": "test_streaming_sessions.py::test_turn_running_across_a_publication_keeps_its_kv_and_its_slot_is_never_lent_again",
     "vradix.hooks.admission.verify_scheduling_pass": "test_verdict_cache.py::test_a_scheduling_pass_checks_its_matches_with_one_host_read",
     "vradix.hooks.admission.verify_load_back": "test_hicache_ledger.py::test_a_host_copy_of_an_older_epoch_is_not_loaded_for_a_newer_request",
     "vradix.hooks.admission.sample_verify_prefill_batch": "test_ledger.py::test_sample_guard_detects_a_corrupted_row_in_a_batch",

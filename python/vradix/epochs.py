@@ -4,15 +4,18 @@
 1. advance the epoch (and the label, when the publication names one) and bind the new epoch's weight identity
    (`identity`; a lock-aware flush keeps the weights and so the identity), which names its namespace;
 2. forget crossing requests whose lock was released by a path other than `release_kv_cache` (P/D decode, streaming
-   sessions unlock directly); then mark every live request that holds KV as *crossing*: it keeps its own KV and
-   continues, but never inserts into the tree (`skip_radix_cache_insert`), because its KV is now mixed-version; its
-   lock on stale nodes is remembered so those nodes are freed when it releases;
+   sessions unlock directly); settle the streaming-session slots (`sessions.settle_at_bump`: a slot no running turn
+   borrows is released through SGLang's own `release_session`, a borrowed one is remembered as stale and released
+   before its next lend, a queued turn gives back the record it borrowed); then mark every live request that holds
+   KV as *crossing*: it keeps its own KV and continues, but never inserts into the tree (`skip_radix_cache_insert`),
+   because its KV is now mixed-version; its lock on stale nodes is remembered so those nodes are freed when it
+   releases;
 3. re-bind every queued request that holds no KV to the new epoch;
-4. when no request holds KV and nothing is locked, drop the whole tree at once (`reclaim.free_all_by_reset`, what
-   stock `flush_cache` does; full-attention trees only, `reclaim.resettable`); otherwise leave the unlocked stale
-   nodes to the deferred reclaim (`reclaim_queue.defer`, O(1): they are freed in bounded slices per scheduler
-   iteration, on demand when SGLang evicts, and at idle), or, for a cache that cannot defer (HiCache host tier,
-   hybrid components), free them in one batched eviction (`reclaim.free_all_unlocked`);
+4. when no request holds KV, no session slot is left and nothing is locked, drop the whole tree at once
+   (`reclaim.free_all_by_reset`, what stock `flush_cache` does; full-attention trees only, `reclaim.resettable`);
+   otherwise leave the unlocked stale nodes to the deferred reclaim (`reclaim_queue.defer`, O(1): they are freed in
+   bounded slices per scheduler iteration, on demand when SGLang evicts, and at idle), or, for a cache that cannot
+   defer (HiCache host tier, hybrid components), free them in one batched eviction (`reclaim.free_all_unlocked`);
 5. with a HiCache host tier, free the stale host copies too (`host_tier`): transfers in flight are settled before 4,
    and every host copy nothing pins is evicted after it.
 Between 1 and 5 nothing can be inserted under the new epoch, so "evictable" is exactly "unlocked and stale".
@@ -24,7 +27,8 @@ from __future__ import annotations
 import time
 from typing import Iterable, Optional
 
-from vradix import admission, host_tier, identity as weight_identity, provenance, reclaim, reclaim_queue, request
+from vradix import (admission, host_tier, identity as weight_identity, provenance, reclaim, reclaim_queue, request,
+                    sessions)
 from vradix.state import EpochState, Invalidation
 
 #: longest accepted publication label (SGLang `weight_version`); labels travel in every response's meta_info
@@ -73,6 +77,8 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
     else:
         state.flushes += 1
     sweep_released_crossing(state)
+    live_reqs, queued_reqs = list(live_reqs), list(queued_reqs)
+    inv.session_slots_released = sessions.settle_at_bump(state, cache, live_reqs, queued_reqs)
     holders = 0
     for req in live_reqs:
         if admission.holds_kv(req):
@@ -83,7 +89,8 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
         inv.requeued_rebound += admission.rebind_if_unheld(state, req)
     host_before = host_tier.available(cache)
     host_tier.settle_transfers(cache)
-    if holders == 0 and cache.protected_size() == 0 and reclaim.resettable(cache):
+    # the reset drops session slots without freeing their rows: only once every slot was released above
+    if holders == 0 and not sessions.slots_of(cache) and cache.protected_size() == 0 and reclaim.resettable(cache):
         inv.tokens_freed = reclaim.free_all_by_reset(cache)
         reclaim_queue.cancel(state)
     elif reclaim_queue.supported(cache):

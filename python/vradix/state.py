@@ -36,6 +36,8 @@ class Invalidation:
     promises_revoked: int = 0
     #: entries dropped from SGLang's multimodal embedding cache (`mm_embeddings.clear_all`)
     mm_embeddings_cleared: int = 0
+    #: streaming-session slots no running turn borrowed, released by the bump (`vradix.sessions`)
+    session_slots_released: int = 0
     latency_ms: float = 0.0
     #: the global identity of the new epoch's weights, and the time spent establishing it (a fingerprint reads every
     #: weight; not part of `latency_ms`)
@@ -53,7 +55,9 @@ class Invalidation:
                 f"freed {self.tokens_freed} stale tokens{host}{deferred}, {self.tokens_pinned} stale tokens pinned by "
                 f"{self.crossing_requests} crossing request(s) ({self.crossing_mid_prefill} mid-prefill), "
                 f"{self.requeued_rebound} queued request(s) re-bound"
-                + (f", {self.promises_revoked} unfulfilled P/D promise(s) revoked" if self.promises_revoked else ""))
+                + (f", {self.promises_revoked} unfulfilled P/D promise(s) revoked" if self.promises_revoked else "")
+                + (f", {self.session_slots_released} streaming-session slot(s) released"
+                   if self.session_slots_released else ""))
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -129,6 +133,11 @@ class EpochState:
     prefix_hits: "cache_view.PrefixHits" = field(default_factory=lambda: cache_view.PrefixHits())
     #: weight_id -> HiCache L3 pages this process backed up under it (`hooks.storage.record_storage_backup`)
     storage_pages_backed_up: Dict[str, int] = field(default_factory=dict)
+    #: session id -> the streaming-session slot a turn was running on at the last bump (its record mixes epochs):
+    #: released before it could be lent again (`vradix.sessions`)
+    stale_session_slots: Dict[str, Any] = field(default_factory=dict)
+    #: streaming-session slots released because a publication made their record stale
+    session_slots_released: int = 0
 
     def bind_identity(self, epoch: int, ident: identity.WeightIdentity) -> str:
         """Record `ident` as epoch `epoch`'s identity and return its namespace prefix: the bare `weight_id` the
@@ -186,6 +195,7 @@ class EpochState:
                                             if self.last_publication else None),
             "last_invalidation": last.summary() if last else None,
             "forged_keys_rejected": self.forged_keys_rejected,
+            "session_slots_released": self.session_slots_released,
             "last_invalidation_detail": last.as_dict() if last else None,
             "last_publication": self.last_publication.as_dict() if self.last_publication else None,
             "lora_adapter_events": self.lora_events,

@@ -40,6 +40,9 @@ HOOKS = [
     (f"{_SCHED}._add_request_to_queue", "BEFORE", admission.stamp_unstamped_on_queue),
     (f"{_COMMON}.match_kv_cache", "BEFORE", admission.rebind_before_match),
     (f"{_COMMON}.match_kv_cache", "AROUND", admission.verify_match),
+    # streaming sessions: the slot record a turn kept across a publication is released, never lent to a later turn
+    ("sglang.srt.session.streaming_session.StreamingSession.try_match_prefix", "BEFORE",
+     admission.release_stale_session_slot),
     ("sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority", "AROUND", admission.verify_scheduling_pass),
     (f"{_URC}.init_load_back", "AROUND", admission.verify_load_back),
     ("sglang.srt.mem_cache.allocation.alloc_for_extend", "AFTER", admission.sample_verify_prefill_batch),

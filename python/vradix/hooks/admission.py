@@ -2,7 +2,7 @@
 what a load-back from the HiCache host pool adds to it)."""
 from __future__ import annotations
 
-from vradix import admission, guard, hicache_ledger, request
+from vradix import admission, guard, hicache_ledger, request, sessions
 from vradix.ledger import ledger_of
 from vradix.namespace import ReservedNamespaceError
 from vradix.state import state_of
@@ -36,6 +36,14 @@ def rebind_before_match(req, tree_cache, *args, **kwargs):
     state = state_of(tree_cache)
     if state is not None:
         admission.rebind_if_unheld(state, req)
+
+
+def release_stale_session_slot(session, params, *args, **kwargs):
+    """BEFORE StreamingSession.try_match_prefix: a slot whose record a turn kept across a publication is released
+    before it can be lent to the session's next turn, which then matches in its own namespace (`vradix.sessions`)."""
+    state = state_of(session.cache)
+    if state is not None and params.req is not None:
+        sessions.release_before_lend(state, session.cache, params.req)
 
 
 def verify_match(original, req, tree_cache, *args, **kwargs):
