@@ -84,7 +84,7 @@ DRIVEN_BY = {
     "vradix.hooks.inspector.count_prefix_hit": "test_e2e_provenance.py::test_cache_inspector_after_a_publication_and_refused_without_vradix",
     "vradix.hooks.inspector.add_cache_inspector_endpoint": "test_e2e_provenance.py::test_cache_inspector_after_a_publication_and_refused_without_vradix",
     "vradix.hooks.lora.remember_adapter_insert": "test_hooks.py::test_adapter_load_insert_and_unload_hooks",
-    "vradix.hooks.lora.count_adapter_load": "test_hooks.py::test_adapter_load_insert_and_unload_hooks",
+    "vradix.hooks.lora.identify_loaded_adapter": "test_hooks.py::test_adapter_load_insert_and_unload_hooks",
     "vradix.hooks.lora.free_unloaded_adapter": "test_hooks.py::test_adapter_load_insert_and_unload_hooks",
 }
 
@@ -130,8 +130,8 @@ def test_adapter_load_insert_and_unload_hooks(core, page_size):
     scheduler = fx.scheduler_view()
     P = list(range(700, 748))
     load = LoadLoRAAdapterReqInput(lora_name="X", lora_path="/nowhere", lora_id="X-1")
-    lora_hooks.count_adapter_load(LoRAUpdateOutput(success=True), scheduler, load)
-    lora_hooks.count_adapter_load(LoRAUpdateOutput(success=False, error_message="bad"), scheduler, load)
+    lora_hooks.identify_loaded_adapter(LoRAUpdateOutput(success=True), scheduler, load)
+    lora_hooks.identify_loaded_adapter(LoRAUpdateOutput(success=False, error_message="bad"), scheduler, load)
     assert state.lora_events == 1  # a failed load minted no namespace
     for lora_id, last in (("X-1", 1), ("X-1", 2), (None, 3)):
         r = fx.make_req(P + [last], lora_id=lora_id)
