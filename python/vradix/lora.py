@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import secrets
 from dataclasses import dataclass, field
 from typing import Optional
 
 from vradix import reclaim
 from vradix.state import EpochState
+
+logger = logging.getLogger("vradix")
 
 #: hashed first; bump it whenever what `content_identity` covers changes
 IDENTITY_VERSION = b"vradix-lora-adapter-identity-v1"
@@ -131,7 +134,12 @@ def identify_adapter(state: EpochState, scheduler, lora_id: Optional[str]) -> Op
     known = state.adapter_ids.get(lora_id)
     if known is None:
         adapter = loaded_adapter(scheduler, lora_id)
-        known = content_identity(adapter) if adapter is not None else unknown_adapter_identity()
+        if adapter is None:
+            known = unknown_adapter_identity()
+            logger.warning("vradix: no loaded adapter for lora_id %s in this scheduler: its requests get the "
+                           "process-local identity %s (no L3 reuse, and a P/D peer refuses their KV)", lora_id, known)
+        else:
+            known = content_identity(adapter)
         state.adapter_ids[lora_id] = known
     return known
 
