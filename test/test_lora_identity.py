@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang.srt.lora.lora_registry import LoRARef
+from sglang.srt.runtime_context import get_parallel
 
 from test_l3 import PROMPT, StorageScheduler, backend_hits, file_store_cache, start_prefetch, store_pages
 from vradix import identity, lora, namespace, reclaim, request
@@ -118,6 +119,23 @@ def test_the_adapter_tag_is_the_adapters_content_and_no_user_key_can_forge_it(tm
     with pytest.raises(ReservedNamespaceError):
         from vradix.admission import stamp
         stamp(state, forged)
+
+
+def test_a_lora_request_refused_for_a_forged_key_stays_out_of_the_base_namespace(tmp_path):
+    """A LoRA request whose user key forges the reserved marker is aborted, but bound without that key; it keeps its
+    adapter tag, so whatever SGLang computes for it with the adapter cannot land in the base model's namespace."""
+    path = generate_lora(str(tmp_path / "X"), seed=1)
+    fx = build_cache("rust", 1, kv_tokens=256)
+    state = attach(fx.cache, weight_identity=BASE, identity_mode="fingerprint")
+    sched = lora_scheduler(fx, {"X-1": load_lora_adapter(path, "X-1")})
+    req = fx.make_req([5, 6, 7], extra_key=namespace.namespace("fp:forged"), lora_id="X-1")
+    with get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):  # what SGLang's abort reads
+        stamp_request(None, sched, req)
+    assert req.to_finish is not None and state.forged_keys_rejected == 1  # SGLang aborts it after one token
+    base = fx.make_req([5, 6, 7])
+    stamp_request(None, sched, base)
+    assert req.extra_key != base.extra_key, "the refused LoRA request was bound to the base model's namespace"
+    assert namespace.adapter_tag(state.adapter_ids["X-1"]) in req.extra_key
 
 
 # ---- P/D: an adapter reloaded on one role before the other -------------------------------------------------------

@@ -28,9 +28,13 @@ def stamp(state: EpochState, req) -> None:
 
 
 def stamp_refused(state: EpochState, req) -> None:
-    """Bind a request whose user key was refused (it is being aborted) to the current epoch without that key."""
+    """Bind a request whose user key was refused (it is being aborted) to the current epoch without that key. A LoRA
+    request keeps its adapter tag: SGLang still prefills it (with the adapter) before the abort lands, so its KV must
+    stay out of the base model's namespace."""
     req.extra_key = None
-    _bind(state, req, request.attach(req, None, state.epoch))
+    st = request.attach(req, None, state.epoch)
+    st.adapter = lora.adapter_identity_of(state, getattr(req, "lora_id", None))
+    _bind(state, req, st)
 
 
 def holds_kv(req) -> bool:
