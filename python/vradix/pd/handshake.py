@@ -94,10 +94,7 @@ def mismatch(prefill: Optional[PrefillIdentity], decode_weight_id: str, rid: str
     elif prefill.mixed:
         why = f"prefill computed its KV across a publication (ending under weight_id {prefill.shown!r})"
     elif prefill.digest != digest(decode_weight_id, adapter_id):
-        with_adapter = ("with a LoRA adapter" if adapter_id is None else
-                        "with a LoRA adapter (its adapter content, or its weights, differ from decode's)") \
-            if prefill.adapter else "without a LoRA adapter"
-        why = f"prefill computed its KV under weight_id {prefill.shown!r} {with_adapter}"
+        why = f"prefill computed its KV under weight_id {prefill.shown!r}{adapter_side(prefill.adapter, adapter_id)}"
     else:
         return None
     hint = (" Both roles must name equal weights with the same id: run them with --vradix-weight-identity "
@@ -109,6 +106,15 @@ def mismatch(prefill: Optional[PrefillIdentity], decode_weight_id: str, rid: str
     decoded = "" if adapter_id is None else f" with LoRA adapter {adapter_id!r}"
     return (f"vradix P/D weight-identity mismatch for request {rid}: {why}, but decode serves it under weight_id "
             f"{decode_weight_id!r}{decoded}. Nothing was cached; retry once both roles serve the same weights.{hint}")
+
+
+def adapter_side(prefill_adapter: bool, decode_adapter_id: Optional[str]) -> str:
+    """How a mismatch message describes prefill's adapter ("" when neither role used one)."""
+    if not prefill_adapter:
+        return "" if decode_adapter_id is None else " without a LoRA adapter"
+    if decode_adapter_id is None:
+        return " with a LoRA adapter"
+    return " with a LoRA adapter (its adapter content, or its weights, differ from decode's)"
 
 
 def sent_weight_ids(kv_history: Sequence[Tuple], prompt_len: int) -> list:
