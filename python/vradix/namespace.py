@@ -15,8 +15,9 @@ lock-aware flush, which keeps the weights): inside one process every epoch has i
 carries a suffix still names the same weights. A LoRA request's key also carries its adapter's *content* identity
 (`vradix.lora.content_identity`, the adapter tag), right after the namespace: SGLang's `lora_id` is a per-load uuid4,
 or `uuid5(name, path)` for `--lora-paths` (equal across restarts even when the file at that path was retrained), so
-only the content tag keeps a retrained adapter's L3 pages apart from the old one's. On a P/D role the namespace also starts with the role's scope (role
-and KV layout, `vradix.pd.layout`), so the roles' L3 objects never mix, in any storage backend.
+only the content tag keeps a retrained adapter's L3 pages apart from the old one's. On a P/D role the namespace also
+starts with the role's scope (role and KV layout, `vradix.pd.layout`), so the roles' L3 objects never mix, in any
+storage backend.
 
 Invariants:
 - The prefix is the only place the marker `\x1evradix:` may appear; a user `extra_key` or `cache_salt` containing it

@@ -73,8 +73,9 @@ async def refuse_unsafe_restore_policy_at_attach(original, tokenizer_manager, hi
 
 def send_prefill_identity(_result, buffers, req, *args, **kwargs):
     """AFTER MetadataBuffers.set_buf (prefill, last chunk): write the identity of the request's KV (the weight_ids
-    of its provenance history over the prompt, and its adapter's content identity) into bytes 8..63 of its `bootstrap_room` row, which the transfer engine moves to decode
-    with the KV. A request vradix never admitted writes nothing (decode then refuses it)."""
+    of its provenance history over the prompt, and its adapter's content identity) into bytes 8..63 of its
+    `bootstrap_room` row, which the transfer engine moves to decode with the KV. A request vradix never admitted
+    writes nothing (decode then refuses it)."""
     st = request.of(req)
     if st is None or not st.kv_history:
         return
@@ -88,8 +89,9 @@ def send_prefill_identity(_result, buffers, req, *args, **kwargs):
 def check_prefill_identity(original, queue, decode_req, *args, **kwargs):
     """AROUND DecodeTransferQueue._commit_transfer_to_req (decode, the transfer succeeded): when prefill's identity
     differs from the one the decode request is bound to (its first provenance entry: the namespace decode matched
-    and promised its prefix in, with the content identity of decode's adapter for a LoRA request), fail the request with HTTP 503 instead of committing; SGLang's own abort path then
-    streams the error and releases the KV without inserting it. A metadata row whose room does not match is left to
+    and promised its prefix in, with the content identity of decode's adapter for a LoRA request), fail the request
+    with HTTP 503 instead of committing; SGLang's own abort path then streams the error and releases the KV without
+    inserting it. A metadata row whose room does not match is left to
     SGLang's own corruption check. An accepted handoff is recorded for the response's provenance (`pd_spans`)."""
     import torch
     from sglang.srt.disaggregation.utils import _is_fake_transfer, prepare_abort
