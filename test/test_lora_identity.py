@@ -98,20 +98,24 @@ def test_a_retrained_adapter_at_the_same_path_never_reads_the_old_adapters_l3_pa
 
 def test_the_adapter_tag_is_the_adapters_content_and_no_user_key_can_forge_it(tmp_path):
     """Within a process, a request's tag is its adapter's content identity: equal files under two lora_ids (two
-    loads) get one identity, a retrained file another; an adapter vradix was never shown gets a nonce (never shared
+    loads) get one identity, a changed config (alpha) or a retrained file another; an adapter vradix was never shown gets a nonce (never shared
     across processes). A base-model request whose user key spells a LoRA key is refused."""
     path = generate_lora(str(tmp_path / "X"), seed=1)
     fx = build_cache("rust", 1, kv_tokens=256)
     state = attach(fx.cache, weight_identity=BASE, identity_mode="fingerprint")
     one, two, unknown = uuid.uuid4().hex, uuid.uuid4().hex, uuid.uuid4().hex
     loras = {one: load_lora_adapter(path, one), two: load_lora_adapter(path, two)}
+    generate_lora(path, seed=1, alpha=16)  # the same tensors, another scaling
+    rescaled = uuid.uuid4().hex
+    loras[rescaled] = load_lora_adapter(path, rescaled)
     generate_lora(path, seed=2)
     retrained = uuid.uuid4().hex
     loras[retrained] = load_lora_adapter(path, retrained)
     sched = lora_scheduler(fx, loras)
-    reqs = {lid: admitted(fx, sched, [5, 6, 7], lid) for lid in (one, two, retrained, unknown)}
+    reqs = {lid: admitted(fx, sched, [5, 6, 7], lid) for lid in (one, two, rescaled, retrained, unknown)}
     ids = {lid: request.of(r).adapter for lid, r in reqs.items()}
-    assert ids[one] == ids[two] == lora.content_identity(loras[one]) != ids[retrained]
+    assert ids[one] == ids[two] == lora.content_identity(loras[one])
+    assert len({ids[one], ids[rescaled], ids[retrained]}) == 3
     assert ids[unknown].startswith("lora-nonce:")
     tag = namespace.adapter_tag(ids[one])
     assert reqs[one].extra_key == state.prefix_of_epoch(0) + tag + one

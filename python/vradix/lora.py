@@ -104,19 +104,29 @@ def _alive(cache, node_id) -> bool:
 # ---- adapter identity (beyond one process) ----------------------------------------------------------------------
 def content_identity(adapter) -> str:
     """The content identity of a loaded SGLang `LoRAAdapter`: its per-layer, embedding and added-token tensors (as
-    SGLang holds them after loading and normalising) and its config (rank, alpha, targets, added tokens). Equal
-    adapter files give equal identities; a change to any tensor byte or config value changes it."""
-    from vradix.kernels.fingerprint import fingerprint_named_tensors
+    SGLang holds them, on CPU, after loading and normalising) and its config (rank, alpha, targets, added tokens).
+    Equal adapter files give equal identities; a change to any tensor byte, name, dtype or shape, or to any config
+    value, changes it (a cryptographic hash over all of them, not the weight fingerprint's GPU digest: the adapter is
+    on the host already)."""
+    import torch
 
     tensors = [(f"layer.{name}", t) for layer in adapter.layers for name, t in layer.weights.items()]
     tensors += [(f"embedding.{name}", t) for name, t in adapter.embedding_layers.items()]
     tensors += [(f"added.{name}", t) for name, t in adapter.added_tokens_embeddings.items()]
     config = json.dumps({"hf_config": adapter.config.hf_config, "added_tokens": adapter.config.added_tokens_config},
                         sort_keys=True, default=str)
-    h = hashlib.sha256(IDENTITY_VERSION)
-    h.update(fingerprint_named_tensors(tensors).encode())
-    h.update(config.encode())
-    return f"lora:{h.hexdigest()[:32]}"
+    h = hashlib.blake2b(IDENTITY_VERSION, digest_size=16)
+    _update_with_record(h, config.encode())
+    for name, t in sorted(tensors, key=lambda e: e[0]):
+        _update_with_record(h, f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        _update_with_record(h, t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return f"lora:{h.hexdigest()}"
+
+
+def _update_with_record(h, data) -> None:
+    """Length-prefixed, so no two sequences of records hash alike by shifting a boundary."""
+    h.update(len(memoryview(data).cast("B")).to_bytes(8, "little"))
+    h.update(data)
 
 
 def loaded_adapter(scheduler, lora_id: str):
