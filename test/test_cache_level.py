@@ -220,7 +220,10 @@ def test_user_extra_key_and_lora_isolation_unchanged(env):
     assert run_to_end(fx, state, P + [6], lora_id="adapter-1") == 32
     assert run_to_end(fx, state, P + [7], lora_id="adapter-2") == 0
     r = new_req(fx, state, P, extra_key="tenantA", lora_id="adapter-1")
-    assert r.extra_key == state.prefix_of_epoch(state.epoch) + "tenantAadapter-1"  # epoch prefix, LoRA id stays the suffix
+    # epoch prefix, then the adapter's content tag (a process-local nonce here: no adapter was loaded for this
+    # lora_id), and the LoRA id stays the suffix
+    tag = namespace.adapter_tag(state.adapter_ids["adapter-1"])
+    assert r.extra_key == state.prefix_of_epoch(state.epoch) + tag + "tenantAadapter-1"
     check(fx)
 
 

@@ -8,15 +8,18 @@ UnifiedRadixCache with real `LoadLoRAAdapterReqInput` / `UnloadLoRAAdapterReqInp
 import ast
 import pathlib
 import sys
+import types
 
 import pytest
 from sglang.srt.managers.io_struct import LoadLoRAAdapterReqInput, LoRAUpdateOutput, UnloadLoRAAdapterReqInput
 
+from vradix import lora
 from vradix.admission import stamp
 from vradix.hooks import HOOKS
 from vradix.hooks import lora as lora_hooks
 from vradix.state import attach
 from vradix.testing.cache_fixture import build_cache
+from vradix.testing.tiny_model import generate_lora, load_lora_adapter
 
 TEST_DIR = pathlib.Path(__file__).parent
 
@@ -86,7 +89,7 @@ DRIVEN_BY = {
     "vradix.hooks.inspector.count_prefix_hit": "test_e2e_provenance.py::test_cache_inspector_after_a_publication_and_refused_without_vradix",
     "vradix.hooks.inspector.add_cache_inspector_endpoint": "test_e2e_provenance.py::test_cache_inspector_after_a_publication_and_refused_without_vradix",
     "vradix.hooks.lora.remember_adapter_insert": "test_hooks.py::test_adapter_load_insert_and_unload_hooks",
-    "vradix.hooks.lora.count_adapter_load": "test_hooks.py::test_adapter_load_insert_and_unload_hooks",
+    "vradix.hooks.lora.identify_loaded_adapter": "test_hooks.py::test_adapter_load_insert_and_unload_hooks",
     "vradix.hooks.lora.free_unloaded_adapter": "test_hooks.py::test_adapter_load_insert_and_unload_hooks",
 }
 
@@ -126,15 +129,20 @@ def test_every_hook_is_driven_by_a_named_test():
 
 # ---- LoRA hooks, through their real functions ------------------------------------------------------------------------
 @pytest.mark.parametrize("core,page_size", [("rust", 1), ("python", 16)])
-def test_adapter_load_insert_and_unload_hooks(core, page_size):
+def test_adapter_load_insert_and_unload_hooks(core, page_size, tmp_path):
     fx = build_cache(core, page_size, kv_tokens=2048)
     state = attach(fx.cache)
     scheduler = fx.scheduler_view()
+    path = generate_lora(str(tmp_path / "X"), seed=1)
+    adapter = load_lora_adapter(path, "X-1")  # SGLang's own LoRAAdapter, where its scheduler holds it
+    scheduler.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(
+        lora_manager=types.SimpleNamespace(loras={"X-1": adapter})))
     P = list(range(700, 748))
-    load = LoadLoRAAdapterReqInput(lora_name="X", lora_path="/nowhere", lora_id="X-1")
-    lora_hooks.count_adapter_load(LoRAUpdateOutput(success=True), scheduler, load)
-    lora_hooks.count_adapter_load(LoRAUpdateOutput(success=False, error_message="bad"), scheduler, load)
-    assert state.lora_events == 1  # a failed load minted no namespace
+    load = LoadLoRAAdapterReqInput(lora_name="X", lora_path=path, lora_id="X-1")
+    lora_hooks.identify_loaded_adapter(LoRAUpdateOutput(success=False, error_message="bad"), scheduler, load)
+    assert state.lora_events == 0 and not state.adapter_ids  # a failed load minted no namespace
+    lora_hooks.identify_loaded_adapter(LoRAUpdateOutput(success=True), scheduler, load)
+    assert state.lora_events == 1 and state.adapter_ids == {"X-1": lora.content_identity(adapter)}
     for lora_id, last in (("X-1", 1), ("X-1", 2), (None, 3)):
         r = fx.make_req(P + [last], lora_id=lora_id)
         stamp(state, r)
@@ -147,7 +155,7 @@ def test_adapter_load_insert_and_unload_hooks(core, page_size):
     lora_hooks.free_unloaded_adapter(LoRAUpdateOutput(success=False), scheduler, unload)
     assert fx.cache.evictable_size() == cached  # a failed unload frees nothing
     lora_hooks.free_unloaded_adapter(LoRAUpdateOutput(success=True), scheduler, unload)
-    assert state.lora_events == 2 and "X-1" not in state.adapter_nodes
+    assert state.lora_events == 2 and "X-1" not in state.adapter_nodes and "X-1" not in state.adapter_ids
     assert 0 < state.lora_tokens_freed == cached - fx.cache.evictable_size()
     base = fx.make_req(P + [4])
     stamp(state, base)

@@ -1,8 +1,9 @@
 """Step 1 — admission: bind every request to the engine's current epoch.
 
 Invariants:
-- After `stamp`, the request carries a `request.ReqState`, `req.extra_key == namespace(its epoch) + user key`, and
-  the request can only match KV of that epoch.
+- After `stamp`, the request carries a `request.ReqState`, `req.extra_key == namespace(its epoch) + adapter tag +
+  user key`, and the request can only match KV of that epoch (and, for a LoRA request, of that adapter content:
+  the tag names `ReqState.adapter`, fixed at admission as the request's `lora_id` is).
 - A request that holds no KV (no row, no tree lock) is re-bound to the current epoch before any match
   (`rebind_if_unheld`): a request queued across a publication is prefilled under the new weights' namespace.
 - A request that holds KV is never re-bound: its row points at slots of its own epoch (it is a crossing request).
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from vradix import namespace, provenance, request
+from vradix import lora, namespace, provenance, request
 from vradix.state import EpochState
 
 
@@ -21,13 +22,19 @@ def stamp(state: EpochState, req) -> None:
     user_key = req.extra_key
     namespace.check_user_key(user_key)
     namespace.check_user_key(getattr(req, "cache_salt", None))
-    _bind(state, req, request.attach(req, user_key, state.epoch))
+    st = request.attach(req, user_key, state.epoch)
+    st.adapter = lora.adapter_identity_of(state, getattr(req, "lora_id", None))
+    _bind(state, req, st)
 
 
 def stamp_refused(state: EpochState, req) -> None:
-    """Bind a request whose user key was refused (it is being aborted) to the current epoch without that key."""
+    """Bind a request whose user key was refused (it is being aborted) to the current epoch without that key. A LoRA
+    request keeps its adapter tag: SGLang still prefills it (with the adapter) before the abort lands, so its KV must
+    stay out of the base model's namespace."""
     req.extra_key = None
-    _bind(state, req, request.attach(req, None, state.epoch))
+    st = request.attach(req, None, state.epoch)
+    st.adapter = lora.adapter_identity_of(state, getattr(req, "lora_id", None))
+    _bind(state, req, st)
 
 
 def holds_kv(req) -> bool:
@@ -50,4 +57,4 @@ def _bind(state: EpochState, req, st: request.ReqState) -> None:
     provenance.record_bind(st, state)
     if os.environ.get("VRADIX_FAULT_NO_NAMESPACE") == "1":
         return  # test-only fault: the namespace is lost, so only the KV page ledger's guard stands between
-    req.extra_key = namespace.stamped(state.prefix_of_epoch(state.epoch), st.user_key)
+    req.extra_key = namespace.stamped(state.prefix_of_epoch(state.epoch), st.user_key, st.adapter)

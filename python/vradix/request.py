@@ -34,6 +34,9 @@ class ReqState:
     epoch: int
     kv_history: List[HistoryEntry] = field(default_factory=list)
     crossed: bool = False
+    #: a LoRA request's adapter content identity (`vradix.lora`), None for the base model: its namespace carries it,
+    #: and on P/D it is compared along with the weight_id
+    adapter: Optional[str] = None
     skip_insert_before: bool = False
     #: the KV page ledger's spans of a crossing request's row, read just before its release
     ledger_spans: Optional[list] = None

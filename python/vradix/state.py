@@ -110,6 +110,9 @@ class EpochState:
     #: lora_id -> `lora.AdapterNodes`, the tree nodes its requests inserted (freed when the adapter is unloaded)
     adapter_nodes: Dict[str, Any] = field(default_factory=dict)
     lora_tokens_freed: int = 0
+    #: lora_id -> the content identity of the adapter loaded under it (`vradix.lora.identify_adapter`), which every
+    #: LoRA request's namespace and P/D handshake carry
+    adapter_ids: Dict[str, str] = field(default_factory=dict)
     #: `report.Metrics` when SGLang runs with --enable-metrics, else None
     metrics: Any = None
     #: how each epoch's weight identity is chosen (`vradix.identity.MODES`)

@@ -127,10 +127,11 @@ HOOKS = [
      report.remember_flush_message),
     ("sglang.srt.entrypoints.http_server.launch_server", "BEFORE", report.add_flush_report_middleware),
     ("sglang.srt.entrypoints.http_server.launch_server", "BEFORE", inspector.add_cache_inspector_endpoint),
-    # 6. LoRA-scoped invalidation: an adapter's entries are freed when it is unloaded
+    # 6. LoRA: an adapter is identified by its content at load (its requests' namespaces and P/D handshake carry
+    # that identity beyond the process), and its entries are freed when it is unloaded
     ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint_into_tree", "AFTER",
      lora.remember_adapter_insert),
-    (f"{_SCHED}.load_lora_adapter", "AFTER", lora.count_adapter_load),
-    (f"{_SCHED}.load_lora_adapter_from_tensors", "AFTER", lora.count_adapter_load),
+    (f"{_SCHED}.load_lora_adapter", "AFTER", lora.identify_loaded_adapter),
+    (f"{_SCHED}.load_lora_adapter_from_tensors", "AFTER", lora.identify_loaded_adapter),
     (f"{_SCHED}.unload_lora_adapter", "AFTER", lora.free_unloaded_adapter),
 ]

@@ -2,17 +2,19 @@
 what a load-back from the HiCache host pool adds to it)."""
 from __future__ import annotations
 
-from vradix import admission, guard, hicache_ledger, request, sessions
+from vradix import admission, guard, hicache_ledger, lora, request, sessions
 from vradix.ledger import ledger_of
 from vradix.namespace import ReservedNamespaceError
 from vradix.state import state_of
 
 
 def stamp_request(_result, scheduler, req, *args, **kwargs):
-    """AFTER Scheduler._maybe_namespace_elastic_radix_cache: bind the request to the current epoch."""
+    """AFTER Scheduler._maybe_namespace_elastic_radix_cache: bind the request to the current epoch (a LoRA request
+    also to its adapter's content identity, read from the adapter this scheduler loaded for its `lora_id`)."""
     state = state_of(scheduler.tree_cache)
     if state is None:
         return
+    lora.identify_adapter(state, scheduler, getattr(req, "lora_id", None))
     try:
         admission.stamp(state, req)
     except ReservedNamespaceError as e:

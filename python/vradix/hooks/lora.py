@@ -1,4 +1,5 @@
-"""LoRA hooks (scheduler process): an adapter's cached entries are freed when it is unloaded (`vradix.lora`)."""
+"""LoRA hooks (scheduler process): an adapter is identified by its content when it is loaded, and its cached
+entries are freed when it is unloaded (`vradix.lora`)."""
 from __future__ import annotations
 
 import logging
@@ -16,13 +17,16 @@ def remember_adapter_insert(_result, cache, req, *args, **kwargs):
         lora.remember_adapter_node(state, cache, req)
 
 
-def count_adapter_load(result, scheduler, recv_req, *args, **kwargs):
-    """AFTER Scheduler.load_lora_adapter(_from_tensors): a load mints a new lora_id, i.e. a fresh namespace."""
+def identify_loaded_adapter(result, scheduler, recv_req, *args, **kwargs):
+    """AFTER Scheduler.load_lora_adapter(_from_tensors): a load mints a new lora_id, i.e. a fresh namespace; its
+    content identity, which the namespace and the P/D handshake carry beyond this process, is computed from the
+    tensors just loaded."""
     state = state_of(scheduler.tree_cache)
     if state is not None and result.success:
         state.lora_events += 1
-        logger.info("vradix: adapter %r loaded as lora_id %s: its requests match only KV of this load",
-                    recv_req.lora_name, recv_req.lora_id)
+        adapter_id = lora.reidentify_loaded_adapter(state, scheduler, recv_req.lora_id)
+        logger.info("vradix: adapter %r loaded as lora_id %s, content identity %s: its requests match only KV of "
+                    "this content", recv_req.lora_name, recv_req.lora_id, adapter_id)
 
 
 def free_unloaded_adapter(result, scheduler, recv_req, *args, **kwargs):
@@ -31,6 +35,7 @@ def free_unloaded_adapter(result, scheduler, recv_req, *args, **kwargs):
     if state is None or not result.success:
         return
     state.lora_events += 1
+    lora.forget_adapter(state, recv_req.lora_id)
     freed = lora.free_adapter_entries(state, scheduler.tree_cache, recv_req.lora_id)
     state.lora_tokens_freed += freed
     logger.info("vradix: adapter %r (lora_id %s) unloaded: freed %d of its cached tokens; other namespaces untouched",

@@ -73,14 +73,15 @@ async def refuse_unsafe_restore_policy_at_attach(original, tokenizer_manager, hi
 
 def send_prefill_identity(_result, buffers, req, *args, **kwargs):
     """AFTER MetadataBuffers.set_buf (prefill, last chunk): write the identity of the request's KV (the weight_ids
-    of its provenance history over the prompt) into bytes 8..63 of its `bootstrap_room` row, which the transfer engine moves to decode
-    with the KV. A request vradix never admitted writes nothing (decode then refuses it)."""
+    of its provenance history over the prompt, and its adapter's content identity) into bytes 8..63 of its
+    `bootstrap_room` row, which the transfer engine moves to decode with the KV. A request vradix never admitted
+    writes nothing (decode then refuses it)."""
     st = request.of(req)
     if st is None or not st.kv_history:
         return
     import torch
 
-    raw = handshake.encode(handshake.sent_weight_ids(st.kv_history, len(req.origin_input_ids)))
+    raw = handshake.encode(handshake.sent_weight_ids(st.kv_history, len(req.origin_input_ids)), st.adapter)
     row = buffers.bootstrap_room[req.metadata_buffer_index].view(torch.uint8)
     row[8:] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
@@ -88,8 +89,9 @@ def send_prefill_identity(_result, buffers, req, *args, **kwargs):
 def check_prefill_identity(original, queue, decode_req, *args, **kwargs):
     """AROUND DecodeTransferQueue._commit_transfer_to_req (decode, the transfer succeeded): when prefill's identity
     differs from the one the decode request is bound to (its first provenance entry: the namespace decode matched
-    and promised its prefix in), fail the request with HTTP 503 instead of committing; SGLang's own abort path then
-    streams the error and releases the KV without inserting it. A metadata row whose room does not match is left to
+    and promised its prefix in, with the content identity of decode's adapter for a LoRA request), fail the request
+    with HTTP 503 instead of committing; SGLang's own abort path then streams the error and releases the KV without
+    inserting it. A metadata row whose room does not match is left to
     SGLang's own corruption check. An accepted handoff is recorded for the response's provenance (`pd_spans`)."""
     import torch
     from sglang.srt.disaggregation.utils import _is_fake_transfer, prepare_abort
@@ -101,7 +103,7 @@ def check_prefill_identity(original, queue, decode_req, *args, **kwargs):
     if st is None or not st.kv_history or _is_fake_transfer(req) or int(row[0].item()) != int(req.bootstrap_room or 0):
         return original(queue, decode_req, *args, **kwargs)
     prefill = handshake.decode(row.view(torch.uint8)[8:].numpy().tobytes())
-    error = handshake.mismatch(prefill, st.kv_history[0][3], req.rid)
+    error = handshake.mismatch(prefill, st.kv_history[0][3], req.rid, st.adapter)
     if error is None:
         match = getattr(decode_req, "prefix_match", None)
         st.pd_handoff = (match.decode_prefix_len if match is not None else 0, st.kv_history[0][3])

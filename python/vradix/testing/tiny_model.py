@@ -33,6 +33,48 @@ def generate(out: str, seed: int, dtype: str = "bfloat16", init_range: float = 0
     return out
 
 
+#: the modules a tiny LoRA adapter targets, with their (in, out) features in the tiny model
+LORA_TARGETS = {"q_proj": (64, 64), "v_proj": (64, 32)}
+
+
+def generate_lora(out: str, seed: int, rank: int = 4, alpha: int = 8, scale: float = 0.1) -> str:
+    """Write a PEFT LoRA adapter for the tiny model (`adapter_config.json` + `adapter_model.safetensors`, float32,
+    q_proj and v_proj of both layers). Different seeds give different adapters of the same shape: writing another
+    seed into the same directory is "retraining the adapter at the same path"."""
+    import torch
+    from safetensors.torch import save_file
+
+    os.makedirs(out, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(2):
+        for module, (fan_in, fan_out) in LORA_TARGETS.items():
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fan_in, generator=g) * scale
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, rank, generator=g) * scale
+    save_file(tensors, os.path.join(out, "adapter_model.safetensors"))
+    with open(os.path.join(out, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": sorted(LORA_TARGETS),
+                   "task_type": "CAUSAL_LM", "bias": "none", "base_model_name_or_path": "vradix-tiny-llama"}, f)
+    return out
+
+
+def load_lora_adapter(path: str, lora_id: str):
+    """SGLang's own `LoRAAdapter` for the adapter at `path`, loaded as SGLang's LoRA manager loads one (config, then
+    weights through its model loader, normalised), on CPU, for the tiny model's architecture. Needs SGLang's global
+    server args set (as the cache fixtures do)."""
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.lora.lora import LoRAAdapter
+    from sglang.srt.lora.lora_config import LoRAConfig
+    from transformers import LlamaConfig
+
+    base = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2)
+    adapter = LoRAAdapter(lora_id, LoRAConfig(path, base_vocab_size=VOCAB), base, LoadConfig(), None)
+    adapter.initialize_weights()
+    return adapter
+
+
 def save_tokenizer(out: str) -> None:
     """The word-level tokenizer of the tiny models: token i is the word "t<i>"."""
     from tokenizers import Tokenizer, models, pre_tokenizers
