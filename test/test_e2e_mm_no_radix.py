@@ -5,12 +5,13 @@ A and B (`vradix.testing.tiny_vl_model`) share the language model and differ in 
 prompt and image an answer is B's exactly when the embedding was computed by B's tower. Two servers start together,
 both with the radix cache off: a stock one on B (its first answer is the fresh-B oracle) and a vradix one on A (its
 first answer is the fresh-A oracle). The stock server, published to A, still answers B's answer (the bug); the
-vradix server, published to B, answers the fresh-B oracle, and published to A again, the fresh-A one.
+vradix server, published to B, answers the fresh-B oracle, and published to A again, the fresh-A one. An
+encoder-only (EPD) launch does not start with vradix active.
 """
 import pytest
 
 from vradix.testing import vlm_aids
-from vradix.testing.server import CpuServer, start_servers
+from vradix.testing.server import CpuServer, ServerDied, start_servers
 from vradix.testing.tiny_vl_model import IMAGE_PROMPT, generate, write_image
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -62,3 +63,12 @@ def test_without_radix_cache_a_publication_recomputes_image_embeddings(vl_models
     finally:
         stock_on_b.stop()
         vradix_on_a.stop()
+
+
+def test_an_encoder_only_launch_does_not_start(vl_models):
+    """`--encoder-only` skips `check_server_args`: the real launch reaches the encoder server, which vradix stops
+    before it builds its encoder (the in-process check is `test_weight_derived.py`)."""
+    with pytest.raises(ServerDied) as e:
+        CpuServer(vl_models[0], extra_args=["--encoder-only"], skip_tokenizer_init=False, env=vlm_aids.server_env(),
+                  startup_timeout=200)
+    assert "vradix refuses --encoder-only" in str(e.value) and "without encoder disaggregation" in str(e.value)
