@@ -18,8 +18,10 @@ _URC = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
 _HICACHE_CTRL = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller.HybridCacheController"
 _HOST_POOL = "sglang.srt.mem_cache.pool_host.base.HostKVCache"
 
-#: modules whose hooks are installed when the module is first imported: each imports an optional dependency (Ray)
-DEFERRED_MODULES = ("sglang.srt.ray.scheduler_actor",)
+#: modules whose hooks are installed when the module is first imported: each imports an optional dependency (Ray),
+#: or model code that only a multimodal server can import (the EPD encoder server: its imports bind `sgl_kernel` CPU
+#: ops at import time, which the CPU engine of a text model does not register)
+DEFERRED_MODULES = ("sglang.srt.ray.scheduler_actor", "sglang.srt.disaggregation.encoder.server")
 
 #: (target, hook type, hook) — the complete list of places vradix attaches, in data-path order.
 HOOKS = [
