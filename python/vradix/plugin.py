@@ -16,9 +16,8 @@ at interpreter start by `vradix-plugin-check.pth` (see `warn_if_excluded`), sinc
 A hook whose target module imports an optional dependency (`vradix.hooks.DEFERRED_MODULES`: the EPD encoder
 server, SGLang's Ray scheduler actor) is installed, and checked the same way, when that module is first imported
 (`_AfterImport`); a failure there raises `VradixInstallError` out of that import. SGLang's Ray scheduler actor never
-calls `load_plugins()`: its worker
-process runs `load_in_ray_scheduler_worker` instead (Ray's `worker_process_setup_hook`, set by
-`vradix.hooks.ray_actor`), which refuses to let the actor start unless vradix installed there.
+calls `load_plugins()`: its worker process runs `load_in_ray_scheduler_worker` instead (Ray's
+`worker_process_setup_hook`, set by `vradix.hooks.ray_actor`), which refuses to let the actor start unless vradix installed there.
 """
 from __future__ import annotations
 
