@@ -303,13 +303,14 @@ def refuse_tensor_update_before_load(updater, recv_req):
 def fail_ipc_update_on_post_hook_failure(original, weight_updater, recv_req, *args, **kwargs):
     """AROUND the model runner's WeightUpdater.update_weights_from_ipc: SGLang's IPC post-hook logs its own failure
     as a warning and the update reports success; such a call returns failure instead (`vradix.post_load`), so the
-    scheduler does not record its label and vradix does not publish it."""
+    scheduler does not record its label and the update is not a publication of it (having touched the weights, it
+    bumps once, conservatively, as every failed update that may have touched weights)."""
     with post_load.PostHookFailures() as failures:
         success, message = original(weight_updater, recv_req, *args, **kwargs)
     if success and failures.failures:
         return False, (f"vradix: update_weights_from_ipc failed: the weights were loaded but SGLang's post-load step "
-                       f"failed ({failures.failures[0]}), so derived weights may be those of the old weights; not "
-                       "published. Fix the cause and update again")
+                       f"failed ({failures.failures[0]}), so derived weights may be those of the old weights; its "
+                       "label is not applied. Fix the cause and update again")
     return success, message
 
 
