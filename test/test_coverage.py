@@ -18,13 +18,12 @@ from vradix import unversioned
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 COVERAGE = ROOT / "docs" / "coverage.md"
-VERDICTS = ("versioned", "refused at launch", "refused at engine start", "no stale reuse", "stock changed", "open")
-NEEDS_TEST = ("versioned", "refused at launch", "refused at engine start", "stock changed")
+VERDICTS = ("versioned", "refused at launch", "refused at engine start", "refused at update", "no stale reuse",
+            "stock changed", "open")
+NEEDS_TEST = ("versioned", "refused at launch", "refused at engine start", "refused at update", "stock changed")
 
 #: rows not closed yet; shrink it as they close (docs/coverage.md "Open")
-KNOWN_OPEN = {"streaming-session", "session-reset-leak", "mm-embeddings-radix-off", "epd-store",
-              "lora-across-processes", "pd-retraction-backup", "pd-decode-offload", "mla-derived", "vit-pos-emb",
-              "ipc-post-hook"}
+KNOWN_OPEN = {"pd-retraction-backup", "pd-decode-offload"}
 
 #: launch flags, besides the refused one, that SGLang's own checks need before vradix's check runs
 LAUNCH_CONTEXT = {
@@ -32,6 +31,8 @@ LAUNCH_CONTEXT = {
                        "--vradix-weight-identity", "fingerprint"],
     "spec-relaxed-accept": ["--speculative-algorithm", "NGRAM"],
 }
+#: rows whose flag SGLang accepts only for a vision-language model
+NEEDS_VL_MODEL = {"epd-encoder", "epd-language", "epd-global-store"}
 #: the value a refused flag is given at launch (a bare flag is a switch)
 FLAG_VALUE = {"radix-backend": ["foo"], "spec-relaxed-accept": ["0.5"]}
 
@@ -46,6 +47,12 @@ def rows() -> list[dict]:
         assert len(cells) == len(header), f"malformed row: {ln[:80]}"
         out.append(dict(zip(header, cells)))
     return out
+
+
+@pytest.fixture(scope="module")
+def vl_model(tmp_path_factory):
+    from vradix.testing.tiny_vl_model import generate
+    return generate(str(tmp_path_factory.mktemp("vl") / "A"), seed=1)
 
 
 ROWS = rows()
@@ -91,17 +98,20 @@ def flag_of(row_id: str) -> str:
 
 
 def test_every_refusal_has_its_row():
+    from vradix import epd
     flags = {flag_of(i) for i in refused_at_launch()}
-    assert {r.flag.split("/")[0].split()[0] for r in unversioned.REFUSALS} <= flags
+    refused = {r.flag.split("/")[0].split()[0] for r in unversioned.REFUSALS} | {f for _, f in epd.EPD_FLAGS}
+    assert refused <= flags
 
 
 @pytest.mark.parametrize("row_id", refused_at_launch())
-def test_a_refused_flag_stops_the_launch(row_id, models, monkeypatch):
+def test_a_refused_flag_stops_the_launch(row_id, models, vl_model, monkeypatch):
     """SGLang's own parser and argument check with the row's flag: vradix's refusal names the flag; without it the
     same launch passes the check (so the refusal, not another error, is what stops it)."""
     from sglang.srt.server_args import prepare_server_args
     monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
-    base = ["--model-path", models[0], "--device", "cpu", "--attention-backend", "torch_native",
+    model = vl_model if row_id in NEEDS_VL_MODEL else models[0]
+    base = ["--model-path", model, "--device", "cpu", "--attention-backend", "torch_native",
             "--skip-tokenizer-init"] + LAUNCH_CONTEXT.get(row_id, [])
     flag = flag_of(row_id)
 

@@ -13,11 +13,11 @@ callable raises an `Exception`, and `HookRegistry.apply_hooks()` only logs a tar
 `VRADIX_DISABLE=1` opts out (stock SGLang) for A/B runs. Excluding vradix through `SGLANG_PLUGINS` is warned about
 at interpreter start by `vradix-plugin-check.pth` (see `warn_if_excluded`), since SGLang then never calls us.
 
-A hook whose target module imports an optional dependency (`vradix.hooks.DEFERRED_MODULES`: SGLang's Ray scheduler
-actor) is installed, and checked the same way, when that module is first imported (`_AfterImport`); a failure there
-raises `VradixInstallError` out of that import. SGLang's Ray scheduler actor never calls `load_plugins()`: its worker
-process runs `load_in_ray_scheduler_worker` instead (Ray's `worker_process_setup_hook`, set by
-`vradix.hooks.ray_actor`), which refuses to let the actor start unless vradix installed there.
+A hook whose target module imports an optional dependency (`vradix.hooks.DEFERRED_MODULES`: the EPD encoder
+server, SGLang's Ray scheduler actor) is installed, and checked the same way, when that module is first imported
+(`_AfterImport`); a failure there raises `VradixInstallError` out of that import. SGLang's Ray scheduler actor never
+calls `load_plugins()`: its worker process runs `load_in_ray_scheduler_worker` instead (Ray's
+`worker_process_setup_hook`, set by `vradix.hooks.ray_actor`), which refuses to let the actor start unless vradix installed there.
 """
 from __future__ import annotations
 

@@ -38,6 +38,8 @@ class Invalidation:
     mm_embeddings_cleared: int = 0
     #: streaming-session slots no running turn borrowed, released by the bump (`vradix.sessions`)
     session_slots_released: int = 0
+    #: interpolated position-embedding grids dropped from vision towers (`weight_derived.clear_position_grids`)
+    position_grids_cleared: int = 0
     latency_ms: float = 0.0
     #: the global identity of the new epoch's weights, and the time spent establishing it (a fingerprint reads every
     #: weight; not part of `latency_ms`)
@@ -264,6 +266,42 @@ def attach(tree_cache, with_ledger: bool = True, weight_identity: Optional[ident
         state.ledger = kv_ledger.attach(tree_cache.token_to_kv_pool_allocator)
     tree_cache._vradix = state
     return state
+
+
+@dataclass
+class TreelessState:
+    """vradix on an engine without a radix cache (`--disable-radix-cache`): there is no tree to version, so there is
+    no epoch; each publication drops the weight-derived caches (`vradix.weight_derived`) once. Its publications are
+    counted the way an `EpochState` counts them: an update call outside a session is one, a session is one at its
+    end, a new label by itself is one."""
+
+    publications: int = 0
+    #: the `update_weights_*` call in progress (its label change is part of it, not a publication of its own)
+    update_in_progress: Optional[str] = None
+    #: a weight-update session is open (its end publishes once)
+    session_open: bool = False
+    #: what the last publication (or flush) dropped: reason, mm_embeddings_cleared, position_grids_cleared
+    last: Optional[dict] = None
+    last_publication: Optional[dict] = None
+
+    def as_dict(self) -> dict:
+        """The `vradix` block of server info on such an engine."""
+        return {"active": True, "version": __version__, "radix_cache": False,
+                "versioned": ["multimodal embedding cache", "vision position-embedding grids"],
+                "publications": self.publications, "last_invalidation_detail": self.last,
+                "last_publication": self.last_publication, "weight_session_open": self.session_open}
+
+
+def attach_treeless(tree_cache) -> TreelessState:
+    """Start vradix on an engine whose `tree_cache` shares no prefix (SGLang's chunk cache)."""
+    state = TreelessState()
+    tree_cache._vradix_treeless = state
+    return state
+
+
+def treeless_of(tree_cache) -> Optional[TreelessState]:
+    """The vradix state of an engine without a radix cache, or None."""
+    return getattr(tree_cache, "_vradix_treeless", None)
 
 
 def state_of(tree_cache) -> Optional[EpochState]:

@@ -18,8 +18,10 @@ _URC = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
 _HICACHE_CTRL = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller.HybridCacheController"
 _HOST_POOL = "sglang.srt.mem_cache.pool_host.base.HostKVCache"
 
-#: modules whose hooks are installed when the module is first imported: each imports an optional dependency (Ray)
-DEFERRED_MODULES = ("sglang.srt.ray.scheduler_actor",)
+#: modules whose hooks are installed when the module is first imported: each imports an optional dependency (Ray),
+#: or model code that only a multimodal server can import (the EPD encoder server: its imports bind `sgl_kernel` CPU
+#: ops at import time, which the CPU engine of a text model does not register)
+DEFERRED_MODULES = ("sglang.srt.ray.scheduler_actor", "sglang.srt.disaggregation.encoder.server")
 
 #: (target, hook type, hook) — the complete list of places vradix attaches, in data-path order.
 HOOKS = [
@@ -32,6 +34,12 @@ HOOKS = [
     # and only with an identity mode both roles compute equally (not nonce)
     ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", pd.refuse_unsafe_restore_policy_at_startup),
     ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", pd.refuse_unmatchable_identity_at_startup),
+    # EPD: encoder-disaggregated image embeddings (the encoder's caches, the global store keyed emb_{hash}) carry no
+    # weight identity and no publication reaches them: --encoder-only / --language-only / --enable-mm-global-cache
+    # do not start
+    ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", startup.refuse_encoder_disaggregation_at_startup),
+    # ... and an encoder-only launch, which never runs check_server_args, stops before its encoder is built
+    ("sglang.srt.disaggregation.encoder.server.MMEncoder.__init__", "BEFORE", startup.refuse_encoder_server),
     # engine start; under Ray, each scheduler actor loads vradix before it builds its Scheduler
     ("sglang.srt.ray.scheduler_actor.SchedulerActor.options", "AROUND", ray_actor.load_vradix_in_scheduler_actor),
     (f"{_SCHED}.__init__", "AFTER", startup.attach_to_scheduler),
@@ -67,6 +75,10 @@ HOOKS = [
     (f"{_UPDATER}.update_weights_from_distributed", "AROUND", publication.publish_update_from_distributed),
     (f"{_UPDATER}.update_weights_from_tensor", "AROUND", publication.publish_update_from_tensor),
     (f"{_UPDATER}.update_weights_from_ipc", "AROUND", publication.publish_update_from_ipc),
+    # IPC (checkpoint-engine): a post-load step that failed (SGLang only logs it) fails the runner's update, so it
+    # is not published
+    ("sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater.update_weights_from_ipc",
+     "AROUND", publication.fail_ipc_update_on_post_hook_failure),
     (f"{_UPDATER}.record_weight_version_after_update", "AROUND", publication.publish_after_version_record),
     (f"{_UPDATER}.begin_weight_update", "AROUND", publication.open_weight_session),
     (f"{_UPDATER}.end_weight_update", "AROUND", publication.publish_on_session_end),

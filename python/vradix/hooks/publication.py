@@ -4,9 +4,9 @@ from __future__ import annotations
 import logging
 import time
 
-from vradix import epochs, guard, identity, mm_embeddings, overlap, prefetch, report
+from vradix import epochs, guard, identity, overlap, post_load, prefetch, report, weight_derived
 from vradix.hooks import pd
-from vradix.state import EpochState, Invalidation, UpdateScope, WeightSession, state_of
+from vradix.state import EpochState, Invalidation, UpdateScope, WeightSession, state_of, treeless_of
 
 logger = logging.getLogger("vradix")
 
@@ -64,18 +64,34 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     inv.identity_ms = identity_ms
     if is_publication:
         inv.promises_revoked = pd.revoke_unfulfilled_promises(scheduler, inv)
-    # multimodal embeddings are keyed by content only: the ones the old weights computed must not be reused
-    inv.mm_embeddings_cleared = mm_embeddings.clear_all()
+    # multimodal embeddings (keyed by content only) and vision position grids the old weights computed
+    cleared = weight_derived.clear_at_publication(scheduler)
+    inv.mm_embeddings_cleared, inv.position_grids_cleared = cleared.mm_embeddings, cleared.position_grids
     if lookups:
         reissued = prefetch.reissue(scheduler, state, queued)
         logger.info("vradix: %d storage prefetch(es) revoked, %d lookup(s) re-issued under the new namespace",
                     revoked, reissued)
     if state.ledger is not None:
         guard.audit(state.guard, state.guard_stats, state.ledger, scheduler.tree_cache, live, state.epoch)
-    logger.info(inv.summary() + " in %.3f ms; %d multimodal embedding(s) cleared", inv.latency_ms,
-                inv.mm_embeddings_cleared)
+    logger.info(inv.summary() + " in %.3f ms; %d multimodal embedding(s), %d position grid(s) cleared",
+                inv.latency_ms, inv.mm_embeddings_cleared, inv.position_grids_cleared)
     report.export_metrics(scheduler)
     return inv
+
+
+def publish_without_tree(scheduler, reason: str, *, is_publication: bool = True) -> dict:
+    """One publication on an engine without a radix cache (`state.TreelessState`): no tree, no epoch, but the
+    weight-derived caches the old weights filled are dropped, once (`weight_derived.clear_at_publication`)."""
+    treeless = treeless_of(scheduler.tree_cache)
+    cleared = weight_derived.clear_at_publication(scheduler)
+    treeless.last = {"reason": reason, "label": current_label(), "mm_embeddings_cleared": cleared.mm_embeddings,
+                     "position_grids_cleared": cleared.position_grids}
+    if is_publication:
+        treeless.publications += 1
+        treeless.last_publication = treeless.last
+    logger.info("vradix: %s without a radix cache: %d multimodal embedding(s), %d position grid(s) cleared", reason,
+                cleared.mm_embeddings, cleared.position_grids)
+    return treeless.last
 
 
 def publication_identity(scheduler, state: EpochState, label) -> identity.WeightIdentity:
@@ -137,7 +153,9 @@ def publish_on_version_change(original, scheduler, new_version, *args, **kwargs)
     """AROUND Scheduler.record_weight_version_change: `/update_weight_version` alone is a publication; inside a
     weight-update session it only relabels (the session's end bumps)."""
     state = state_of(scheduler.tree_cache)
-    if state is None or state.update_scope is not None or state.session is not None:
+    if state is None:
+        return relabel_without_tree(original, scheduler, new_version, *args, **kwargs)
+    if state.update_scope is not None or state.session is not None:
         return original(scheduler, new_version, *args, **kwargs)
     if state.identity_mode == "declared" and new_version is not None and new_version != state.label \
             and state.declared_before(new_version):
@@ -150,6 +168,19 @@ def publish_on_version_change(original, scheduler, new_version, *args, **kwargs)
     result = original(scheduler, new_version, *args, **kwargs)
     if new_version is not None and new_version != before:
         bump_scheduler(scheduler, reason="update_weight_version", label=current_label())
+    return result
+
+
+def relabel_without_tree(original, scheduler, new_version, *args, **kwargs):
+    """`publish_on_version_change` on an engine without a radix cache: a new label outside an update call and a
+    session is one publication."""
+    treeless = treeless_of(scheduler.tree_cache)
+    if treeless is None or treeless.update_in_progress is not None or treeless.session_open:
+        return original(scheduler, new_version, *args, **kwargs)
+    before = current_label()
+    result = original(scheduler, new_version, *args, **kwargs)
+    if new_version is not None and new_version != before:
+        publish_without_tree(scheduler, "update_weight_version")
     return result
 
 
@@ -171,7 +202,9 @@ def _update_handler(source: str, output_type_name: str, needs_session: bool, ref
         overlap.drain_inflight_batch(scheduler)
         state = state_of(scheduler.tree_cache) if scheduler is not None else None
         if state is None:
-            return original(updater, recv_req, *args, **kwargs)
+            if scheduler is None or treeless_of(scheduler.tree_cache) is None:
+                return original(updater, recv_req, *args, **kwargs)
+            return update_without_tree(original, updater, recv_req, *args, **kwargs)
         refused = refuse_reused_declaration(state, getattr(recv_req, "weight_version", None),
                                             io_output_type(output_type_name))
         if refused is None and refuse_before_load is not None:
@@ -191,6 +224,29 @@ def _update_handler(source: str, output_type_name: str, needs_session: bool, ref
             scope.bumped = bump_scheduler(scheduler, reason=f"failed {source} (conservative)", label=current_label())
         if scope.bumped is not None:
             out.message = f"{out.message} [{scope.bumped.summary()}]"
+        return out
+
+    def update_without_tree(original, updater, recv_req, *args, **kwargs):
+        """The same call on an engine without a radix cache (`state.TreelessState`): the same refusals before
+        loading and the same publication count, with no tree; each publication drops the weight-derived caches."""
+        scheduler, treeless = updater.scheduler, treeless_of(updater.scheduler.tree_cache)
+        refused = refuse_before_load(updater, recv_req) if refuse_before_load is not None else None
+        if refused is not None:
+            logger.error("vradix: %s refused before loading: %s", source, refused.message)
+            return refused
+        may_touch_weights = not needs_session or updater._session is not None
+        treeless.update_in_progress = source
+        try:
+            out = original(updater, recv_req, *args, **kwargs)
+        finally:
+            treeless.update_in_progress = None
+        if treeless.session_open or not (out.success or may_touch_weights):
+            return out
+        reason = source if out.success else f"failed {source} (conservative)"
+        cleared = publish_without_tree(scheduler, reason)
+        out.message = (f"{out.message} [vradix: {reason} without a radix cache: "
+                       f"{cleared['mm_embeddings_cleared']} multimodal embedding(s), "
+                       f"{cleared['position_grids_cleared']} position grid(s) cleared]")
         return out
 
     around_update.__name__ = f"publish_{source}"
@@ -232,12 +288,38 @@ def refuse_disk_update_before_load(updater, recv_req):
     return UpdateWeightFromDiskReqOutput(success=False, message=message, num_paused_requests=0)
 
 
+def refuse_tensor_update_before_load(updater, recv_req):
+    """A `load_format="direct"` tensor update of a model that derives weights after loading is refused before any
+    runner loads a tensor (`vradix.post_load.direct_update_refusal`). Returns the failed response, or None."""
+    from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqOutput
+
+    if recv_req.load_format != "direct":
+        return None
+    models = [runner.model for _, runner in updater._select_runners(recv_req.selector)]
+    reason = post_load.direct_update_refusal(recv_req.load_format, models)
+    return None if reason is None else UpdateWeightsFromTensorReqOutput(success=False, message=reason)
+
+
+def fail_ipc_update_on_post_hook_failure(original, weight_updater, recv_req, *args, **kwargs):
+    """AROUND the model runner's WeightUpdater.update_weights_from_ipc: SGLang's IPC post-hook logs its own failure
+    as a warning and the update reports success; such a call returns failure instead (`vradix.post_load`), so the
+    scheduler does not record its label and the update is not a publication of it (having touched the weights, it
+    bumps once, conservatively, as every failed update that may have touched weights)."""
+    with post_load.PostHookFailures() as failures:
+        success, message = original(weight_updater, recv_req, *args, **kwargs)
+    if success and failures.failures:
+        return False, (f"vradix: update_weights_from_ipc failed: the weights were loaded but SGLang's post-load step "
+                       f"failed ({failures.failures[0]}), so derived weights may be those of the old weights; its "
+                       "label is not applied. Fix the cause and update again")
+    return success, message
+
+
 publish_update_from_disk = _update_handler("update_weights_from_disk", "UpdateWeightFromDiskReqOutput",
                                            needs_session=False, refuse_before_load=refuse_disk_update_before_load)
 publish_update_from_distributed = _update_handler("update_weights_from_distributed",
                                                   "UpdateWeightsFromDistributedReqOutput", needs_session=True)
 publish_update_from_tensor = _update_handler("update_weights_from_tensor", "UpdateWeightsFromTensorReqOutput",
-                                             needs_session=True)
+                                             needs_session=True, refuse_before_load=refuse_tensor_update_before_load)
 publish_update_from_ipc = _update_handler("update_weights_from_ipc", "UpdateWeightsFromIPCReqOutput",
                                           needs_session=False)
 
@@ -253,6 +335,9 @@ def open_weight_session(original, updater, recv_req, *args, **kwargs):
     state = state_of(scheduler.tree_cache) if scheduler is not None else None
     if state is not None and out.success:
         state.session = WeightSession()
+    treeless = treeless_of(scheduler.tree_cache) if scheduler is not None else None
+    if treeless is not None and out.success:
+        treeless.session_open = True
     return out
 
 
@@ -262,6 +347,11 @@ def publish_on_session_end(original, updater, recv_req, *args, **kwargs):
     out = original(updater, recv_req, *args, **kwargs)
     scheduler = updater.scheduler
     state = state_of(scheduler.tree_cache) if scheduler is not None else None
+    treeless = treeless_of(scheduler.tree_cache) if scheduler is not None and state is None else None
+    if treeless is not None and out.success and treeless.session_open:
+        treeless.session_open = False
+        publish_without_tree(scheduler, "weight-update session")
+        return out
     if state is None or not out.success or state.session is None:
         return out
     session, state.session = state.session, None

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 from vradix import epochs, host_tier, mm_embeddings, provenance, reclaim_queue, report, request
 from vradix import ledger as kv_ledger
-from vradix.hooks.publication import bump_scheduler, current_label
-from vradix.state import Invalidation, state_of
+from vradix.hooks.publication import bump_scheduler, current_label, publish_without_tree
+from vradix.state import Invalidation, state_of, treeless_of
 
 
 def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
@@ -37,7 +37,7 @@ def lock_aware_flush(original, scheduler, *args, **kwargs):
     flush inside a weight-update session is the session's bump at `end_weight_update`."""
     state = state_of(scheduler.tree_cache)
     if state is None:
-        return original(scheduler, *args, **kwargs)
+        return flush_without_tree(original, scheduler, *args, **kwargs)
     scope = state.update_scope
     if state.session is not None or (scope is not None and scope.bumped is not None):
         return True
@@ -63,6 +63,16 @@ def lock_aware_flush(original, scheduler, *args, **kwargs):
         return True
     bump_scheduler(scheduler, reason="lock-aware flush", is_publication=False)
     return True
+
+
+def flush_without_tree(original, scheduler, *args, **kwargs):
+    """`lock_aware_flush` on an engine without a radix cache: SGLang's own flush, and a successful one outside an
+    update call or a session (whose publication drops them itself) also drops the weight-derived caches."""
+    ok = original(scheduler, *args, **kwargs)
+    treeless = treeless_of(scheduler.tree_cache)
+    if ok and treeless is not None and treeless.update_in_progress is None and not treeless.session_open:
+        publish_without_tree(scheduler, "flush", is_publication=False)
+    return ok
 
 
 def note_first_insert(result, cache, params, *args, **kwargs):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from vradix import __version__, host_tier, mm_embeddings, report
-from vradix.state import state_of
+from vradix.state import state_of, treeless_of
 
 
 def report_flush(result, wrapper, *args, **kwargs):
@@ -19,7 +19,11 @@ def report_server_info(result, internal_state, *args, **kwargs):
     scheduler = internal_state.scheduler
     cache = scheduler.tree_cache
     state = state_of(cache)
-    if state is None:
+    treeless = treeless_of(cache) if state is None else None
+    if treeless is not None:
+        block = treeless.as_dict()
+        block["mm_embedding_cache"] = mm_embeddings.stats()
+    elif state is None:
         block = {"active": False, "version": __version__, "reason": "radix cache disabled"}
     else:
         block = report.state_block(scheduler)

@@ -4,19 +4,34 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from vradix import __version__, hicache_ledger, identity, report
+from vradix import __version__, epd, hicache_ledger, identity, report
 from vradix.hooks.publication import current_label, proven_identity
 from vradix.pd import layout
-from vradix.state import attach
+from vradix.state import attach, attach_treeless
 
 logger = logging.getLogger("vradix")
+
+
+def refuse_encoder_disaggregation_at_startup(_result, server_args, *args, **kwargs):
+    """AFTER ServerArgs.check_server_args (launcher, before any scheduler or encoder starts): a launch with an EPD flag
+    fails with EncoderDisaggregationError (`vradix.epd`)."""
+    epd.check(server_args)
+
+
+def refuse_encoder_server(encoder, server_args, *args, **kwargs):
+    """BEFORE MMEncoder.__init__: SGLang's encoder-only launch (`launch_server.run_server` -> the encoder's HTTP or
+    gRPC server) skips `check_server_args`, so the encoder refuses itself before it loads a weight."""
+    epd.check(server_args)
 
 
 def attach_to_scheduler(_result, scheduler, *args, **kwargs):
     """AFTER Scheduler.__init__: version the tree cache, or say loudly why vradix is a no-op / refuses."""
     cache = scheduler.tree_cache
     if not cache.supports_prefix_sharing():
-        logger.info("vradix %s: radix cache is disabled; vradix is a no-op (nothing to version)", __version__)
+        attach_treeless(cache)
+        logger.info("vradix %s active without a radix cache: no prefix tree to version; every publication drops the "
+                    "weight-derived caches (multimodal embedding cache, vision position-embedding grids)",
+                    __version__)
         return
     tree_core = getattr(cache, "tree_core", None)
     if tree_core is None or not hasattr(tree_core, "collect_path_info"):
