@@ -65,6 +65,7 @@ def test_without_radix_cache_a_publication_recomputes_image_embeddings(vl_models
         vradix_on_a.stop()
 
 
+@pytest.mark.long  # duplicate coverage: test_weight_derived.py drives the same refusal on SGLang's real MMEncoder
 def test_an_encoder_only_launch_does_not_start(vl_models):
     """`--encoder-only` skips `check_server_args`: the real launch reaches the encoder server, which vradix stops
     before it builds its encoder (the in-process check is `test_weight_derived.py`)."""
