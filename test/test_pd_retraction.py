@@ -7,11 +7,15 @@ finish's `release_kv_cache(checkpoint=True)`.
 Contract (`vradix.retraction`): a request whose backed-up KV was computed, even partly, under an older epoch keeps
 that KV to finish, is never re-bound, and inserts it into no namespace, so no later match (the length decode promises
 prefill) reaches it."""
+from array import array
+
 import pytest
 import torch
 
 from sglang.srt.managers.schedule_batch import release_req
 from sglang.srt.mem_cache import common
+from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 from vradix import request
@@ -94,6 +98,13 @@ def probe(fx, state, tokens) -> int:
     return req.prefix_len
 
 
+def tree_hit(fx, tokens, extra_key) -> int:
+    """The device prefix of `tokens` the tree holds under `extra_key` (a namespace no request can be bound to any
+    more, read through the tree's own match)."""
+    key = RadixKey(array("q", tokens), extra_key=extra_key)
+    return fx.cache.match_prefix(MatchPrefixParams(key=key)).device_prefix_len
+
+
 def nothing_cached(fx) -> bool:
     return fx.cache.evictable_size() == 0 and fx.cache.protected_size() == 0 and fx.allocator.available_size() == fx.total
 
@@ -132,8 +143,10 @@ def test_a_crossing_request_retracted_after_a_publication_stays_crossing(env):
     resume(fx, sched, r)
     fx.decode(r, 8)
     finish(fx, sched, r)
-    assert nothing_cached(fx)  # the mixed KV is in neither the old namespace nor the new one
-    assert probe(fx, state, P + [1, 5, 6, 7, 8]) == 0
+    tokens = P + [1, 5, 6, 7, 8]
+    assert tree_hit(fx, tokens, r.extra_key) == 0  # the mixed KV is not in the old namespace...
+    assert probe(fx, state, tokens) == 0  # ...nor in the new one
+    assert nothing_cached(fx)
     st = request.of(r)
     assert st.crossed and r.skip_radix_cache_insert and st.epoch == 0  # the retraction kept the crossing mark
 
@@ -151,3 +164,16 @@ def test_a_retracted_request_without_a_publication_inserts_and_is_shared(env):
     finish(fx, sched, r)
     tokens = P + [1, 5, 6, 7]
     assert probe(fx, state, tokens) == (len(tokens) - 1) // fx.page_size * fx.page_size
+
+
+def test_a_host_staged_request_is_rebound_like_any_request_that_holds_nothing(env):
+    """SGLang also keeps a host-staged request's transfer destination in `retraction_backup` (`_pre_alloc_host`). It
+    holds no KV of its own yet (the handshake checks what prefill writes there), so a publication re-binds it."""
+    from sglang.srt.mem_cache.common import RetractionBackup
+
+    fx, state = env
+    staged = new_req(fx, state, seq(700, 16))
+    staged.kv.retraction_backup = RetractionBackup(host_indices=torch.arange(16))  # what _pre_alloc_host records
+    inv = bump_scheduler(decode_scheduler(fx, waiting=[staged]), reason="test publication", label="B")
+    st = request.of(staged)
+    assert inv.requeued_rebound == 1 and st.epoch == 1 and not st.crossed

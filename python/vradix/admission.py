@@ -40,7 +40,7 @@ def rebind_if_unheld(state: EpochState, req) -> bool:
     """Re-bind a request that holds no KV, on the device or in a retraction backup, to the current epoch; True if it
     changed epoch. Raises `UnstampedRequestError` for a request vradix never admitted."""
     st = request.require(req)
-    if st.epoch == state.epoch or holds_kv(req) or retraction.holds_backup(req):
+    if st.epoch == state.epoch or holds_kv(req) or retraction.retracted_with_backup(req):
         return False
     _bind(state, req, st)
     return True

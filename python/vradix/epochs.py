@@ -81,7 +81,7 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
             holders += 1
             mark_crossing(state, req)
             inv.crossing_mid_prefill += req.kv.kv_committed_len < len(req.origin_input_ids)
-        elif retraction.holds_backup(req):
+        elif retraction.retracted_with_backup(req):
             mark_crossing(state, req)  # its KV is off the device: it pins no slot and no node
     for req in queued_reqs:
         inv.requeued_rebound += admission.rebind_if_unheld(state, req)

@@ -43,7 +43,7 @@ def record_crossing(req, st: ReqState, state) -> None:
     history = st.kv_history
     entry = (state.epoch, state.label, state.weight_id)
     committed = max(req.kv.kv_committed_len, getattr(req, "prefix_len", 0) or 0)
-    if retraction.holds_backup(req):
+    if retraction.retracted_with_backup(req):
         committed = max(committed, retraction.backed_up_len(req))  # a retraction reset both lengths to 0
     if history[-1][0] >= committed:
         # nothing was computed under the previous entry's epoch since it started: it owns no positions

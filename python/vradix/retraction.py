@@ -13,14 +13,26 @@ Invariants (kept by `vradix.admission`, `vradix.epochs`, `vradix.provenance`):
 - its provenance keeps the backed-up positions under the epochs that computed them (`backed_up_len`).
 A retraction without a backup (non-P/D engines, or a P/D request SGLang re-bootstraps) gives its KV back: the request
 is re-bound and recomputes it under the current weights.
+
+SGLang also uses the field for a decode request staged to host memory (`_pre_alloc_host`: the host destination
+prefill writes into). That is not yet the request's KV, and the weight-identity handshake checks what prefill writes
+there, so such a request is not `retracted_with_backup` (it is not `is_retracted`) and is re-bound like any request
+that holds nothing.
 """
 from __future__ import annotations
 
 
 def holds_backup(req) -> bool:
-    """Whether the request's KV lives in a retraction backup (taken by `backup_kv_cache`, cleared by the restore or
-    by `discard_kv_cache_backup`)."""
+    """Whether the request holds a backup (taken by `backup_kv_cache`, cleared by the restore or by
+    `discard_kv_cache_backup`). Inside `release_req` it is the only mark of a retraction: `reset_for_retract` (which
+    sets `is_retracted`) runs after the release."""
     return getattr(getattr(req, "kv", None), "retraction_backup", None) is not None
+
+
+def retracted_with_backup(req) -> bool:
+    """Whether the request waits for `resume_retracted_reqs` with its KV in a backup (`retracted_queue`; SGLang
+    clears `is_retracted` when it resumes it)."""
+    return bool(getattr(req, "is_retracted", False)) and holds_backup(req)
 
 
 def backed_up_len(req) -> int:
