@@ -177,3 +177,37 @@ def test_a_host_staged_request_is_rebound_like_any_request_that_holds_nothing(en
     inv = bump_scheduler(decode_scheduler(fx, waiting=[staged]), reason="test publication", label="B")
     st = request.of(staged)
     assert inv.requeued_rebound == 1 and st.epoch == 1 and not st.crossed
+
+
+@pytest.mark.parametrize("core", ["rust", "python"])
+def test_a_host_pool_backup_survives_the_publication_and_restores_the_requests_own_kv(core):
+    """The `host_pool` backend backs a retracted request up into the HiCache host pool, which the tree's reset also
+    clears: the publication must not take the reset fast path while a request holds a host backup, or a later host
+    write reuses the backup's slots and the request resumes from another request's KV."""
+    from vradix.testing.hicache_fixture import build_hicache
+
+    fx = build_hicache(core, 1, kv_tokens=256)
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=1, hicache_io_backend="direct",
+                                                    hicache_mem_layout="layer_first",
+                                                    **{**DECODE_SERVER_ARGS,
+                                                       "disaggregation_decode_retraction_backup": "host_pool"}))
+    try:
+        state = attach(fx.cache, with_ledger=False,
+                       scope=layout.scope_of(layout.KvLayout("decode", 1, 1, 1, "float32")))
+        fx.kv_code = lambda req, pos: 1000 * (int(req.rid[1:]) + 1) + pos  # each request's KV is its own
+        r = decoding(fx, state, seq(100, 24), outputs=[5, 6, 7])
+        sched = decode_scheduler(fx, running=[r])
+        own = fx.device_codes(fx.req_pool.req_to_token[r.kv.req_pool_idx, : r.seqlen - 1].tolist())
+        retract(fx, sched, r)
+        backup = r.kv.retraction_backup.host_indices.tolist()
+        bump_scheduler(sched, reason="test publication", label="B")
+        other = new_req(fx, state, seq(400, 60))  # under B: its KV is written through to the host pool
+        fx.admit(other)
+        fx.prefill(other)
+        fx.process_acks()
+        resume(fx, sched, r)
+        assert fx.device_codes(fx.req_pool.req_to_token[r.kv.req_pool_idx, : r.seqlen - 1].tolist()) == own
+        assert not set(backup) & set(fx.host_used_slots())  # the restore gave the backup's host slots back
+        assert request.of(r).crossed
+    finally:
+        set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))

@@ -9,7 +9,7 @@
    lock on stale nodes is remembered so those nodes are freed when it releases; a P/D decode request retracted
    with a KV backup (`vradix.retraction`) is marked crossing too: it holds no slot or lock, but resumes from that KV;
 3. re-bind every queued request that holds no KV to the new epoch;
-4. when no request holds KV and nothing is locked, drop the whole tree at once (`reclaim.free_all_by_reset`, what
+4. when no request holds KV (nor a host backup) and nothing is locked, drop the whole tree at once (`reclaim.free_all_by_reset`, what
    stock `flush_cache` does; full-attention trees only, `reclaim.resettable`); otherwise leave the unlocked stale
    nodes to the deferred reclaim (`reclaim_queue.defer`, O(1): they are freed in bounded slices per scheduler
    iteration, on demand when SGLang evicts, and at idle), or, for a cache that cannot defer (HiCache host tier,
@@ -81,8 +81,11 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
             holders += 1
             mark_crossing(state, req)
             inv.crossing_mid_prefill += req.kv.kv_committed_len < len(req.origin_input_ids)
-        elif retraction.retracted_with_backup(req):
-            mark_crossing(state, req)  # its KV is off the device: it pins no slot and no node
+        elif retraction.holds_backup(req):
+            # a `host_pool` backup or a host-staged destination lives in the host pool the tree's reset would clear
+            holders += 1
+            if retraction.retracted_with_backup(req):
+                mark_crossing(state, req)  # its KV is off the device: it pins no slot and no node
     for req in queued_reqs:
         inv.requeued_rebound += admission.rebind_if_unheld(state, req)
     host_before = host_tier.available(cache)

@@ -10,7 +10,9 @@ Invariants (kept by `vradix.admission`, `vradix.epochs`, `vradix.provenance`):
 - a request holding a backup is never re-bound (its KV was computed under its bound epoch);
 - a publication while it holds a backup makes it a *crossing* request (it keeps its KV to finish and never inserts
   it), and a retraction of a crossing request that keeps a backup leaves it crossing;
-- its provenance keeps the backed-up positions under the epochs that computed them (`backed_up_len`).
+- its provenance keeps the backed-up positions under the epochs that computed them (`backed_up_len`);
+- a publication never resets the tree while any request holds a backup (`holds_backup`, host-staged destinations
+  included): a `host_pool` backup lives in the HiCache host pool, which the reset clears.
 A retraction without a backup (non-P/D engines, or a P/D request SGLang re-bootstraps) gives its KV back: the request
 is re-bound and recomputes it under the current weights.
 
