@@ -106,7 +106,8 @@ def tree_hit(fx, tokens, extra_key) -> int:
 
 
 def nothing_cached(fx) -> bool:
-    return fx.cache.evictable_size() == 0 and fx.cache.protected_size() == 0 and fx.allocator.available_size() == fx.total
+    cache = fx.cache
+    return cache.evictable_size() == 0 and cache.protected_size() == 0 and fx.allocator.available_size() == fx.total
 
 
 def test_a_request_retracted_before_a_publication_resumes_crossing_and_never_inserts(env):
