@@ -23,7 +23,7 @@ VERDICTS = ("versioned", "refused at launch", "refused at engine start", "refuse
 NEEDS_TEST = ("versioned", "refused at launch", "refused at engine start", "refused at update", "stock changed")
 
 #: rows not closed yet; shrink it as they close (docs/coverage.md "Open")
-KNOWN_OPEN = {"pd-retraction-backup", "pd-decode-offload"}
+KNOWN_OPEN: set = set()
 
 #: launch flags, besides the refused one, that SGLang's own checks need before vradix's check runs
 LAUNCH_CONTEXT = {

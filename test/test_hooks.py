@@ -75,6 +75,8 @@ DRIVEN_BY = {
     "vradix.overlap.skip_drained_result": "test_e2e_server.py::test_overlap_batch_in_flight_at_pause_is_labelled_with_its_weights",
     "vradix.hooks.storage.discard_stale_prefetch": "test_l3.py::test_the_landing_guard_discards_a_prefetch_the_publication_did_not_revoke",
     "vradix.hooks.storage.record_storage_backup": "test_l3.py::test_each_stored_page_is_attributed_to_its_identity_and_gc_deletes_only_dead_ones",
+    "vradix.hooks.storage.never_offload_crossing_kv": "test_pd_decode_offload.py::test_a_request_that_crossed_a_publication_offloads_none_of_its_mixed_kv",
+    "vradix.hooks.storage.record_decode_offload": "test_pd_decode_offload.py::test_every_page_decode_offloads_is_in_the_manifest_under_its_identity",
     "vradix.hooks.reclaim.reclaim_on_release": "test_cache_level.py::test_crossing_request_keeps_its_kv_and_frees_stale_path_at_release",
     "vradix.hooks.reclaim.lock_aware_flush": "test_model_based.py::test_versioned_cache_state_machine",
     "vradix.hooks.reclaim.note_first_insert": "test_deferred_reclaim.py::test_slices_are_bounded_evict_only_stale_kv_and_end_with_the_pool_whole",

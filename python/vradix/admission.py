@@ -7,13 +7,14 @@ Invariants:
 - A request that holds no KV (no row, no tree lock) is re-bound to the current epoch before any match
   (`rebind_if_unheld`): a request queued across a publication is prefilled under the new weights' namespace.
 - A request that holds KV is never re-bound: its row points at slots of its own epoch (it is a crossing request).
+  Nor is a request whose KV lives in a P/D decode retraction backup (`vradix.retraction`): it resumes from that KV.
 - A request that reaches a match without a `ReqState` is refused (`request.UnstampedRequestError`).
 """
 from __future__ import annotations
 
 import os
 
-from vradix import lora, namespace, provenance, request
+from vradix import lora, namespace, provenance, request, retraction
 from vradix.state import EpochState
 
 
@@ -43,10 +44,10 @@ def holds_kv(req) -> bool:
 
 
 def rebind_if_unheld(state: EpochState, req) -> bool:
-    """Re-bind a request that holds no KV to the current epoch; True if it changed epoch.
-    Raises `UnstampedRequestError` for a request vradix never admitted."""
+    """Re-bind a request that holds no KV, on the device or in a retraction backup, to the current epoch; True if it
+    changed epoch. Raises `UnstampedRequestError` for a request vradix never admitted."""
     st = request.require(req)
-    if st.epoch == state.epoch or holds_kv(req):
+    if st.epoch == state.epoch or holds_kv(req) or retraction.retracted_with_backup(req):
         return False
     _bind(state, req, st)
     return True

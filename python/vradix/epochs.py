@@ -9,9 +9,11 @@
    before its next lend, a queued turn gives back the record it borrowed); then mark every live request that holds
    KV as *crossing*: it keeps its own KV and continues, but never inserts into the tree (`skip_radix_cache_insert`),
    because its KV is now mixed-version; its lock on stale nodes is remembered so those nodes are freed when it
-   releases;
+   releases; a P/D decode request retracted with a KV backup (`vradix.retraction`) is marked crossing too: it holds
+   no slot or lock, but resumes from that KV;
 3. re-bind every queued request that holds no KV to the new epoch;
-4. when no request holds KV, no session slot is left and nothing is locked, drop the whole tree at once
+4. when no request holds KV (nor a host backup), no session slot is left and nothing is locked, drop the whole tree
+   at once
    (`reclaim.free_all_by_reset`, what stock `flush_cache` does; full-attention trees only, `reclaim.resettable`);
    otherwise leave the unlocked stale nodes to the deferred reclaim (`reclaim_queue.defer`, O(1): they are freed in
    bounded slices per scheduler iteration, on demand when SGLang evicts, and at idle), or, for a cache that cannot
@@ -28,7 +30,7 @@ import time
 from typing import Iterable, Optional
 
 from vradix import (admission, host_tier, identity as weight_identity, provenance, reclaim, reclaim_queue, request,
-                    sessions)
+                    retraction, sessions)
 from vradix.state import EpochState, Invalidation
 
 #: longest accepted publication label (SGLang `weight_version`); labels travel in every response's meta_info
@@ -85,6 +87,11 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
             holders += 1
             mark_crossing(state, req)
             inv.crossing_mid_prefill += req.kv.kv_committed_len < len(req.origin_input_ids)
+        elif retraction.holds_backup(req):
+            # a `host_pool` backup or a host-staged destination lives in the host pool the tree's reset would clear
+            holders += 1
+            if retraction.retracted_with_backup(req):
+                mark_crossing(state, req)  # its KV is off the device: it pins no slot and no node
     for req in queued_reqs:
         inv.requeued_rebound += admission.rebind_if_unheld(state, req)
     host_before = host_tier.available(cache)
@@ -141,8 +148,10 @@ def holder_nodes(state: EpochState) -> list:
 def on_release(state: EpochState, cache, req, released_node) -> int:
     """After `release_kv_cache`: free the stale path the request just unlocked; reset a retracted crossing request.
 
-    A retracted request gives back all its KV and will be prefilled again from scratch, so it stops being a crossing
-    request: it is re-bound at its next match and may insert its (pure new-epoch) KV again.
+    A retracted request without a KV backup gives back all its KV and will be prefilled again from scratch, so it
+    stops being a crossing request: it is re-bound at its next match and may insert its (pure new-epoch) KV again.
+    One retracted with a backup (P/D decode, `vradix.retraction`; `release_req` takes the backup before it releases)
+    resumes from its mixed KV, so it stays crossing and never inserts it.
     """
     freed = 0
     if state.crossing.pop(id(req), None) is not None:
@@ -153,7 +162,7 @@ def on_release(state: EpochState, cache, req, released_node) -> int:
         if host_before is not None:
             state.stale_host_tokens_freed_total += host_tier.available(cache) - host_before
     st = request.of(req)
-    if st is not None and st.crossed and not req.finished():
+    if st is not None and st.crossed and not req.finished() and not retraction.holds_backup(req):
         req.skip_radix_cache_insert = st.skip_insert_before
         st.crossed = False
     return freed

@@ -9,7 +9,8 @@ Every request's `request.ReqState` carries `kv_history`, a list of `(start_posit
 
 Invariants: start positions are non-decreasing; the first entry starts at 0 and names the epoch of the namespace the
 request matched its prefix in (so it is also the provenance of its cached prefix). A retracted request gives back
-all its KV and is re-bound before it runs again, which resets the history.
+all its KV and is re-bound before it runs again, which resets the history; one retracted with a KV backup (P/D
+decode, `vradix.retraction`) keeps its KV, so a crossing while it waits starts at the backup's end.
 
 `kv_weight_versions` turns the history into run-length spans over prompt+output positions (exact per token). For a
 crossing request the response also carries `kv_ledger_spans`: what the KV page ledger's `spans` kernel read off the
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from vradix import request
+from vradix import request, retraction
 from vradix.request import ReqState
 
 PROVENANCE_KEY = "vradix_provenance"  # the customized_info key that carries it from scheduler to tokenizer manager
@@ -42,6 +43,8 @@ def record_crossing(req, st: ReqState, state) -> None:
     history = st.kv_history
     entry = (state.epoch, state.label, state.weight_id)
     committed = max(req.kv.kv_committed_len, getattr(req, "prefix_len", 0) or 0)
+    if retraction.retracted_with_backup(req):
+        committed = max(committed, retraction.backed_up_len(req))  # a retraction reset both lengths to 0
     if history[-1][0] >= committed:
         # nothing was computed under the previous entry's epoch since it started: it owns no positions
         history[-1] = (history[-1][0], *entry)

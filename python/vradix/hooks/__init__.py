@@ -17,6 +17,7 @@ _TCM = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin"
 _URC = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
 _HICACHE_CTRL = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller.HybridCacheController"
 _HOST_POOL = "sglang.srt.mem_cache.pool_host.base.HostKVCache"
+_DECODE_OFFLOAD = "sglang.srt.disaggregation.decode_kvcache_offload_manager.DecodeKVCacheOffloadManager"
 
 #: modules whose hooks are installed when the module is first imported: each imports an optional dependency (Ray),
 #: or model code that only a multimodal server can import (the EPD encoder server: its imports bind `sgl_kernel` CPU
@@ -110,6 +111,10 @@ HOOKS = [
     # page written to a `file` store is attributed to its weight identity, for garbage collection
     (f"{_URC}._handle_prefetch_result", "AROUND", storage.discard_stale_prefetch),
     (f"{_URC}.write_backup_storage", "BEFORE", storage.record_storage_backup),
+    # P/D decode KV offload to L3 (--disaggregation-decode-enable-offload-kvcache): a request that crossed a
+    # publication offloads none of its (mixed) KV; each page decode offloads is attributed to its weight identity
+    (f"{_DECODE_OFFLOAD}.offload_kv_cache", "AROUND", storage.never_offload_crossing_kv),
+    (f"{_DECODE_OFFLOAD}._trigger_backup", "BEFORE", storage.record_decode_offload),
     # 3. reclaim: lock-aware, at release and on flush; the stale KV a bump deferred: stale first on every eviction,
     # a bounded slice per scheduler iteration, the rest at idle (the first insert after a bump marks what is stale)
     (f"{_COMMON}.release_kv_cache", "AROUND", reclaim.reclaim_on_release),

@@ -201,10 +201,12 @@ class SchedulerView:
 
 def build_cache(tree_core: str = "rust", page_size: int = 1, kv_tokens: int = 4096, max_reqs: int = 64,
                 max_context_len: int = 2048, dtype: torch.dtype = torch.bfloat16,
-                fixture_class: type = CacheFixture, eviction_policy: str = "lru") -> CacheFixture:
+                fixture_class: type = CacheFixture, eviction_policy: str = "lru", **server_args) -> CacheFixture:
     """Build the FULL-attention UnifiedRadixCache SGLang builds by default, on CPU, with the named TreeCore. Its
-    `CacheInitParams` stay on it as `cache.cache_init_params` (as in SGLang's test kit), for `init_hicache`."""
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page_size))
+    `CacheInitParams` stay on it as `cache.cache_init_params` (as in SGLang's test kit), for `init_hicache`.
+    `server_args` are further `ServerArgs` fields for the process-wide config SGLang's functions read (e.g. a P/D
+    decode role: `disaggregation_mode="decode"`)."""
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page_size, **server_args))
     req_pool = ReqToTokenPool(size=max_reqs, max_context_len=max_context_len, device="cpu", enable_memory_saver=False)
     kv = MHATokenToKVPool(size=kv_tokens, page_size=page_size, dtype=dtype, head_num=1, head_dim=8,
                           layer_num=1, device="cpu", enable_memory_saver=False)
