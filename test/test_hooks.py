@@ -69,7 +69,7 @@ DRIVEN_BY = {
     "vradix.hooks.pd.send_prefill_identity": "test_e2e_pd.py::test_skew_with_decode_updated_first_fails_the_request_and_caches_nothing",
     "vradix.hooks.pd.check_prefill_identity": "test_e2e_pd.py::test_skew_with_decode_updated_first_fails_the_request_and_caches_nothing",
     "vradix.hooks.pd.restore_into_node_slots_only": "test_hybrid_hicache_cpu.py::test_a_restored_prefix_state_lands_in_its_node_slot_and_the_live_state_stays",
-    "vradix.hooks.pd.keep_revocation_reason": "test_publication_hooks.py::test_a_decode_publication_revokes_unfulfilled_promises_crosses_fulfilled_ones_and_rebinds_the_waiting",
+    "vradix.hooks.pd.answer_decode_failures_with_their_cause": "test_publication_hooks.py::test_a_decode_publication_revokes_unfulfilled_promises_crosses_fulfilled_ones_and_rebinds_the_waiting",
     "vradix.hooks.launcher.reject_bad_update_request": "test_weight_sessions.py::test_malformed_disk_updates_are_refused_and_change_nothing",
     "vradix.hooks.publication.drain_before_in_place_pause": "test_fault_injection.py::test_abort_of_requests_paused_in_place",
     "vradix.overlap.skip_drained_result": "test_e2e_server.py::test_overlap_batch_in_flight_at_pause_is_labelled_with_its_weights",

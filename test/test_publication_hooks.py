@@ -513,3 +513,27 @@ def test_a_decode_publication_revokes_unfulfilled_promises_crosses_fulfilled_one
     stamp(state, other)
     prepare_abort(other, "Aborted by AbortReq.", status_code=500)
     assert other.finished_reason.status_code == 500 and other.finished_reason.message == "Aborted by AbortReq."
+
+def test_a_restore_that_came_up_short_is_answered_503_naming_the_lost_pages():
+    """SGLang's failed-transfer path, as `DecodeTransferQueue.pop_transferred` calls it when a decode HiCache restore
+    came up short of its promise: its generic 500 becomes a retryable 503 that says pages were lost and keeps SGLang's
+    own message; an abort without SGLang's lost-restore marker stays SGLang's."""
+    from sglang.srt.disaggregation import decode
+    from sglang.srt.disaggregation.utils import prepare_abort
+
+    from vradix.pd import lost_restore
+
+    fx = build_cache("rust", 1, kv_tokens=256)
+    state = attach(fx.cache)
+    short, other = fx.make_req(list(range(10, 40))), fx.make_req(list(range(50, 60)))
+    for r in (short, other):
+        stamp(state, r)
+    sglang_message = (f"Decode transfer failed for request rank=0 decode_req.req.rid='{short.rid}' "
+                      f"decode_req.req.bootstrap_room=7 {lost_restore.MARKER}")
+    assert decode.prepare_abort is prepare_abort  # the reference pop_transferred calls is the hooked one
+    prepare_abort(short, sglang_message, status_code=500)
+    assert short.finished_reason.status_code == 503
+    assert "came up short" in short.finished_reason.message and sglang_message in short.finished_reason.message
+    prepare_abort(other, "Decode transfer failed ... KV transfer failed", status_code=500)
+    assert other.finished_reason.status_code == 500
+    assert other.finished_reason.message == "Decode transfer failed ... KV transfer failed"

@@ -99,8 +99,9 @@ HOOKS = [
     ("sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req", "AROUND",
      pd.check_prefill_identity),
     # a decode request whose prefix promise a publication revoked fails with the revocation's 503 (the revocation
-    # itself runs in the bump: publication.bump_scheduler)
-    ("sglang.srt.disaggregation.utils.prepare_abort", "AROUND", pd.keep_revocation_reason),
+    # itself runs in the bump: publication.bump_scheduler); a restore that came up short of its promise, with a 503
+    # naming the lost pages
+    ("sglang.srt.disaggregation.utils.prepare_abort", "AROUND", pd.answer_decode_failures_with_their_cause),
     # hybrid P/D decode: a restore puts a prefix's cached recurrent state in its node's slot, never over the live
     # state prefill sent into the request's slot
     (f"{_URC}._load_back_transfers", "AROUND", pd.restore_into_node_slots_only),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 
 from vradix import identity, request
-from vradix.pd import bootstrap, handshake, layout, restore_policy, revocation
+from vradix.pd import bootstrap, handshake, layout, lost_restore, restore_policy, revocation
 from vradix.state import state_of
 
 logger = logging.getLogger("vradix")
@@ -124,7 +124,7 @@ def revoke_unfulfilled_promises(scheduler, inv) -> int:
     aborted, which tells prefill (an abort notification, so prefill stops and drops the request) and marks its room
     Failed. The next `DecodeTransferQueue.pop_transferred` then streams the error and releases the request's prefix
     lock and preallocated row with `checkpoint=False` (nothing inserted), after prefill acknowledged the abort when
-    it may still be writing (SGLang's deferred release); `keep_revocation_reason` keeps the 503 on that path. A
+    it may still be writing (SGLang's deferred release); `answer_decode_failures_with_their_cause` keeps the 503 on that path. A
     request staged to host memory keeps its receiver, as SGLang's abort does, until prefill stops writing.
     The receivers' states are reduced over the attention TP group (MIN), as `pop_transferred` reduces them, so every
     rank revokes the same requests."""
@@ -157,14 +157,19 @@ def revoke_unfulfilled_promises(scheduler, inv) -> int:
     return revoked
 
 
-def keep_revocation_reason(original, req, error_message, status_code=None, *args, **kwargs):
-    """AROUND disaggregation.utils.prepare_abort: a decode request whose promise a publication revoked fails with the
-    revocation's reason and 503, whichever SGLang path finishes it (the failed-transfer path would otherwise replace
-    it with a generic 500 "Decode transfer failed ... Aborted by AbortReq."). Every other abort is SGLang's."""
+def answer_decode_failures_with_their_cause(original, req, error_message, status_code=None, *args, **kwargs):
+    """AROUND disaggregation.utils.prepare_abort: two decode failures SGLang answers with a generic 500 are
+    transient, and answered 503 with their cause instead:
+    - a request whose promise a publication revoked keeps the revocation's reason, whichever SGLang path finishes
+      it (the failed-transfer path would otherwise replace it with "Decode transfer failed ... Aborted by AbortReq.");
+    - a restore that came up short of its promise (`vradix.pd.lost_restore`) says that pages were lost.
+    Every other abort is SGLang's."""
     st = request.of(req)
-    if st is None or st.revoked is None:
-        return original(req, error_message, status_code, *args, **kwargs)
-    return original(req, st.revoked, status_code=revocation.STATUS)
+    if st is not None and st.revoked is not None:
+        return original(req, st.revoked, status_code=revocation.STATUS)
+    if lost_restore.is_lost_restore(error_message):
+        return original(req, lost_restore.message(error_message), status_code=lost_restore.STATUS)
+    return original(req, error_message, status_code, *args, **kwargs)
 
 
 def restore_into_node_slots_only(original, cache, *args, req=None, **kwargs):
