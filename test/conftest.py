@@ -15,6 +15,22 @@ from sglang.srt.plugins import load_plugins  # noqa: E402
 load_plugins()
 
 
+#: (tree core, page size) every cache-level module runs on
+CACHE_CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
+
+
+@pytest.fixture(params=CACHE_CONFIGS, ids=[f"{c}-ps{p}" for c, p in CACHE_CONFIGS])
+def env(request):
+    """A 2048-token UnifiedRadixCache on the named tree core and page size, with vradix attached: `(fixture, state)`.
+    A module that needs another size defines its own `env`."""
+    from vradix.state import attach
+    from vradix.testing.cache_fixture import build_cache
+    core, ps = request.param
+    fx = build_cache(core, ps, kv_tokens=2048)
+    assert fx.tree_core_name == {"rust": "RustUnifiedTreeCore", "python": "UnifiedTreeCore"}[core]
+    return fx, attach(fx.cache)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: starts real SGLang CPU servers (slow)")
     config.addinivalue_line("markers", "long: a long profile: `make test-long` runs it, `make test` (CI) does not")

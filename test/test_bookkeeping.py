@@ -16,15 +16,6 @@ from vradix.admission import stamp
 from vradix.state import attach
 from vradix.testing.cache_fixture import build_cache, seq
 
-CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
-
-
-@pytest.fixture(params=CONFIGS, ids=[f"{c}-ps{p}" for c, p in CONFIGS])
-def env(request):
-    core, ps = request.param
-    fx = build_cache(core, ps, kv_tokens=2048)
-    return fx, attach(fx.cache)
-
 
 
 def running(fx, state, tokens, rid=None):

@@ -7,18 +7,8 @@ import torch
 from vradix import epochs, namespace
 from vradix.admission import stamp
 from vradix.namespace import ReservedNamespaceError
-from vradix.state import attach, state_of
-from vradix.testing.cache_fixture import build_cache, seq
-
-CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
-
-
-@pytest.fixture(params=CONFIGS, ids=[f"{c}-ps{p}" for c, p in CONFIGS])
-def env(request):
-    core, ps = request.param
-    fx = build_cache(core, ps, kv_tokens=2048)
-    assert fx.tree_core_name == {"rust": "RustUnifiedTreeCore", "python": "UnifiedTreeCore"}[core]
-    return fx, attach(fx.cache)
+from vradix.state import state_of
+from vradix.testing.cache_fixture import seq
 
 
 

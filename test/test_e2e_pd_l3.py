@@ -14,15 +14,16 @@ while a test asks it to.
   B computes it;
 - a page lost between the promise and the restore (the store still reports it, the read finds it gone): decode's
   restore comes up short, SGLang fails that attempt on decode (`HiCacheRestoreResult.FAILED`), which vradix answers
-  with HTTP 503 naming the lost pages (`vradix.pd.lost_restore`; stock answers a generic 500), and the client's retry
-  is computed correctly: decode promises only the pages that really loaded, the lost span is never a hit, nothing
+  with HTTP 503 naming the lost pages (`vradix.pd.lost_restore`; stock answers a generic 500); the router retries it,
+  and the retry is computed correctly: decode promises only the pages that really loaded, the lost span is never a hit, nothing
   leaks, and the pair keeps serving;
 - pages deleted from the store behind decode's back (after its metadata cache indexed them) are the same path: the
   metadata cache still reports them, decode promises them, the restore comes up short and fails with the 503, and the
-  retry gets only the pages that loaded from decode and the rest from prefill; the idle pool is exact.
+  router's retry gets only the pages that loaded from decode and the rest from prefill; the idle pool is exact.
 
 The oracle is a fresh non-P/D stock server on each weight (the session's `pd_oracle`). The router is smg, which
-passes decode's 503 through to the client.
+retries a request whose decode answered 500 or 503 (its default retry policy); the 503 itself is checked at cache
+level (`test_publication_hooks.py::test_a_restore_that_came_up_short_is_answered_503_naming_the_lost_pages`).
 """
 import os
 
@@ -101,14 +102,6 @@ def test_after_a_publication_decode_never_restores_the_old_identitys_pages(pair,
     assert promised_by_decode(served) == 0 and served["output_ids"] == oracle["B"], served
 
 
-def fails_with_the_lost_restore_503(pair) -> None:
-    """The attempt whose restore comes up short: a retryable 503 that names the cause, not SGLang's generic 500."""
-    r = pair.post("/generate", {"input_ids": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 6,
-                                                                         "ignore_eos": True}}, timeout=120)
-    assert r.status_code == 503, (r.status_code, r.text[:300])
-    assert "restore of the prefix it promised prefill came up short" in r.text, r.text[:300]
-
-
 def restore_failures(server) -> int:
     """How many restores came up short on `server` so far (SGLang's decode log)."""
     return server.logs().count(RESTORE_FAILED)
@@ -119,7 +112,7 @@ def test_a_page_lost_between_promise_and_restore_fails_safely_is_recomputed_and_
     """Decode's storage query finds all 600 pages of the prompt and it promises them; then its prefetch's reads find
     pages 300 on gone (`lossy_store`: the read deletes the page first). The restore loads 300 of the 600 promised
     tokens, so SGLang fails that attempt on decode ("HiCache local restore failed on this rank") instead of serving
-    it; vradix answers it with a 503 naming the lost pages, and the client retries. The retry must not see the lost span as a hit: decode promises only the 300
+    it; vradix answers it with a 503 naming the lost pages, and the router retries. The retry must not see the lost span as a hit: decode promises only the 300
     tokens the failed restore did load (now in its host tier), prefill computes the rest, and the answer is a fresh
     server's. Nothing leaks on either role, and the pair keeps serving."""
     wait_stored(pair.decode, store, PROMPT)  # B's pages, from the previous test's request
@@ -128,10 +121,9 @@ def test_a_page_lost_between_promise_and_restore_fails_safely_is_recomputed_and_
     failures = restore_failures(pair.decode)
     lossy_store.lose_on_read(store, pages[300:])
     try:
-        fails_with_the_lost_restore_503(pair)
+        served = pair.generate(PROMPT, 6)
     finally:
         lossy_store.stop_losing(store)
-    served = pair.generate(PROMPT, 6)  # the client's retry
     # the first attempt failed on decode, and only it (the store's files prove nothing here: the retry stores the
     # lost pages again, asynchronously)
     assert restore_failures(pair.decode) == failures + 1
@@ -158,8 +150,7 @@ def test_pages_deleted_behind_decodes_back_fail_the_restore_and_the_retry_is_cor
     for f in pages[300:]:
         os.remove(f)
     failures = restore_failures(pair.decode)
-    fails_with_the_lost_restore_503(pair)
-    served = pair.generate(PROMPT, 6)  # the client's retry
+    served = pair.generate(PROMPT, 6)
     assert restore_failures(pair.decode) == failures + 1
     assert promised_by_decode(served) == 300, served["meta_info"]["pd_spans"]
     assert [s["role"] for s in served["meta_info"]["pd_spans"]] == ["decode_cache", "prefill", "decode"]

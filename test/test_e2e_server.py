@@ -209,7 +209,7 @@ def test_fail_closed_when_a_hook_cannot_be_installed(models):
 
 
 def test_disable_radix_cache_versions_only_the_weight_derived_caches(models):
-    """No tree to version: the startup log says what vradix still versions (test_e2e_mm_no_radix.py runs it)."""
+    """No tree to version: the startup log says what vradix still versions (test_e2e_multimodal.py runs it on a VLM)."""
     with CpuServer(models[0], extra_args=["--disable-radix-cache"]) as s:
         assert "active without a radix cache: no prefix tree to version" in s.logs()
         assert s.generate(PROBE, 4)["meta_info"]["cached_tokens"] == 0

@@ -3,7 +3,6 @@ UnifiedRadixCache (Rust and Python TreeCores, page sizes 1 and 16) with its real
 `Session` objects, driven through the scheduler's own mem_cache functions (`match_kv_cache`, `alloc`,
 `maybe_hand_to_session`, `checkpoint_kv_cache`, `release_kv_cache`). Memory is checked with SGLang's own idle check
 (`SchedulerInvariantChecker` over a `SchedulerPoolStatsObserver`, which count what session slots hold)."""
-import pytest
 
 from sglang.srt.managers.scheduler_components.invariant_checker import SchedulerInvariantChecker
 from sglang.srt.managers.scheduler_components.pool_stats_observer import SchedulerPoolStatsObserver
@@ -12,17 +11,7 @@ from sglang.srt.session.session_controller import Session
 
 from vradix import epochs, guard, provenance
 from vradix.admission import stamp
-from vradix.state import attach
-from vradix.testing.cache_fixture import build_cache, seq
-
-CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
-
-
-@pytest.fixture(params=CONFIGS, ids=[f"{c}-ps{p}" for c, p in CONFIGS])
-def env(request):
-    core, ps = request.param
-    fx = build_cache(core, ps, kv_tokens=2048)
-    return fx, attach(fx.cache)
+from vradix.testing.cache_fixture import seq
 
 
 def open_session(sid: str = "s1") -> Session:

@@ -4,7 +4,7 @@
   (`SiglipVisionEmbeddings`) modules are dropped at a publication, so the next forward interpolates the new weights;
 - with the radix cache off (SGLang's real UnifiedRadixCache built with `disable=True`, as `--disable-radix-cache`
   builds it) every publication path and `/flush_cache` still drop the multimodal embedding cache and the grids, once
-  per publication (the E2E counterpart is `test_e2e_mm_no_radix.py`);
+  per publication (the E2E counterpart is `test_e2e_multimodal.py`);
 - EPD flags (`--encoder-only`, `--language-only`, `--enable-mm-global-cache`) stop the launch in SGLang's own
   `check_server_args`, with the error naming the flag and the alternative;
 - a `load_format="direct"` tensor update of a model that derives weights after loading (SGLang's real
