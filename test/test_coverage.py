@@ -30,6 +30,8 @@ LAUNCH_CONTEXT = {
     "pd-role-switch": ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake_tcp",
                        "--vradix-weight-identity", "fingerprint"],
     "spec-relaxed-accept": ["--speculative-algorithm", "NGRAM"],
+    "pd-decode-session": ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake_tcp",
+                          "--vradix-weight-identity", "fingerprint"],
 }
 #: rows whose flag SGLang accepts only for a vision-language model
 NEEDS_VL_MODEL = {"epd-encoder", "epd-language", "epd-global-store"}
@@ -100,7 +102,7 @@ def flag_of(row_id: str) -> str:
 def test_every_refusal_has_its_row():
     from vradix import epd
     flags = {flag_of(i) for i in refused_at_launch()}
-    refused = {r.flag.split("/")[0].split()[0] for r in unversioned.REFUSALS} | {f for _, f in epd.EPD_FLAGS}
+    refused = {r.flag.split()[0].split("/")[0] for r in unversioned.REFUSALS} | {f for _, f in epd.EPD_FLAGS}
     assert refused <= flags
 
 

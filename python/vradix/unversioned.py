@@ -53,6 +53,12 @@ REFUSALS = (
             "a role switch resets the tree under the launch role's scope, so the role-local L3 namespaces and the "
             "decode-only restore rules would follow the wrong role",
             "separate prefill and decode engines, each started in its role"),
+    Refusal("--enable-streaming-session on a P/D decode role",
+            lambda args: (bool(getattr(args, "enable_streaming_session", False))
+                          and getattr(args, "disaggregation_mode", "null") == "decode"),
+            "decode hands a transferred request's KV record to its session slot (DecodeTransferQueue), a path "
+            "vradix's session step (docs/streaming-sessions.md) has not been checked against",
+            "streaming sessions on a non-P/D engine, or plain sessions over P/D"),
     Refusal("--speculative-accept-threshold-single/--speculative-accept-threshold-acc below 1",
             lambda args: (getattr(args, "speculative_algorithm", None) is not None
                           and min(float(getattr(args, "speculative_accept_threshold_single", 1.0)),
