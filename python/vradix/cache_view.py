@@ -82,8 +82,12 @@ class PrefixHits:
 
 def record_admission(state: EpochState, cache, req) -> None:
     """An admitted request reuses `req.prefix_len` cached tokens ending at `req.last_node`: one hit on that node."""
+    from sglang.srt.session.streaming_session import is_virtual_node
+
     st = request.of(req)
-    if req.prefix_len <= 0 or st is None or req.last_node is None or cache.is_root(req.last_node):
+    # a streaming session's turn reuses its slot's record, not a tree node (its `last_node` is a virtual node)
+    if (req.prefix_len <= 0 or st is None or req.last_node is None or is_virtual_node(req.last_node)
+            or cache.is_root(req.last_node)):
         return
     head = req.origin_input_ids[:min(req.prefix_len, MAX_HEAD_TOKENS)]
     state.prefix_hits.record(req.last_node, st.epoch, req.prefix_len, head)
