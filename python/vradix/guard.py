@@ -118,12 +118,12 @@ def allowed_epochs(st: Optional[ReqState], current: int) -> tuple[int, int]:
 def prefix_reads(batch, current: int) -> list[PrefixRead]:
     """The prefix reads of an extend batch: every request it extends (not the decoding requests a mixed batch
     carries, whose KV passed this check at their own prefill) that reads at least one cached position."""
-    decoding = {id(r) for r in (getattr(batch, "decoding_reqs", None) or ())}
+    decoding = batch.decoding_reqs
     reads = []
     for req, n in zip(batch.reqs, batch.prefix_lens):
-        if n > 0 and id(req) not in decoding:
+        if n > 0 and not (decoding and req in decoding):
             lo, hi = allowed_epochs(request.of(req), current)
-            reads.append(PrefixRead(req, int(req.kv.req_pool_idx), int(n), lo, hi))
+            reads.append(PrefixRead(req, req.kv.req_pool_idx, n, lo, hi))
     return reads
 
 
@@ -131,8 +131,6 @@ def check_prefix_reads(ledger: PageLedger, stats: GuardStats, req_to_token: torc
                        reads: list[PrefixRead]) -> list[tuple[PrefixRead, int]]:
     """One gather/compare over every read of the batch and one host read; returns the violating reads with their
     count of bad positions."""
-    if not reads:
-        return []
     counts = kernels.rows_outside_epochs(ledger.page_epoch, req_to_token, [r.row for r in reads],
                                          [r.length for r in reads], [r.lo for r in reads], [r.hi for r in reads],
                                          ledger.page_size)

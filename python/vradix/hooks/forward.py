@@ -17,10 +17,11 @@ def backstop_extend_batch(scheduler, batch, *args, **kwargs):
     if (state is None or state.ledger is None or state.guard.verify != "strict" or batch is None
             or not batch.forward_mode.is_extend() or getattr(batch, "split_index", 0)):
         return
+    reads = guard.prefix_reads(batch, state.epoch)
+    if not reads:
+        return
     req_to_token = scheduler.req_to_token_pool.req_to_token
-    bad = guard.check_prefix_reads(state.ledger, state.guard_stats, req_to_token,
-                                   guard.prefix_reads(batch, state.epoch))
-    for read, n in bad:
+    for read, n in guard.check_prefix_reads(state.ledger, state.guard_stats, req_to_token, reads):
         what = guard.violation_message(state.ledger, req_to_token, read, n, state.epoch)
         guard.record_violation(state.guard_stats, what + ("; detected only (more than one TP/PP rank)"
                                                          if state.guard.detect_only else "; failing the request"))
