@@ -113,46 +113,43 @@ def verify_vs_attention(device, repeats) -> list[dict]:
 
 
 def guard_overhead(repeats: int) -> list[dict]:
-    """Cost of the strict guard on SGLang's real UnifiedRadixCache (CPU): match_kv_cache of a cached prefix with
-    VRADIX_VERIFY=strict vs off. `strict` is a first check (the guard re-reads the match's slots and checks them:
-    one gather/compare, one host read); `strict, verdict reused` is the scheduler's re-match of a waiting request
-    whose verdict still holds (no check)."""
+    """Cost of the strict guard's backstop on SGLang's real UnifiedRadixCache (CPU): `Scheduler.run_batch`'s BEFORE
+    hook on an extend batch whose requests reuse a cached prefix, for a batch of one request and of eight (one
+    gather/compare over the batch and one host read either way)."""
     import os
     try:
         from sglang.srt.plugins import load_plugins
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from vradix.admission import stamp
+        from vradix.hooks.forward import backstop_extend_batch
         from vradix.state import attach
-        from vradix.testing.cache_fixture import build_cache
-        from sglang.srt.mem_cache import common
+        from vradix.testing.cache_fixture import ForwardWrite, build_cache
     except ImportError:
         return []
     os.environ.pop("VRADIX_DISABLE", None)
     load_plugins()
     rows = []
     for plen in (256, 2048, 16384):
-        fx = build_cache("rust", 16, kv_tokens=4 * plen, max_reqs=8, max_context_len=plen + 64)
+        fx = build_cache("rust", 16, kv_tokens=4 * plen, max_reqs=9, max_context_len=plen + 64)
         state = attach(fx.cache)
         warm = fx.make_req(list(range(1, plen + 2)))
         stamp(state, warm)
         fx.admit(warm)
         fx.prefill(warm)
         fx.finish(warm)
-        res = {}
-        for mode in ("off", "strict", "strict, verdict reused"):
-            state.guard.verify = mode.split(",")[0]
-            req = fx.make_req(list(range(1, plen + 2)))
+        reqs = []
+        for i in range(8):
+            req = fx.make_req(list(range(1, plen + 1)) + [plen + 2 + i])
             stamp(state, req)
-            st = req._vradix
-
-            def match(fresh=(mode == "strict")):
-                if fresh:  # a first check: no verdict cached for this match yet
-                    st.verdict_key = None
-                common.match_kv_cache(req, fx.cache, req.origin_input_ids, max_prefix_len=plen)
-            res[mode] = timer(torch.device("cpu"))(match, repeats)
-            assert req.prefix_len == plen
-        rows.append({"prefix": plen, "match_off_us": res["off"] * 1e6, "match_strict_us": res["strict"] * 1e6,
-                     "guard_us": (res["strict"] - res["off"]) * 1e6,
-                     "rematch_reused_us": res["strict, verdict reused"] * 1e6})
+            assert fx.admit(req) == plen
+            reqs.append(req)
+        res = {}
+        for n in (1, 8):
+            batch = ForwardWrite(out_cache_loc=torch.empty(0, dtype=torch.int64), forward_mode=ForwardMode.EXTEND,
+                                 reqs=reqs[:n], prefix_lens=[plen] * n)
+            res[n] = timer(torch.device("cpu"))(lambda: backstop_extend_batch(fx.scheduler_view(), batch), repeats)
+        assert state.guard_stats.violations_caught == 0
+        rows.append({"prefix": plen, "backstop_1_req_us": res[1] * 1e6, "backstop_8_reqs_us": res[8] * 1e6})
     return rows
 
 
@@ -197,11 +194,11 @@ def main(argv=None):
                   f"{r['ratio_pct']:>9.3f}")
     guard = guard_overhead(args.repeats) if device.type != "cuda" else []
     if guard:
-        print("\n# strict guard on the real UnifiedRadixCache (Rust core, page 16, CPU, 1 thread)")
-        print(f"{'prefix':>8}{'match off us':>14}{'match strict us':>17}{'guard us':>10}{'re-match reused us':>20}")
+        print("\n# strict guard's backstop on an extend batch, real UnifiedRadixCache (Rust core, page 16, CPU, "
+              "1 thread)")
+        print(f"{'prefix':>8}{'1 request us':>14}{'8 requests us':>15}")
         for r in guard:
-            print(f"{r['prefix']:>8}{r['match_off_us']:>14.1f}{r['match_strict_us']:>17.1f}{r['guard_us']:>10.1f}"
-                  f"{r['rematch_reused_us']:>20.1f}")
+            print(f"{r['prefix']:>8}{r['backstop_1_req_us']:>14.1f}{r['backstop_8_reqs_us']:>15.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": str(device), "results": results, "verify_vs_attention": ratios, "guard": guard}, f, indent=1)

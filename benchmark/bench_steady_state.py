@@ -7,7 +7,7 @@ For each scheduling policy, one vradix and one stock server run side by side on 
 Each round sends the same seeded GRPO-shaped traffic to both, one after the other, the order alternating by round:
 `--groups` prompts of `--prefix` shared tokens, each sampled `--group-size` times with a distinct suffix, sent by
 `--concurrency` clients at once to a server that runs at most `--max-running` requests, so a waiting queue forms and
-SGLang re-matches it on every prefill pass (what the strict guard's verdict cache and per-pass batching are for).
+SGLang re-matches it on every prefill pass (the strict guard checks each extend batch once, before its forward).
 Round r uses seed r for both servers, so both caches see the same history. Throughput = requests / wall time of
 the round; the table shows the median over rounds and every round's pair. The greedy outputs of the two servers must
 be identical (checked), and the vradix server's guard counters show how many prefix checks ran.
@@ -50,7 +50,7 @@ def run_round(server, prompts, new_tokens: int, concurrency: int) -> tuple[float
 
 def guard_counters(server) -> dict:
     led = (server.vradix_info() or {}).get("kv_ledger") or {}
-    return {k: led.get(k) for k in ("verify_mode", "prefixes_verified", "verdicts_reused", "verify_host_reads",
+    return {k: led.get(k) for k in ("verify_mode", "prefixes_verified", "verify_host_reads",
                                     "violations_caught")}
 
 
@@ -107,12 +107,12 @@ def main():
         model = generate(os.path.join(d, "A"), seed=1, dtype="float32", init_range=0.2)
         rows = [bench_policy(model, pol, a) for pol in a.policies.split(",")]
     print("\n| policy | stock req/s (median) | vradix req/s (median) | overhead | rounds (stock / vradix) | "
-          "outputs identical | prefixes verified | verdicts reused | verify host reads |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "outputs identical | prefixes verified | verify host reads |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         rounds = "; ".join(f"{s:.2f} / {v:.2f}" for s, v in r["rounds"])
         print(f"| {r['policy']} | {r['stock']:.2f} | {r['vradix']:.2f} | {r['overhead']:+.1f}% | {rounds} | "
-              f"{r['identical']} | {r['prefixes_verified']} | {r['verdicts_reused']} | {r['verify_host_reads']} |")
+              f"{r['identical']} | {r['prefixes_verified']} | {r['verify_host_reads']} |")
     if not all(r["identical"] for r in rows):
         sys.exit("outputs differ between stock and vradix")
 

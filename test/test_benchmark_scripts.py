@@ -29,11 +29,10 @@ def test_bench_publication_prints_both_tables():
 def test_bench_steady_state_smoke_prints_the_table():
     """Starts one stock and one vradix CPU server (concurrently); greedy outputs must match (the script checks)."""
     out = run_script("benchmark/bench_steady_state.py", "--smoke", timeout=380)
-    row = re.search(r"^\| lpm \| [\d.]+ \| [\d.]+ \| [+-][\d.]+% \| .* \| True \| (\d+) \| (\d+) \| (\d+) \|$",
-                    out, re.M)
+    row = re.search(r"^\| lpm \| [\d.]+ \| [\d.]+ \| [+-][\d.]+% \| .* \| True \| (\d+) \| (\d+) \|$", out, re.M)
     assert row, out
-    verified, reused, host_reads = map(int, row.groups())
-    assert verified > 0 and host_reads < verified + reused  # the strict guard ran, and batched or reused checks
+    verified, host_reads = map(int, row.groups())
+    assert 0 < host_reads <= verified  # the strict guard's backstop ran: one host read per checked extend batch
 
 
 def test_bench_fingerprint_smoke_prints_the_table():

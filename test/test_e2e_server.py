@@ -227,7 +227,8 @@ def held_prefix_publication(s, new_model):
                                                "weight_version": "v2"}).json()
     assert upd["success"], upd
     assert s.post("/continue_generation", {}).status_code == 200
-    probe = s.generate(PROBE, 4)
+    probe = s.post("/generate", {"input_ids": PROBE, "sampling_params": {"temperature": 0, "max_new_tokens": 4,
+                                                                         "ignore_eos": True}})
     assert inflight.result()["meta_info"]["completion_tokens"] == 300
     return probe, s.vradix_info()["kv_ledger"]
 
@@ -235,19 +236,25 @@ def held_prefix_publication(s, new_model):
 @pytest.mark.parametrize("verify", ["off", "strict"])
 def test_ledger_guard_catches_stale_prefix_when_the_namespace_is_broken(models, oracle, verify):
     """Fault: VRADIX_FAULT_NO_NAMESPACE drops the epoch namespace, so the tree offers the in-flight request's stale
-    PREFIX to the probe. With the guard off the stale KV is served (the fault is real); in strict mode the KV page
-    ledger sees pages of epoch 0 behind an epoch-1 request and recomputes it: output equals the fresh new-weights
-    server."""
+    PREFIX to the probe. With the guard off the stale KV is served (the fault is real); in strict mode the backstop
+    before the forward sees pages of epoch 0 behind an epoch-1 request and fails it with an error naming vradix and
+    the epochs (never silent). Once the in-flight request released the stale prefix, the same probe equals the
+    fresh new-weights server."""
     env = {"VRADIX_FAULT_NO_NAMESPACE": "1", "VRADIX_VERIFY": verify}
     with CpuServer(models[0], env=env) as s:
         probe, led = held_prefix_publication(s, models[1])
         if verify == "off":
-            assert probe["meta_info"]["cached_tokens"] == 200 and probe["output_ids"] != oracle["B"]["probe"]
+            body = probe.json()
+            assert probe.status_code == 200 and body["meta_info"]["cached_tokens"] == 200
+            assert body["output_ids"] != oracle["B"]["probe"]
             assert led["violations_caught"] == 0
         else:
-            assert probe["meta_info"]["cached_tokens"] == 0
-            assert probe["output_ids"] == oracle["B"]["probe"]
-            assert led["violations_caught"] >= 1 and "recomputing it as a cache miss" in led["last_violation"]
+            assert probe.status_code == 500, probe.text
+            assert "vradix KV backstop" in probe.text and "not written under epoch 1" in probe.text, probe.text
+            assert led["violations_caught"] >= 1 and "failing the request" in led["last_violation"]
             assert "vradix verify guard" in s.logs()
-        assert s.generate(PROBE, 4)["meta_info"]["weight_version"] == "v2"  # the engine keeps serving
+        again = s.generate(PROBE, 4)  # the engine keeps serving
+        assert again["meta_info"]["weight_version"] == "v2"
+        if verify == "strict":  # nothing of the failed probe was inserted
+            assert again["output_ids"] == oracle["B"]["probe"]
         assert "Traceback" not in s.logs()

@@ -126,12 +126,13 @@ def test_load_back_carries_the_epoch_of_the_host_copy_and_the_strict_guard_verif
     assert epochs_of(ledger, slots) == {0}, "load-back wrote device KV the ledger does not know"
     assert all(torch.equal(a, b) for a, b in zip(kit._snapshot_full_kv(fx.allocator, slots), expected_kv))
 
-    # a strict-guard match over the loaded pages verifies clean and reuses them ...
+    # a request reusing the loaded pages passes the strict guard's backstop at its forward ...
     again = fx.make_req(P + [3])
     stamp(state, again)
     assert fx.admit(again) == len(P)
-    assert state.guard_stats.prefixes_verified == 2 and state.guard_stats.violations_caught == 0
     fx.prefill(again)
+    assert state.guard_stats.prefixes_verified == 2 and state.guard_stats.violations_caught == 0
+    assert again.discard_output_reason is None
     fx.finish(again)
     # ... and the same pages are not accepted for a request of the next epoch
     assert guard.matched_prefix_violations(ledger, slots, expected_epoch=1).count == len(P)

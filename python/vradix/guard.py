@@ -1,29 +1,18 @@
 """Run-time checks on the KV page ledger: the prefix verify guard and the post-publication audit.
 
 Verify guard (`VRADIX_VERIFY=off|sample|strict`, default `strict`):
-* strict — every tree match a request adopts is checked before anything is allocated for it: each matched position's
-  page must carry the request's epoch. On a violation the match is redone as a miss (SGLang itself records an empty
-  match), so the corrupt KV never reaches the model and the request recomputes its prompt; `violations_caught`
-  counts it. Nothing is locked at match time, so nothing has to be undone.
-  Cost: SGLang re-matches every waiting request (up to 128) on every prefill pass (`SchedulePolicy.calc_priority`:
-  `lpm`, and `fcfs` on a tree core that reports a fast match) and once more when it admits one, so the check would
-  be paid per pass per waiting request. Two things keep it at about one check per admission and one host read per pass:
-  - the verdict cache: a request's verdict is kept in its `ReqState` with the key `(epoch, matched length, last
-    node, ledger generation)` (`verdict_key`) and reused while the key is unchanged;
-  - batching: the matches of one `calc_priority` pass are verified together at its end, one gather/compare over all
-    their slots and one host read (`kernels.prefix_violation_counts`).
-  Why a reused verdict is sound. A verdict says: the slots the tree returned for this request's match all lie on
-  pages that read the request's epoch E. A later match with the same key returns the same slots: the slots are the
-  path from the namespace root of E to `last node`, cut at the same length, and SGLang's tree never rewrites the
-  value of a live node (a split keeps the path's slots; a node that goes away frees its pages, which moves the
-  generation, and so does a HiCache load-back of new device slots, `PageLedger.note_overwritten`). Those pages still
-  read E: the ledger generation moves on every event that can make a page stop reading an epoch it read — a free,
-  a clear, an overwrite, a write under another epoch than the previous write's — and the verdict is only cached
-  when the last write's epoch was E (or there was none), so the writes the generation lets through only write E.
-  What forces a fresh check is exactly what can make the old verdict wrong: a larger matched length (positions
-  never checked), a publication (the request is re-bound to a new epoch: a different E and namespace root), a
-  different last node, or any free/reuse of pages in between (the pages of a verified prefix can be freed and
-  reused between two matches of the same request). A new request never inherits a verdict.
+* strict — the backstop at the last point before the forward (`Scheduler.run_batch`, BEFORE): for an extend batch,
+  every KV position a request reads without this forward writing it — positions [0, prefix_len) of its row,
+  whatever put them there: a tree match, a streaming session's lent record, a restored retraction backup, a
+  HiCache load-back, a P/D transfer — must lie on a page whose ledger epoch is the request's bound epoch, or, for a
+  crossing request, an epoch from its bound one to the current one (its own KV, computed across the bumps it
+  crossed; `allowed_epochs`). One gather/compare over the whole batch and one host read
+  (`kernels.rows_outside_epochs`). A violating request fails with a clear error (vradix, the epochs, the count of
+  bad positions) through SGLang's own "forward ran on KV that must not be used" path: its output is discarded,
+  it finishes aborted, and it inserts nothing (`hooks.forward.fail_stale_reads`). `violations_caught` counts it.
+  The backstop sees only what the ledger records (see `vradix.ledger`): state outside the KV pool (a recurrent
+  state slot, an embedding cache, weight-derived buffers) and KV written by paths that bypass the ledger (the
+  engines where the ledger is off) are not checked.
 * sample — every Nth prefill batch (`VRADIX_VERIFY_SAMPLE_EVERY`, default 16) that reuses cached prefix KV is checked
   after its rows are written, with one fused kernel over the batch. Detection only: a violation is counted and logged.
 * off — no check.
@@ -61,7 +50,7 @@ class GuardConfig:
     verify: str = "strict"
     sample_every: int = 16
     audit: str = "report"
-    #: detection only: a strict violation is counted and logged but the match stands, and `repair` only reports.
+    #: detection only: a strict violation is counted and logged but the request runs, and `repair` only reports.
     #: Set when the engine has more than one TP/PP rank (`for_ranks`): each rank decides from its own ledger, and
     #: ranks that disagreed on a prefix length or on freed pages would schedule differently and hang a collective.
     detect_only: bool = False
@@ -91,11 +80,9 @@ class GuardConfig:
 
 @dataclass
 class GuardStats:
-    #: matched prefixes checked against the ledger (each one a fresh verdict)
+    #: request prefixes checked against the ledger (strict: each extend read; plus each HiCache load-back)
     prefixes_verified: int = 0
-    #: matches whose cached verdict was reused (no check)
-    verdicts_reused: int = 0
-    #: strict checks run (each one a gather/compare and one host read, for one prefix or for a whole pass)
+    #: strict checks run (each one a gather/compare and one host read, for a whole extend batch)
     verify_host_reads: int = 0
     batches_verified: int = 0
     violations_caught: int = 0
@@ -107,49 +94,60 @@ class GuardStats:
     _prefill_batches_seen: int = 0
 
 
-# ---- strict: at match time -------------------------------------------------------------------------------------------
-@dataclass
-class PendingMatch:
-    """A match taken inside a scheduling pass, verified with the pass's others at its end."""
+# ---- strict: the forward backstop -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PrefixRead:
+    """The KV an extend batch's forward reads for one request without writing it: positions [0, length) of its row,
+    each of which must lie on a page whose epoch is in [lo, hi]."""
     req: object
-    slots: torch.Tensor
-    epoch: int
-    key: Optional[tuple]
+    row: int
+    length: int
+    lo: int
+    hi: int
 
 
-def verdict_key(ledger: PageLedger, req, epoch: int) -> Optional[tuple]:
-    """The key a verdict on `req`'s current match is valid for, or None when it may not be cached (the ledger's last
-    write was under another epoch, so a later write that the generation lets through could overwrite epoch pages)."""
-    written = ledger.written_epoch
-    if written is not None and written != epoch:
-        return None
-    return (epoch, req.prefix_len, req.last_node, ledger.generation)
+def allowed_epochs(st: Optional[ReqState], current: int) -> tuple[int, int]:
+    """The epochs a request's prefix pages may carry: its bound epoch; for a crossing request, also every epoch from
+    there to the current one (its own KV, computed across the bumps it crossed). A request vradix never bound may
+    read only current-epoch KV (fail closed)."""
+    if st is None:
+        return current, current
+    return (st.epoch, current) if st.crossed else (st.epoch, st.epoch)
 
 
-def verify_match(ledger: PageLedger, stats: GuardStats, st: ReqState, slots: torch.Tensor, epoch: int,
-                 key: Optional[tuple]) -> int:
-    """Check one match now (one gather/compare, one host read) and cache the verdict in `st`. Returns its
-    violation count."""
-    n = kernels.prefix_violation_counts(ledger.page_epoch, [slots], [epoch], ledger.page_size)[0]
+def prefix_reads(batch, current: int) -> list[PrefixRead]:
+    """The prefix reads of an extend batch: every request it extends (not the decoding requests a mixed batch
+    carries, whose KV passed this check at their own prefill) that reads at least one cached position."""
+    decoding = batch.decoding_reqs
+    reads = []
+    for req, n in zip(batch.reqs, batch.prefix_lens):
+        if n > 0 and not (decoding and req in decoding):
+            lo, hi = allowed_epochs(request.of(req), current)
+            reads.append(PrefixRead(req, req.kv.req_pool_idx, n, lo, hi))
+    return reads
+
+
+def check_prefix_reads(ledger: PageLedger, stats: GuardStats, req_to_token: torch.Tensor,
+                       reads: list[PrefixRead]) -> list[tuple[PrefixRead, int]]:
+    """One gather/compare over every read of the batch and one host read; returns the violating reads with their
+    count of bad positions."""
+    counts = kernels.rows_outside_epochs(ledger.page_epoch, req_to_token, [r.row for r in reads],
+                                         [r.length for r in reads], [r.lo for r in reads], [r.hi for r in reads],
+                                         ledger.page_size)
     stats.verify_host_reads += 1
-    stats.prefixes_verified += 1
-    st.verdict_key, st.verdict_ok = key, n == 0
-    return n
+    stats.batches_verified += 1
+    stats.prefixes_verified += len(reads)
+    return [(r, n) for r, n in zip(reads, counts) if n]
 
 
-def verify_matches(ledger: PageLedger, stats: GuardStats, pending: list[PendingMatch]) -> list[int]:
-    """Check a scheduling pass's matches together (one gather/compare, one host read) and cache each verdict in its
-    `ReqState`. Returns the violation count of each."""
-    if not pending:
-        return []
-    counts = kernels.prefix_violation_counts(ledger.page_epoch, [p.slots for p in pending],
-                                             [p.epoch for p in pending], ledger.page_size)
-    stats.verify_host_reads += 1
-    stats.prefixes_verified += len(pending)
-    for p, n in zip(pending, counts):
-        st = request.require(p.req)
-        st.verdict_key, st.verdict_ok = p.key, n == 0
-    return counts
+def violation_message(ledger: PageLedger, req_to_token: torch.Tensor, read: PrefixRead, bad: int,
+                      current: int) -> str:
+    """What the request fails with: vradix, the epochs expected and found, and how many positions are bad."""
+    epochs = kernels.reference.row_epochs(ledger.page_epoch, req_to_token, read.row, read.length, ledger.page_size)
+    found = sorted({int(e) for e in epochs.tolist()} - set(range(read.lo, read.hi + 1)))
+    want = f"epoch {read.lo}" if read.lo == read.hi else f"epochs {read.lo}..{read.hi}"
+    return (f"vradix KV backstop: request {read.req.rid} would read {bad} of {read.length} prefix KV positions not "
+            f"written under {want} (found epoch(s) {found}, -1 = freed page; engine epoch {current})")
 
 
 def matched_prefix_violations(ledger: PageLedger, slots: torch.Tensor, expected_epoch: int) -> kernels.Violations:

@@ -16,12 +16,8 @@ Kept in step with the allocator at the cheapest points that see every write and 
 * HiCache copies (load-back writes device KV without a forward pass): the destination pages take the epochs of the
   host copies they load (`vradix.hicache_ledger`, which keeps the host pool's ledger).
 
-`generation` (host int) counts the ledger changes that can make a page stop reading an epoch it read: a free of at
-least one slot, a clear, a write under an epoch other than the previous write's (`stamp_written`), and any other
-overwrite (`note_overwritten`, e.g. a HiCache load-back). Writes under the same epoch as the previous write do not
-count: they only turn FREE pages into that epoch. So while `generation` is unchanged, every page that read epoch
-`written_epoch` still reads it — what lets the strict guard reuse a verdict (`vradix.guard`). Every change to
-`page_epoch` goes through the methods below (tests that corrupt it directly do so before any verdict exists).
+The strict guard reads the ledger right before each extend forward (`vradix.guard`, the backstop): every change to
+`page_epoch` goes through the methods below, or through the HiCache carry.
 """
 from __future__ import annotations
 
@@ -47,9 +43,6 @@ class PageLedger:
         self.page_size = int(allocator.page_size)
         self.device = torch.device(allocator.device)
         self.page_epoch = torch.full((self.num_pages_of(allocator),), FREE, dtype=torch.int32, device=self.device)
-        self.generation = 0
-        #: the epoch of the last `stamp_written` (None before the first)
-        self.written_epoch: Optional[int] = None
 
     @staticmethod
     def num_pages_of(allocator) -> int:
@@ -58,27 +51,17 @@ class PageLedger:
     def stamp_written(self, loc: Optional[torch.Tensor], epoch: int) -> None:
         """The forward pass about to run under `epoch` writes the KV slots `loc`."""
         if loc is not None and loc.numel():
-            if epoch != self.written_epoch:
-                self.generation += 1
-                self.written_epoch = epoch
             kernels.stamp(self.page_epoch, loc, epoch, self.page_size)
 
     def mark_freed_slots(self, loc: torch.Tensor) -> None:
         if loc.numel():
-            self.generation += 1
             kernels.stamp(self.page_epoch, loc, FREE, self.page_size)
 
     def mark_freed_pages(self, page_ids: torch.Tensor) -> None:
         if page_ids.numel():
-            self.generation += 1
             kernels.stamp(self.page_epoch, page_ids, FREE, 1)
 
-    def note_overwritten(self) -> None:
-        """Pages were given epochs by a path other than the methods above (a HiCache load-back's carry)."""
-        self.generation += 1
-
     def mark_all_free(self) -> None:
-        self.generation += 1
         n = self.num_pages_of(self.allocator)
         if n != self.page_epoch.numel():  # the allocator was resized
             self.page_epoch = torch.full((n,), FREE, dtype=torch.int32, device=self.device)

@@ -9,8 +9,6 @@ Invariants:
   and names `epoch` at the last bind;
 - `crossed` is True while the request holds KV across a bump; then `skip_insert_before` is what
   `req.skip_radix_cache_insert` was before vradix forced it on;
-- `verdict_key` / `verdict_ok` are the strict guard's last verdict on the request's matched prefix and the key it is
-  valid for (`vradix.guard.verdict_key`); None until a prefix was verified.
 A request that reaches a prefix match without a `ReqState` was never admitted by vradix: `require` raises
 `UnstampedRequestError` rather than guessing an epoch (fail closed).
 """
@@ -45,10 +43,6 @@ class ReqState:
     #: on a P/D decode role, once a publication revoked the request's unfulfilled prefix promise: the 503 reason it
     #: fails with (`vradix.pd.revocation`), whichever SGLang path then fails it
     revoked: Optional[str] = None
-    #: the strict guard's cached verdict on the matched prefix, and the (epoch, length, last node, ledger generation)
-    #: it holds for
-    verdict_key: Optional[tuple] = None
-    verdict_ok: bool = True
 
 
 def of(req) -> Optional[ReqState]:

@@ -102,9 +102,6 @@ class EpochState:
     ledger: Optional[PageLedger] = None
     guard: GuardConfig = field(default_factory=GuardConfig)
     guard_stats: GuardStats = field(default_factory=GuardStats)
-    #: while a scheduling pass re-matches the waiting queue (`hooks.admission.verify_scheduling_pass`): its matches,
-    #: verified together at the pass's end (`guard.PendingMatch`); None outside a pass
-    pending_matches: Optional[list] = None
     #: the last bump that was a publication (not a lock-aware flush)
     last_publication: Optional[Invalidation] = None
     #: LoRA adapter loads/unloads seen (each scoped to its adapter's own namespace)
@@ -219,7 +216,6 @@ class EpochState:
             "verify_mode": g.verify,
             "audit_mode": g.audit,
             "prefixes_verified": st.prefixes_verified,
-            "verdicts_reused": st.verdicts_reused,
             "verify_host_reads": st.verify_host_reads,
             "batches_verified": st.batches_verified,
             "violations_caught": st.violations_caught,

@@ -48,18 +48,21 @@ HOOKS = [
     (f"{_SCHED}._maybe_namespace_elastic_radix_cache", "AFTER", admission.stamp_request),
     (f"{_SCHED}._add_request_to_queue", "BEFORE", admission.stamp_unstamped_on_queue),
     (f"{_COMMON}.match_kv_cache", "BEFORE", admission.rebind_before_match),
-    (f"{_COMMON}.match_kv_cache", "AROUND", admission.verify_match),
     # streaming sessions: the slot record a turn kept across a publication is released, never lent to a later turn
     ("sglang.srt.session.streaming_session.StreamingSession.try_match_prefix", "BEFORE",
      admission.release_stale_session_slot),
-    ("sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority", "AROUND", admission.verify_scheduling_pass),
     (f"{_URC}.init_load_back", "AROUND", admission.verify_load_back),
     ("sglang.srt.mem_cache.allocation.alloc_for_extend", "AFTER", admission.sample_verify_prefill_batch),
     # prefill scheduling: a request waits for an uncached prefix another request is already computing
     (f"{_SCHED}._get_new_batch_prefill_raw", "AROUND", prefill.track_prefill_pass),
     ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", "AROUND", prefill.hold_back_duplicate_prefill),
-    # forward: the KV page ledger records which epoch wrote each page, and which pages are free
+    # forward: the strict guard's backstop fails a request whose cached KV (from the tree, a lent session record, a
+    # restored backup, a load-back) was not written under its epoch; the KV page ledger records which epoch wrote
+    # each page, and which pages are free. The backstop is registered after the stamp so that it wraps it and runs
+    # first: a forward that continues a partly filled page must not re-stamp that page before its cached positions
+    # are checked
     (f"{_SCHED}.run_batch", "BEFORE", forward.stamp_forward_batch),
+    (f"{_SCHED}.run_batch", "BEFORE", forward.backstop_extend_batch),
     (f"{_TOKEN_ALLOC}.free", "BEFORE", ledger.on_free_slots),
     (f"{_PAGED_ALLOC}.free", "BEFORE", ledger.on_free_slots),
     (f"{_PAGED_ALLOC}.free_page_ids", "BEFORE", ledger.on_free_pages),

@@ -1,5 +1,5 @@
-"""Step 1 hooks (scheduler process): stamp at admission, re-bind before a match, verify what a match adopts (and
-what a load-back from the HiCache host pool adds to it)."""
+"""Step 1 hooks (scheduler process): stamp at admission, re-bind before a match, and verify what a load-back from
+the HiCache host pool would add to a match (what a match adopts is checked before the forward, `hooks.forward`)."""
 from __future__ import annotations
 
 from vradix import admission, guard, hicache_ledger, lora, request, sessions
@@ -46,81 +46,6 @@ def release_stale_session_slot(session, params, *args, **kwargs):
     state = state_of(session.cache)
     if state is not None and params.req is not None:
         sessions.release_before_lend(state, session.cache, params.req)
-
-
-def verify_match(original, req, tree_cache, *args, **kwargs):
-    """AROUND mem_cache.common.match_kv_cache (strict guard): a tree match whose pages were not written under the
-    request's epoch is redone as a miss, before anything is locked or allocated for it. A verdict the request already
-    has for this match is reused (`guard.verdict_key`); inside a scheduling pass the check is deferred to the pass's
-    end, where the pass's matches are checked together."""
-    result = original(req, tree_cache, *args, **kwargs)
-    state = state_of(tree_cache)
-    if (state is None or state.ledger is None or state.guard.verify != "strict" or req.prefix_len == 0
-            or req.kv.holds_kv):
-        return result
-    st = request.require(req)
-    key = guard.verdict_key(state.ledger, req, st.epoch)
-    if key is not None and st.verdict_key == key:
-        state.guard_stats.verdicts_reused += 1
-        ok = st.verdict_ok
-    else:
-        slots = tree_cache.prefix_device_indices(req)
-        if state.pending_matches is not None:
-            state.pending_matches.append(guard.PendingMatch(req, slots, st.epoch, key))
-            return result
-        ok = guard.verify_match(state.ledger, state.guard_stats, st, slots, st.epoch, key) == 0
-        if not ok:
-            record_match_violation(state, req, slots, st.epoch)
-    if ok or state.guard.detect_only:
-        # detection only: every rank must schedule the same prefix length; one rank's ledger alone cannot change it
-        return result
-    # Inserting would de-duplicate the recomputed KV onto the corrupt entry and point the request's row back at it.
-    req.skip_radix_cache_insert = True
-    return original(req, tree_cache, *args, **{**kwargs, "max_prefix_len": 0})
-
-
-def verify_scheduling_pass(original, policy, *args, **kwargs):
-    """AROUND SchedulePolicy.calc_priority (strict guard): the pass re-matches every waiting request; their checks run
-    together at its end, in one gather/compare and one host read, and a violating match is redone as a miss then.
-    The pass's order is a heuristic and allocates nothing, so checking after it sorted changes no safety property:
-    the admitting match reuses (or recomputes) the verdict before anything is locked."""
-    state = state_of(policy.tree_cache)
-    if (state is None or state.ledger is None or state.guard.verify != "strict"
-            or state.pending_matches is not None):
-        return original(policy, *args, **kwargs)
-    state.pending_matches = []
-    try:
-        result = original(policy, *args, **kwargs)
-        pending = state.pending_matches
-    finally:
-        state.pending_matches = None
-    # a request matched twice in the pass keeps its last match
-    latest = list({id(p.req): p for p in pending}.values())
-    counts = guard.verify_matches(state.ledger, state.guard_stats, latest)
-    for p, n in zip(latest, counts):
-        if n:
-            record_match_violation(state, p.req, p.slots, p.epoch)
-            if not state.guard.detect_only and p.req.prefix_len:
-                match_kv_cache_as_miss(p.req, policy.tree_cache)
-    return result
-
-
-def record_match_violation(state, req, slots, epoch: int) -> None:
-    found = guard.matched_prefix_violations(state.ledger, slots, epoch)  # the first position, for the log
-    guard.record_violation(state.guard_stats, (
-        f"request {req.rid}: {found.count} of {slots.numel()} matched prefix positions were not written under "
-        f"epoch {epoch} (first at position {found.first_pos}); "
-        + ("detected only (more than one TP/PP rank)" if state.guard.detect_only
-           else "recomputing it as a cache miss")))
-
-
-def match_kv_cache_as_miss(req, tree_cache) -> None:
-    """Redo a pass's match of `req` as a miss, through SGLang's (hooked) match_kv_cache. Inserting would de-duplicate
-    the recomputed KV onto the corrupt entry and point the request's row back at it."""
-    from sglang.srt.mem_cache import common
-
-    req.skip_radix_cache_insert = True
-    common.match_kv_cache(req, tree_cache, max_prefix_len=0)
 
 
 def sample_verify_prefill_batch(_result, batch, *args, **kwargs):

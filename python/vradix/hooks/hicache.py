@@ -19,7 +19,6 @@ def carry_epochs_to_device(device_slots, controller, host_indices, *args, **kwar
     when it could not be queued)."""
     device, host = hicache_ledger.ledgers_of(controller)
     if device_slots is not None and device is not None and host is not None:
-        device.note_overwritten()
         hicache_ledger.carry(host.page_epoch, host_indices, device.page_epoch, device_slots, device.page_size)
 
 

@@ -100,13 +100,13 @@ def verify(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_si
     return Violations(*out.tolist())
 
 
-def prefix_violation_counts(page_epoch: torch.Tensor, slots: list[torch.Tensor], expected_epochs: list[int],
-                            page_size: int) -> list[int]:
-    """Per matched prefix (a 1-D tensor of its KV slots), the count of its slots on pages not of its expected epoch:
-    one gather/compare over all of them and one host read (`reference.prefix_violation_counts`). The strict guard
-    batches one scheduling pass's matches through it. Every implementation uses the torch form: it is a handful of
-    element-wise launches whose cost is the one host read, not the arithmetic."""
-    return reference.prefix_violation_counts(page_epoch, slots, expected_epochs, int(page_size))
+def rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: list[int], lens: list[int],
+                        lo: list[int], hi: list[int], page_size: int) -> list[int]:
+    """Per row, the count of its first `lens[i]` positions on pages whose epoch is outside [lo[i], hi[i]]: one
+    gather/compare over the batch and one host read (`reference.rows_outside_epochs`). The forward backstop checks
+    an extend batch's prefixes through it. Every implementation uses the torch form: it is a handful of element-wise
+    launches whose cost is the one host read, not the arithmetic."""
+    return reference.rows_outside_epochs(page_epoch, req_to_token, rows, lens, lo, hi, int(page_size))
 
 
 def spans(page_epoch, req_to_token, row: int, length: int, page_size: int,
@@ -130,4 +130,4 @@ def invalidate(page_epoch: torch.Tensor, epoch: int, pinned_mask: Optional[torch
 
 
 __all__ = ["FREE", "NO_VIOLATION", "IMPLS", "Violations", "available", "impl_for", "stamp", "verify",
-           "verify_async", "prefix_violation_counts", "spans", "invalidate", "cuda_ext"]
+           "verify_async", "rows_outside_epochs", "spans", "invalidate", "cuda_ext"]

@@ -57,45 +57,41 @@ def verify(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: torch.Ten
                         torch.where(found, first % width, none)])
 
 
-def prefix_violation_counts(page_epoch: torch.Tensor, slots: list[torch.Tensor], expected_epochs: list[int],
-                            page_size: int) -> list[int]:
-    """For each matched prefix i (the KV slots `slots[i]`, any integer dtype, on page_epoch's device): how many of its
-    slots lie on a page whose epoch is not `expected_epochs[i]`.
+def rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: list[int], lens: list[int],
+                        lo: list[int], hi: list[int], page_size: int) -> list[int]:
+    """For each row i: how many of its first `lens[i]` positions lie on a page whose epoch is outside
+    [lo[i], hi[i]] (a FREE page is outside every range).
 
-    One gather and compare over all the prefixes' slots, concatenated, and one host read for the whole list; the
-    segment ids and the per-slot expected epochs are built on the host from host lengths (no device sync). On CPU the
-    same arithmetic runs on numpy views of the same memory: for prefixes of a few hundred slots torch's per-call
-    dispatch costs several times the gather itself.
-    """
-    n = len(slots)
+    One gather of the rows' slots and one compare for the whole list, one host read; rows, lengths and bounds are
+    host lists (no device sync to size the grid). On CPU the same arithmetic runs on numpy views of the same memory:
+    for a batch of a few prefixes of a few hundred slots torch's per-call dispatch costs several times the gather."""
+    n = len(rows)
     if n == 0:
         return []
-    if page_epoch.device.type == "cpu":
-        return _prefix_violation_counts_host(page_epoch.numpy(), [s.numpy() for s in slots], expected_epochs,
-                                             page_size)
+    if page_epoch.device.type == "cpu" and req_to_token.device.type == "cpu":
+        return _rows_outside_epochs_host(page_epoch.numpy(), req_to_token.numpy(), rows, lens, lo, hi, page_size)
     dev = page_epoch.device
-    lens = [int(s.numel()) for s in slots]
-    flat = (slots[0] if n == 1 else torch.cat(slots)).to(torch.int64)
-    epochs = page_epoch.index_select(0, flat // page_size if page_size > 1 else flat)
-    if len(set(expected_epochs)) == 1:
-        bad = epochs.ne(expected_epochs[0])
-    else:
-        expected = torch.tensor(expected_epochs, dtype=page_epoch.dtype).repeat_interleave(torch.tensor(lens))
-        bad = epochs.ne(expected.to(dev, non_blocking=True))
-    if n == 1:
-        return [int(bad.sum().item())]
-    seg = torch.arange(n).repeat_interleave(torch.tensor(lens)).to(dev, non_blocking=True)
-    counts = torch.zeros(n, dtype=torch.int64, device=dev).index_add_(0, seg, bad.to(torch.int64))
-    return counts.tolist()
+    width = max(lens)
+    slots = req_to_token[torch.tensor(rows, dtype=torch.int64).to(req_to_token.device, non_blocking=True), :width]
+    slots = slots.to(device=dev, dtype=torch.int64)
+    in_prefix = torch.arange(width, device=dev)[None, :] < torch.tensor(lens).to(dev, non_blocking=True)[:, None]
+    epochs = page_epoch[torch.where(in_prefix, slots, 0) // page_size]
+    low = torch.tensor(lo, dtype=page_epoch.dtype).to(dev, non_blocking=True)[:, None]
+    high = torch.tensor(hi, dtype=page_epoch.dtype).to(dev, non_blocking=True)[:, None]
+    return (in_prefix & ((epochs < low) | (epochs > high))).sum(dim=1).tolist()
 
 
-def _prefix_violation_counts_host(page_epoch, slots, expected_epochs: list[int], page_size: int) -> list[int]:
+def _rows_outside_epochs_host(page_epoch, req_to_token, rows, lens, lo, hi, page_size: int) -> list[int]:
     import numpy as np
 
     out = []
-    for s, e in zip(slots, expected_epochs):
-        pages = s // page_size if page_size > 1 else s
-        out.append(int(np.count_nonzero(page_epoch.take(pages) != e)))
+    for row, n, a, b in zip(rows, lens, lo, hi):
+        slots = req_to_token[row, :n]
+        epochs = page_epoch.take(slots // page_size if page_size > 1 else slots)
+        if a == b:
+            out.append(int(np.count_nonzero(epochs != a)))
+        else:
+            out.append(int(np.count_nonzero((epochs < a) | (epochs > b))))
     return out
 
 

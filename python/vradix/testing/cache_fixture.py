@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import torch
 
 from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.mem_cache import common
 from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -78,15 +79,19 @@ class CacheFixture:
         """Match the prefix, lock it and give the request a row (PrefillAdder + prepare_for_extend). Returns hit len."""
         # like the scheduler, always recompute at least the last prompt token
         common.match_kv_cache(req, self.cache, req.origin_input_ids, max_prefix_len=len(req.origin_input_ids) - 1)
+        # a streaming session's turn borrows its slot's record: row, KV and tree lock come with it
+        lent = req.kv.holds_kv
         self.load_host_hit(req)
-        req.kv.cache_protected_len = req.prefix_len
+        if not lent:
+            req.kv.cache_protected_len = req.prefix_len
         req.lock = self.cache.lock(req.last_node)
         self._admitted(req)
         self.req_pool.alloc([req])
-        if req.prefix_len:
+        if req.prefix_len and not lent:
             prefix = self.cache.tree_core.collect_full_device_indices(req.last_node, self.cache.root_node_handle())
             self.req_pool.write((req.kv.req_pool_idx, slice(0, req.prefix_len)), prefix.to(torch.int32))
         req.extend_end = req.prefix_len
+        self.cache.maybe_hand_to_session(req)  # as alloc_for_extend: a session's first turn hands it its record
         return req.prefix_len
 
     def _admitted(self, req: Req) -> None:
@@ -110,6 +115,9 @@ class CacheFixture:
     def prefill(self, req: Req, upto: Optional[int] = None, checkpoint: bool = True) -> None:
         """Allocate and 'compute' KV for tokens [extend_end, upto), then checkpoint it into the tree like the
         scheduler does after every prefill chunk of an unfinished request."""
+        self._extend(req, upto, checkpoint, ForwardMode.EXTEND)
+
+    def _extend(self, req: Req, upto: Optional[int], checkpoint: bool, mode: "ForwardMode") -> None:
         tokens = req.origin_input_ids + req.output_ids
         upto = len(tokens) if upto is None else upto
         n = upto - req.extend_end
@@ -117,7 +125,8 @@ class CacheFixture:
             row = self.req_pool.req_to_token[req.kv.req_pool_idx]
             locs = self._alloc(req.extend_end, n, row)
             self.req_pool.write((req.kv.req_pool_idx, slice(req.extend_end, upto)), locs.to(torch.int32))
-            self._forward_writes(locs)
+            self._forward_writes(ForwardWrite(out_cache_loc=locs, forward_mode=mode, reqs=[req],
+                                              prefix_lens=[req.extend_end]))
             req.kv.kv_committed_len = upto
             req.kv.kv_allocated_len = upto
             req.extend_end = upto
@@ -127,9 +136,17 @@ class CacheFixture:
 
     def decode(self, req: Req, token: int) -> None:
         req.output_ids.append(token)
-        self.prefill(req, upto=len(req.origin_input_ids) + len(req.output_ids), checkpoint=False)
+        self._extend(req, len(req.origin_input_ids) + len(req.output_ids), False, ForwardMode.DECODE)
 
     def finish(self, req: Req) -> None:
+        """The request finished: released and inserted — or, when its forward ran on KV it must not use
+        (`req.discard_output_reason`, set before the forward), finished with that reason and released without an
+        insert, as SGLang's prefill result processing does (`process_batch_result_prefill`)."""
+        if req.discard_output_reason is not None:
+            req.to_finish = req.discard_output_reason
+            req.update_finish_state(0)
+            common.release_kv_cache(req, self.cache, checkpoint=False)
+            return
         req.finished_reason = FINISH_LENGTH(length=0)
         common.release_kv_cache(req, self.cache, checkpoint=True)
 
@@ -137,10 +154,13 @@ class CacheFixture:
         common.release_kv_cache(req, self.cache, checkpoint=False)
         req.reset_for_retract()
 
-    def _forward_writes(self, locs: torch.Tensor) -> None:
-        """The 'forward pass' writing `locs`, announced through the real `Scheduler.run_batch` BEFORE hook."""
-        from vradix.hooks.forward import stamp_forward_batch
-        stamp_forward_batch(self.scheduler_view(), ForwardWrite(out_cache_loc=locs))
+    def _forward_writes(self, batch: "ForwardWrite") -> None:
+        """The 'forward pass' of a one-request batch, announced through the real `Scheduler.run_batch` BEFORE hooks
+        in the order SGLang runs them (the last registered first: the backstop, then the ledger stamp)."""
+        from vradix.hooks.forward import backstop_extend_batch, stamp_forward_batch
+        view = self.scheduler_view()
+        backstop_extend_batch(view, batch)
+        stamp_forward_batch(view, batch)
 
     def scheduler_view(self, **queues) -> "SchedulerView":
         """A `SchedulerView` over this fixture (see its docstring); `queues` sets its request lists."""
@@ -172,9 +192,14 @@ class CacheFixture:
 
 @dataclass
 class ForwardWrite:
-    """Stand-in for a `ScheduleBatch` as `Scheduler.run_batch`'s ledger hook reads it: only `out_cache_loc`."""
+    """Stand-in for a `ScheduleBatch` as `Scheduler.run_batch`'s hooks read it: `out_cache_loc` (the ledger stamp);
+    `forward_mode`, `reqs`, `prefix_lens` and `decoding_reqs` (the strict guard's backstop)."""
 
     out_cache_loc: torch.Tensor
+    forward_mode: ForwardMode = ForwardMode.EXTEND
+    reqs: list = field(default_factory=list)
+    prefix_lens: list = field(default_factory=list)
+    decoding_reqs: Optional[list] = None
 
 
 class SchedulerView:

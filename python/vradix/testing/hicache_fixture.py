@@ -59,7 +59,6 @@ class HiCacheFixture(CacheFixture):
 
     #: when set, the 'forward pass' of `prefill`/`decode` writes `kv_code(req, position)` into each slot it computes
     kv_code: Optional[Callable[[object, int], int]] = None
-    _computing = None
 
     @property
     def host_pool(self):
@@ -81,18 +80,12 @@ class HiCacheFixture(CacheFixture):
         self.cache.check_hicache_events()
 
     # ---- KV content codes -------------------------------------------------------------------------------------------
-    def prefill(self, req, upto=None, checkpoint: bool = True) -> None:
-        self._computing = req
-        try:
-            super().prefill(req, upto, checkpoint)
-        finally:
-            self._computing = None
-
-    def _forward_writes(self, locs: torch.Tensor) -> None:
-        super()._forward_writes(locs)
+    def _forward_writes(self, batch) -> None:
+        super()._forward_writes(batch)
         if self.kv_code is not None:
-            start = self._computing.extend_end  # the forward writes positions [extend_end, extend_end + len(locs))
-            self.stamp(locs.tolist(), [self.kv_code(self._computing, start + i) for i in range(len(locs))])
+            req, locs = batch.reqs[0], batch.out_cache_loc
+            start = req.extend_end  # the forward writes positions [extend_end, extend_end + len(locs))
+            self.stamp(locs.tolist(), [self.kv_code(req, start + i) for i in range(len(locs))])
 
     def stamp(self, slots: Sequence[int], codes: Sequence[int]) -> None:
         """Write `codes[i]` into device slot `slots[i]` (the 'forward pass' computing that KV)."""
