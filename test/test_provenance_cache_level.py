@@ -4,7 +4,7 @@ needs CUDA), so adapter (re)loads are exercised here with real LoRA-keyed reques
 from vradix import lora, provenance
 from vradix.hooks.lora import remember_adapter_insert  # noqa: F401  (installed on checkpoint_into_tree by load_plugins)
 
-from test_cache_level import bump, check, env, new_req, run_to_end, seq  # noqa: F401  (env is a fixture)
+from test_cache_level import bump, check, new_req, run_to_end, seq
 
 
 def spans(req):
