@@ -23,20 +23,24 @@ VERDICTS = ("versioned", "refused at launch", "refused at engine start", "refuse
 NEEDS_TEST = ("versioned", "refused at launch", "refused at engine start", "refused at update", "stock changed")
 
 #: rows not closed yet; shrink it as they close (docs/coverage.md "Open")
-KNOWN_OPEN: set = set()
+KNOWN_OPEN = {"gpu-derived"}
 
 #: launch flags, besides the refused one, that SGLang's own checks need before vradix's check runs
 LAUNCH_CONTEXT = {
     "pd-role-switch": ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake_tcp",
                        "--vradix-weight-identity", "fingerprint"],
     "spec-relaxed-accept": ["--speculative-algorithm", "NGRAM"],
+    "offload-meta": ["--offload-group-size", "2"],
+    "routed-experts-capture": ["--enable-hierarchical-cache", "--hicache-io-backend", "direct",
+                               "--hicache-mem-layout", "layer_first"],
     "pd-decode-session": ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake_tcp",
                           "--vradix-weight-identity", "fingerprint"],
 }
 #: rows whose flag SGLang accepts only for a vision-language model
 NEEDS_VL_MODEL = {"epd-encoder", "epd-language", "epd-global-store"}
 #: the value a refused flag is given at launch (a bare flag is a switch)
-FLAG_VALUE = {"radix-backend": ["foo"], "spec-relaxed-accept": ["0.5"]}
+FLAG_VALUE = {"radix-backend": ["foo"], "spec-relaxed-accept": ["0.5"], "offload-meta": ["meta"],
+              "elastic-ep": ["mooncake"]}
 
 
 def rows() -> list[dict]:
@@ -95,8 +99,8 @@ def refused_at_launch() -> list[str]:
 
 
 def flag_of(row_id: str) -> str:
-    """The first backticked `--flag` in the row's "turned on by" cell."""
-    return re.search(r"`(--[\w-]+)", ROW[row_id]["turned on by"]).group(1)
+    """The first backticked `--flag` (or `ENV_VAR`) in the row's "turned on by" cell."""
+    return re.search(r"`(--[\w-]+|[A-Z][A-Z0-9_]+)", ROW[row_id]["turned on by"]).group(1)
 
 
 def test_every_refusal_has_its_row():
@@ -122,8 +126,14 @@ def test_a_refused_flag_stops_the_launch(row_id, models, vl_model, monkeypatch):
         args.resolve_once()
         args.check_server_args()
 
+    if flag.startswith("--"):
+        refused = base + [flag] + FLAG_VALUE.get(row_id, [])
+    else:  # an environment setting, above 0
+        monkeypatch.setenv(flag, "2")
+        refused = base
     with pytest.raises(unversioned.UnversionedPathError, match=re.escape(flag)):
-        check(base + [flag] + FLAG_VALUE.get(row_id, []))
+        check(refused)
+    monkeypatch.delenv(flag, raising=False)
     check(base)
 
 

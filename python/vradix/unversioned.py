@@ -11,6 +11,7 @@ test/test_coverage.py starts SGLang's own argument pipeline with that flag and e
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -33,6 +34,24 @@ class Refusal:
 
 def _field(name: str, default=None):
     return lambda args: getattr(args, name, default)
+
+
+def _env_above_zero(name: str) -> Callable[[object], bool]:
+    """An environment setting SGLang reads as a float, set above 0 (unset or unparsable: not set)."""
+    def is_set(_args) -> bool:
+        try:
+            return float(os.environ.get(name, "-1")) > 0
+        except ValueError:
+            return False
+    return is_set
+
+
+def _kv_outside_forwards(args) -> bool:
+    """KV that reaches the device without a forward on this engine: HiCache load-backs, a P/D decode role's
+    transfers, the external cache linker."""
+    return bool(getattr(args, "enable_hierarchical_cache", False)
+                or getattr(args, "disaggregation_mode", "null") == "decode"
+                or getattr(args, "enable_unified_cache_external_linker", False))
 
 
 REFUSALS = (
@@ -59,6 +78,31 @@ REFUSALS = (
             "decode hands a transferred request's KV record to its session slot (DecodeTransferQueue), a path "
             "vradix's session step (docs/streaming-sessions.md) has not been checked against",
             "streaming sessions on a non-P/D engine, or plain sessions over P/D"),
+    Refusal("--enable-torch-compile on the CPU engine",
+            lambda args: bool(getattr(args, "enable_torch_compile", False)) and getattr(args, "device", None) == "cpu",
+            "the CPU graph runner compiles with Inductor freezing, which folds the weights into the compiled graph "
+            "as constants, and a weight update does not recompile it",
+            "the CPU engine without --enable-torch-compile"),
+    Refusal("--offload-mode sharded_gpu/meta",
+            lambda args: (int(getattr(args, "offload_group_size", -1) or -1) > 0
+                          and getattr(args, "offload_mode", "cpu") in ("sharded_gpu", "meta")),
+            "these offload modes keep the real weights outside the module's parameters, which a weight update "
+            "writes into a meta tensor without effect",
+            "--offload-mode cpu or shm_cpu, which a weight update writes in place"),
+    Refusal("--elastic-ep-backend",
+            lambda args: getattr(args, "elastic_ep_backend", None) not in (None, "none"),
+            "elastic EP recovery reloads lost experts from the startup checkpoint or a startup host backup, never "
+            "from the last publication, so a recovered engine mixes old experts into new weights",
+            "a fixed EP layout"),
+    Refusal("--enable-return-routed-experts/--enable-return-indexer-topk with KV that arrives outside a forward",
+            lambda args: (bool(getattr(args, "enable_return_routed_experts", False)
+                               or getattr(args, "enable_return_indexer_topk", False)) and _kv_outside_forwards(args)),
+            "the routed-experts capture buffer is written per KV slot by forwards only, so a prefix loaded from "
+            "HiCache, received over P/D or linked from an external store returns what those slots last held",
+            "routed-experts capture on an engine without HiCache, P/D decode or the external linker"),
+    Refusal("SGLANG_SIMULATE_ACC_LEN above 0", _env_above_zero("SGLANG_SIMULATE_ACC_LEN"),
+            "draft tokens are accepted without verification, so the draft model's state decides outputs",
+            "leave SGLANG_SIMULATE_ACC_LEN unset (a benchmark setting)"),
     Refusal("--speculative-accept-threshold-single/--speculative-accept-threshold-acc below 1",
             lambda args: (getattr(args, "speculative_algorithm", None) is not None
                           and min(float(getattr(args, "speculative_accept_threshold_single", 1.0)),
