@@ -234,3 +234,26 @@ def test_a_host_pool_backup_survives_the_publication_and_restores_the_requests_o
         assert restored_epochs(state, fx, r) == {0}  # the restored pages keep the epoch that wrote them
     finally:
         set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+
+
+@pytest.mark.parametrize("core", ["rust", "python"])
+def test_a_restored_host_pool_backup_keeps_its_epochs_in_the_ledger(core):
+    """The `host_pool` restore (`UnifiedRadixCache.restore_kv_cache`) writes the backup into new device pages without
+    a forward: they take the epochs the positions had at the backup. Before the carry, they read FREE."""
+    from vradix.testing.hicache_fixture import build_hicache
+
+    fx = build_hicache(core, 1, kv_tokens=256)
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=1, hicache_io_backend="direct",
+                                                    hicache_mem_layout="layer_first",
+                                                    **{**DECODE_SERVER_ARGS,
+                                                       "disaggregation_decode_retraction_backup": "host_pool"}))
+    try:
+        state = attach(fx.cache, scope=layout.scope_of(layout.KvLayout("decode", 1, 1, 1, "float32")))
+        r = decoding(fx, state, seq(100, 24), outputs=[5, 6, 7])
+        sched = decode_scheduler(fx, running=[r])
+        assert restored_epochs(state, fx, r) == {0}
+        retract(fx, sched, r)
+        resume(fx, sched, r)
+        assert restored_epochs(state, fx, r) == {0}
+    finally:
+        set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
