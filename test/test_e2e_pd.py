@@ -298,6 +298,24 @@ def test_a_decode_publication_revokes_a_promise_prefill_has_not_fulfilled(vradix
     assert {w for _, w in roles_and_ids(served)} == {b_id}, served["meta_info"]["pd_spans"]
 
 
+@pytest.mark.timeout(120)
+def test_both_roles_run_the_backstop_with_the_ledger_on_and_catch_nothing(vradix_pair):
+    """Issue 20: the backstop runs on every role. After this module's traffic (repeats that hit each role's cache,
+    publications, skews, a revoked promise), both roles keep the KV page ledger on with the strict guard, each has
+    checked batches (prefill: extend batches reading its cache; decode: the prebuilt batches transferred requests
+    enter through), and neither caught a violation: no false positive on a real pair. Before: the ledger was off on
+    both roles."""
+    pair = vradix_pair
+    for _ in range(2):  # the second at the latest hits prefill's cache
+        r = generate_raw(pair)
+        assert r.status_code == 200, r.text
+    for role, server in (("prefill", pair.prefill), ("decode", pair.decode)):
+        ledger = server.vradix_info()["kv_ledger"]
+        seen = {k: ledger[k] for k in ("enabled", "verify_mode", "batches_verified", "violations_caught")}
+        assert ledger["enabled"] and ledger["verify_mode"] == "strict", (role, seen)
+        assert ledger["batches_verified"] >= 1 and ledger["violations_caught"] == 0, (role, seen)
+
+
 L3_DECODE = ["--enable-hierarchical-cache", "--hicache-storage-backend", "file"]
 
 

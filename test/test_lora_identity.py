@@ -179,7 +179,7 @@ def handoff(prefill, decode, room=4242):
     decode_req = types.SimpleNamespace(req=got, metadata_buffer_index=1, kv_receiver=receiver, prefix_match=None)
     commits = []
     pd_hooks.check_prefill_identity(lambda q, d, *a, **k: commits.append(d), types.SimpleNamespace(
-        metadata_buffers=bufs), decode_req)
+        metadata_buffers=bufs, tree_cache=dfx.cache), decode_req)
     return bool(commits), got, receiver
 
 

@@ -33,8 +33,8 @@ CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
 def env(request):
     core, ps = request.param
     fx = build_cache(core, ps, kv_tokens=1024, **DECODE_SERVER_ARGS)
-    # a P/D role: role-local namespaces, and no KV page ledger (KV also arrives by transfer)
-    state = attach(fx.cache, with_ledger=False, scope=layout.scope_of(layout.KvLayout("decode", 1, 1, ps, "bfloat16")))
+    # a P/D role: role-local namespaces, with the KV page ledger (on for P/D roles: `hooks.startup.ledger_blind_spots`)
+    state = attach(fx.cache, scope=layout.scope_of(layout.KvLayout("decode", 1, 1, ps, "bfloat16")))
     yield fx, state
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))  # later tests see a non-P/D process
 
@@ -108,6 +108,28 @@ def tree_hit(fx, tokens, extra_key) -> int:
 def nothing_cached(fx) -> bool:
     cache = fx.cache
     return cache.evictable_size() == 0 and cache.protected_size() == 0 and fx.allocator.available_size() == fx.total
+
+
+def restored_epochs(state, fx, req) -> set:
+    """The ledger epochs of the request's backed-up positions [0, seqlen - 1) in its (new) row."""
+    slots = fx.req_pool.req_to_token[req.kv.req_pool_idx, : req.seqlen - 1].long()
+    return set(state.ledger.page_epoch[slots // fx.page_size].tolist())
+
+
+def test_a_restored_backup_keeps_its_epochs_in_the_ledger(env):
+    """A restore writes the backup into new device pages without a forward (`Req.load_kv_cache`): the ledger carries
+    the epochs the positions had at the backup, so the request's KV is not FREE (or another request's epoch) to the
+    backstop and the audit. Before the carry, the restored pages stayed FREE."""
+    fx, state = env
+    r = decoding(fx, state, seq(100, 40) + [1], outputs=[5, 6])
+    sched = decode_scheduler(fx, running=[r])
+    assert restored_epochs(state, fx, r) == {0}
+    retract(fx, sched, r)
+    resume(fx, sched, r)
+    assert restored_epochs(state, fx, r) == {0}
+    assert request.of(r).backup_epochs is None
+    finish(fx, sched, r)
+    assert fx.idle_invariant_holds()
 
 
 def test_a_request_retracted_before_a_publication_resumes_crossing_and_never_inserts(env):
@@ -193,8 +215,7 @@ def test_a_host_pool_backup_survives_the_publication_and_restores_the_requests_o
                                                     **{**DECODE_SERVER_ARGS,
                                                        "disaggregation_decode_retraction_backup": "host_pool"}))
     try:
-        state = attach(fx.cache, with_ledger=False,
-                       scope=layout.scope_of(layout.KvLayout("decode", 1, 1, 1, "float32")))
+        state = attach(fx.cache, scope=layout.scope_of(layout.KvLayout("decode", 1, 1, 1, "float32")))
         fx.kv_code = lambda req, pos: 1000 * (int(req.rid[1:]) + 1) + pos  # each request's KV is its own
         r = decoding(fx, state, seq(100, 24), outputs=[5, 6, 7])
         sched = decode_scheduler(fx, running=[r])
@@ -210,5 +231,29 @@ def test_a_host_pool_backup_survives_the_publication_and_restores_the_requests_o
         assert fx.device_codes(fx.req_pool.req_to_token[r.kv.req_pool_idx, : r.seqlen - 1].tolist()) == own
         assert not set(backup) & set(fx.host_used_slots())  # the restore gave the backup's host slots back
         assert request.of(r).crossed
+        assert restored_epochs(state, fx, r) == {0}  # the restored pages keep the epoch that wrote them
+    finally:
+        set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+
+
+@pytest.mark.parametrize("core", ["rust", "python"])
+def test_a_restored_host_pool_backup_keeps_its_epochs_in_the_ledger(core):
+    """The `host_pool` restore (`UnifiedRadixCache.restore_kv_cache`) writes the backup into new device pages without
+    a forward: they take the epochs the positions had at the backup. Before the carry, they read FREE."""
+    from vradix.testing.hicache_fixture import build_hicache
+
+    fx = build_hicache(core, 1, kv_tokens=256)
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=1, hicache_io_backend="direct",
+                                                    hicache_mem_layout="layer_first",
+                                                    **{**DECODE_SERVER_ARGS,
+                                                       "disaggregation_decode_retraction_backup": "host_pool"}))
+    try:
+        state = attach(fx.cache, scope=layout.scope_of(layout.KvLayout("decode", 1, 1, 1, "float32")))
+        r = decoding(fx, state, seq(100, 24), outputs=[5, 6, 7])
+        sched = decode_scheduler(fx, running=[r])
+        assert restored_epochs(state, fx, r) == {0}
+        retract(fx, sched, r)
+        resume(fx, sched, r)
+        assert restored_epochs(state, fx, r) == {0}
     finally:
         set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))

@@ -127,6 +127,22 @@ def prefix_reads(batch, current: int) -> list[PrefixRead]:
     return reads
 
 
+def first_decode_reads(batch, current: int) -> list[PrefixRead]:
+    """The reads of a P/D decode prebuilt batch: each request whose received KV was committed and not yet checked
+    (`ReqState.pd_first_read_pending`, cleared here) reads its committed KV [0, kv_committed_len)."""
+    reads = []
+    for req in batch.reqs:
+        st = request.of(req)
+        if st is None or not st.pd_first_read_pending:
+            continue
+        st.pd_first_read_pending = False
+        n = int(req.kv.kv_committed_len or 0)
+        if n > 0:
+            lo, hi = allowed_epochs(st, current)
+            reads.append(PrefixRead(req, req.kv.req_pool_idx, n, lo, hi))
+    return reads
+
+
 def check_prefix_reads(ledger: PageLedger, stats: GuardStats, req_to_token: torch.Tensor,
                        reads: list[PrefixRead]) -> list[tuple[PrefixRead, int]]:
     """One gather/compare over every read of the batch and one host read; returns the violating reads with their

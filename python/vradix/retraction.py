@@ -23,6 +23,8 @@ that holds nothing.
 """
 from __future__ import annotations
 
+import torch
+
 
 def holds_backup(req) -> bool:
     """Whether the request holds a backup (taken by `backup_kv_cache`, cleared by the restore or by
@@ -41,3 +43,26 @@ def backed_up_len(req) -> int:
     """How many positions the backup holds: `Req.offload_kv_cache` copies `[0, seqlen - 1)` (the last output token's
     KV is not computed yet), and `resume_retracted_reqs` restores exactly that many (`_pre_alloc_fill_len`)."""
     return len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
+
+
+def kept_positions(req_to_token, req) -> "torch.Tensor":
+    """The KV slots a backup copies and a restore writes back: `[0, seqlen - 1)` of the request's row (both
+    `Req.offload_kv_cache` and `UnifiedRadixCache._retraction_device_transfers` take that range)."""
+    return req_to_token[req.kv.req_pool_idx, : req.seqlen - 1]
+
+
+def epochs_at_backup(ledger, req_to_token, req) -> "torch.Tensor":
+    """The ledger epoch of each backed-up position, taken before the backup releases the row (its pages are then
+    freed and re-stamped FREE)."""
+    slots = kept_positions(req_to_token, req).to(torch.int64)
+    return ledger.page_epoch[slots // ledger.page_size].clone()
+
+
+def stamp_restored(ledger, req_to_token, req, epochs: "torch.Tensor") -> None:
+    """A restore writes the backup into new device pages without a forward: each takes the epoch its position
+    carried at the backup (the request's own KV, so a crossing request keeps the epochs that computed it)."""
+    slots = kept_positions(req_to_token, req)
+    n = min(int(slots.numel()), int(epochs.numel()))
+    slots, epochs = slots[:n], epochs[:n].to(slots.device)
+    for epoch in torch.unique(epochs).tolist():
+        ledger.stamp_written(slots[epochs == epoch], int(epoch))

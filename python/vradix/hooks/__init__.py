@@ -101,6 +101,15 @@ HOOKS = [
     ("sglang.srt.disaggregation.utils.MetadataBuffers.set_buf", "AFTER", pd.send_prefill_identity),
     ("sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req", "AROUND",
      pd.check_prefill_identity),
+    # P/D decode retraction: a backup restored into new device pages (no forward) keeps the epochs it was written in
+    ("sglang.srt.managers.schedule_batch.Req.offload_kv_cache", "BEFORE", pd.keep_epochs_of_cpu_backup),
+    ("sglang.srt.managers.schedule_batch.Req.load_kv_cache", "AFTER", pd.stamp_restored_cpu_backup),
+    (f"{_URC}.backup_kv_cache", "BEFORE", pd.keep_epochs_of_host_backup),
+    (f"{_URC}.restore_kv_cache", "AFTER", pd.stamp_restored_host_backup),
+    # P/D decode: the prebuilt batch a transferred request enters through is where its KV (decode's prefix and what
+    # prefill sent, stamped at the commit above) is first read: the backstop checks it there, once per request
+    ("sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin._verify_kv_checksums", "AFTER",
+     forward.backstop_prebuilt_batch),
     # a decode request whose prefix promise a publication revoked fails with the revocation's 503 (the revocation
     # itself runs in the bump: publication.bump_scheduler); a restore that came up short of its promise, with a 503
     # naming the lost pages

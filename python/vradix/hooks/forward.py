@@ -29,6 +29,47 @@ def backstop_extend_batch(scheduler, batch, *args, **kwargs):
             fail_stale_reads(scheduler, read.req, what)
 
 
+def backstop_prebuilt_batch(_result, scheduler, batch, *args, **kwargs):
+    """AFTER SchedulerDisaggregationDecodeMixin._verify_kv_checksums (P/D decode, strict guard): the prebuilt batch a
+    transferred request enters decode through never runs a forward, so it is where its KV is first read: its whole
+    committed KV, decode's own prefix and what prefill sent (stamped at the commit, `hooks.pd.stamp_received_kv`),
+    must carry its bound epoch (`guard.allowed_epochs`). Each request is checked once, at its first prebuilt batch
+    (a resumed retracted request is not re-checked), in one gather for the batch; a violating request fails the
+    way SGLang fails a prebuilt request whose received KV is corrupt, and is dropped from the batch
+    (`fail_prebuilt_reads`). With more than one rank it is only counted and logged."""
+    state = state_of(scheduler.tree_cache)
+    if state is None or state.ledger is None or state.guard.verify != "strict" or batch is None:
+        return
+    reads = guard.first_decode_reads(batch, state.epoch)
+    if not reads:
+        return
+    req_to_token = scheduler.req_to_token_pool.req_to_token
+    bad = []
+    for read, n in guard.check_prefix_reads(state.ledger, state.guard_stats, req_to_token, reads):
+        what = guard.violation_message(state.ledger, req_to_token, read, n, state.epoch)
+        guard.record_violation(state.guard_stats, what + ("; detected only (more than one TP/PP rank)"
+                                                         if state.guard.detect_only else "; failing the request"))
+        if not state.guard.detect_only:
+            bad.append((read.req, what))
+    if bad:
+        fail_prebuilt_reads(scheduler, batch, bad)
+
+
+def fail_prebuilt_reads(scheduler, batch, bad) -> None:
+    """Fail each (req, message) of a prebuilt batch through SGLang's decode-side abort: the error is streamed, its
+    row and prefix lock are released without inserting anything (`checkpoint=False`), and it leaves the batch."""
+    from sglang.srt.disaggregation.utils import prepare_abort
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    failed = {id(req) for req, _ in bad}
+    for req, what in bad:
+        req.skip_radix_cache_insert = True
+        prepare_abort(req, what, status_code=HTTPStatus.INTERNAL_SERVER_ERROR)
+        scheduler.output_streamer.stream_output([req], req.return_logprob)
+        release_kv_cache(req, scheduler.tree_cache, checkpoint=False)
+    batch.filter_batch(keep_indices=[i for i, r in enumerate(batch.reqs) if id(r) not in failed])
+
+
 def fail_stale_reads(scheduler, req, message: str) -> None:
     """Fail `req` the way SGLang fails a request whose forward ran on KV that must not be used (an external KV load
     that did not land): the forward still runs, its output for `req` is discarded, `req` finishes with `message`,

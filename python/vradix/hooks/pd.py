@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 
-from vradix import identity, request
+from vradix import identity, ledger, request, retraction
 from vradix.pd import bootstrap, handshake, layout, lost_restore, restore_policy, revocation
 from vradix.state import state_of
 
@@ -107,12 +107,40 @@ def check_prefill_identity(original, queue, decode_req, *args, **kwargs):
     if error is None:
         match = getattr(decode_req, "prefix_match", None)
         st.pd_handoff = (match.decode_prefix_len if match is not None else 0, st.kv_history[0][3])
-        return original(queue, decode_req, *args, **kwargs)
+        received = received_positions(req)
+        result = original(queue, decode_req, *args, **kwargs)
+        if req.finished_reason is None:
+            stamp_received_kv(queue.tree_cache, req, st, received)
+        return result
     logger.warning(error)
     prepare_abort(req, error, status_code=handshake.STATUS)
     decode_req.kv_receiver.clear()
     decode_req.kv_receiver = None
 
+
+def received_positions(req) -> tuple[int, int]:
+    """The positions of `req`'s row prefill wrote: from the prefix decode promised (`cache_protected_len`, its
+    `decode_prefix_len`) to the length prefill computed (the prompt, or prompt plus outputs on a re-bootstrap),
+    as `DecodePreallocQueue` sent them. Read before the commit, which appends the handoff token."""
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue
+
+    return int(req.kv.cache_protected_len or 0), DecodePreallocQueue._rebootstrap_prefill_len(req)
+
+
+def stamp_received_kv(tree_cache, req, st, received: tuple[int, int]) -> None:
+    """At a committed transfer (the handshake verified prefill's identity equals the one `req` is bound to): its
+    received positions were written under `req`'s bound epoch (the first provenance entry's, whose identity the
+    handshake compared), so the ledger says so; the request's first prebuilt batch then checks its whole prompt KV
+    once (`hooks.forward.backstop_prebuilt_batch`). (Host-staged receiving, which lands the KV in device pages
+    later, keeps the ledger off: `hooks.startup.ledger_blind_spots`.)"""
+    state = state_of(tree_cache)
+    if state is None or state.ledger is None:
+        return
+    start, end = received
+    if end > start:
+        slots = tree_cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx, start:end]
+        state.ledger.stamp_written(slots, st.kv_history[0][1])
+    st.pd_first_read_pending = True
 
 
 def revoke_unfulfilled_promises(scheduler, inv) -> int:
@@ -185,3 +213,40 @@ def restore_into_node_slots_only(original, cache, *args, req=None, **kwargs):
     if req is not None and on_decode and cache.supports_mamba():
         req = None
     return original(cache, *args, req=req, **kwargs)
+
+
+def keep_epochs_of_cpu_backup(req, req_to_token_pool, token_to_kv_pool_allocator, *args, **kwargs):
+    """BEFORE Req.offload_kv_cache (P/D decode retraction, `cpu_tensor` backup): remember the ledger epoch of each
+    position the backup copies, before the release frees its pages."""
+    _keep_backup_epochs(ledger.ledger_of(token_to_kv_pool_allocator), req_to_token_pool.req_to_token, req)
+
+
+def stamp_restored_cpu_backup(_result, req, req_to_token_pool, token_to_kv_pool_allocator, *args, **kwargs):
+    """AFTER Req.load_kv_cache: the restored pages take the epochs their positions had at the backup."""
+    _stamp_restored(ledger.ledger_of(token_to_kv_pool_allocator), req_to_token_pool.req_to_token, req)
+
+
+def keep_epochs_of_host_backup(cache, req, *args, **kwargs):
+    """BEFORE UnifiedRadixCache.backup_kv_cache (`host_pool` backup): as `keep_epochs_of_cpu_backup`."""
+    state = state_of(cache)
+    _keep_backup_epochs(state.ledger if state is not None else None, cache.req_to_token_pool.req_to_token, req)
+
+
+def stamp_restored_host_backup(_result, cache, req, *args, **kwargs):
+    """AFTER UnifiedRadixCache.restore_kv_cache: as `stamp_restored_cpu_backup`."""
+    state = state_of(cache)
+    _stamp_restored(state.ledger if state is not None else None, cache.req_to_token_pool.req_to_token, req)
+
+
+def _keep_backup_epochs(page_ledger, req_to_token, req) -> None:
+    st = request.of(req)
+    if page_ledger is not None and st is not None and req.seqlen > 1:
+        st.backup_epochs = retraction.epochs_at_backup(page_ledger, req_to_token, req)
+
+
+def _stamp_restored(page_ledger, req_to_token, req) -> None:
+    st = request.of(req)
+    if page_ledger is None or st is None or st.backup_epochs is None:
+        return
+    retraction.stamp_restored(page_ledger, req_to_token, req, st.backup_epochs)
+    st.backup_epochs = None

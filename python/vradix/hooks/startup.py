@@ -83,10 +83,18 @@ def startup_identity(scheduler, mode: str) -> identity.WeightIdentity:
     return identity.nonce()
 
 
+def decode_host_staging(scheduler) -> bool:
+    """Whether this P/D decode role receives (some) transfers into host memory first."""
+    from sglang.srt.runtime_context import get_disagg
+
+    return float(get_disagg().disaggregation_decode_host_receive_threshold) < 1
+
+
 def ledger_blind_spots(scheduler) -> list[str]:
-    """KV write paths the ledger does not observe in this engine: P/D transfer, speculative drafts, external KV
-    stores (the cache linker, LMCache), and HiCache only where its host pool cannot carry epochs
-    (`hicache_ledger.unobservable_host_pool`)."""
+    """KV write paths the ledger does not observe in this engine: speculative drafts, external KV stores (the cache
+    linker, LMCache), P/D decode's host-staged receiving, and HiCache only where its host pool cannot carry epochs
+    (`hicache_ledger.unobservable_host_pool`). A P/D transfer is observed: prefill's KV is written by its own
+    forwards, and decode stamps what it receives at the commit the handshake accepted (`hooks.pd`)."""
     spots = []
     if getattr(scheduler, "enable_hierarchical_cache", False):
         host_spot = hicache_ledger.unobservable_host_pool(scheduler.tree_cache)
@@ -97,9 +105,11 @@ def ledger_blind_spots(scheduler) -> list[str]:
         spots.append("the external cache linker")
     if getattr(scheduler, "enable_lmcache", False):
         spots.append("LMCache")
+    # a P/D decode role that stages received KV in host memory copies it into device pages at its first batch,
+    # outside both the forward and the commit that stamps received KV (`hooks.pd.stamp_received_kv`)
     mode = getattr(getattr(scheduler, "disaggregation_mode", None), "value", "null")
-    if mode not in ("null", None):
-        spots.append(f"P/D disaggregation ({mode})")
+    if mode == "decode" and decode_host_staging(scheduler):
+        spots.append("P/D decode host-staged receiving (--disaggregation-decode-host-receive-threshold < 1)")
     spec = getattr(scheduler, "spec_algorithm", None)
     if spec is not None and not getattr(spec, "is_none", lambda: True)():
         spots.append("speculative decoding")
