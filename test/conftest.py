@@ -28,7 +28,9 @@ def env(request):
     core, ps = request.param
     fx = build_cache(core, ps, kv_tokens=2048)
     assert fx.tree_core_name == {"rust": "RustUnifiedTreeCore", "python": "UnifiedTreeCore"}[core]
-    return fx, attach(fx.cache)
+    state = attach(fx.cache)
+    assert state.ledger is not None and state.guard.verify == "strict"  # vradix's defaults
+    return fx, state
 
 
 def pytest_configure(config):

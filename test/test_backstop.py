@@ -7,7 +7,6 @@ what the backstop does with it: the request fails with an error naming vradix, t
 positions, and inserts nothing. A crossing request's own KV (older epochs, by contract) passes. Every forward here
 goes through the real `Scheduler.run_batch` BEFORE hooks (`CacheFixture.prefill`).
 """
-import pytest
 import torch
 from sglang.srt.managers.schedule_batch import FINISH_ABORT
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -18,19 +17,7 @@ from vradix.admission import stamp
 from vradix.guard import GuardConfig
 from vradix.hooks.forward import backstop_extend_batch
 from vradix.request import of as state_of_req
-from vradix.state import attach
-from vradix.testing.cache_fixture import ForwardWrite, build_cache, seq
-
-CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
-
-
-@pytest.fixture(params=CONFIGS, ids=[f"{c}-ps{p}" for c, p in CONFIGS])
-def env(request):
-    core, ps = request.param
-    fx = build_cache(core, ps, kv_tokens=2048)
-    state = attach(fx.cache)
-    assert state.ledger is not None and state.guard.verify == "strict"
-    return fx, state
+from vradix.testing.cache_fixture import ForwardWrite, seq
 
 
 def admitted(fx, state, tokens, session=None):

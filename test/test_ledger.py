@@ -8,19 +8,7 @@ from vradix import epochs, guard
 from vradix.admission import stamp
 from vradix.guard import GuardConfig, GuardConfigError
 from vradix.kernels import FREE
-from vradix.state import attach
-from vradix.testing.cache_fixture import build_cache, seq
-
-CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
-
-
-@pytest.fixture(params=CONFIGS, ids=[f"{c}-ps{p}" for c, p in CONFIGS])
-def env(request):
-    core, ps = request.param
-    fx = build_cache(core, ps, kv_tokens=2048)
-    state = attach(fx.cache)
-    assert state.ledger is not None and state.guard.verify == "strict"
-    return fx, state
+from vradix.testing.cache_fixture import seq
 
 
 

@@ -26,21 +26,18 @@ from vradix.admission import stamp
 from vradix.hooks.startup import ledger_blind_spots
 from vradix.kernels import FREE
 from vradix.pd import handshake
-from vradix.state import attach
-from vradix.testing.cache_fixture import build_cache, seq
+from vradix.testing.cache_fixture import seq
 
-CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
 PREFIX = seq(10, 32)  # decode's own cached prefix (a multiple of 16: a whole number of pages)
 PROMPT = PREFIX + seq(200, 20)
 ROOM = 7
 
 
-@pytest.fixture(params=CONFIGS, ids=[f"{c}-ps{p}" for c, p in CONFIGS])
-def env(request):
-    core, ps = request.param
-    fx = build_cache(core, ps, kv_tokens=2048)
-    state = attach(fx.cache)
-    assert state.ledger is not None and state.guard.verify == "strict"
+@pytest.fixture
+def env(env):
+    """conftest's versioned cache (both tree cores, page sizes 1 and 16) as a decode role's: its tree holds a prefix
+    decode computed under epoch 0, and a scheduler view that records what it streams."""
+    fx, state = env
     fx.finish(fx.running(state, PREFIX + [1]))  # decode's cache holds the prefix, computed by decode under epoch 0
     sched = fx.scheduler_view()
     sched.kv_checksum_computer = None

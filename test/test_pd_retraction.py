@@ -7,6 +7,7 @@ finish's `release_kv_cache(checkpoint=True)`.
 Contract (`vradix.retraction`): a request whose backed-up KV was computed, even partly, under an older epoch keeps
 that KV to finish, is never re-bound, and inserts it into no namespace, so no later match (the length decode promises
 prefill) reaches it."""
+import contextlib
 from array import array
 
 import pytest
@@ -202,11 +203,10 @@ def test_a_host_staged_request_is_rebound_like_any_request_that_holds_nothing(en
     assert inv.requeued_rebound == 1 and st.epoch == 1 and not st.crossed
 
 
-@pytest.mark.parametrize("core", ["rust", "python"])
-def test_a_host_pool_backup_survives_the_publication_and_restores_the_requests_own_kv(core):
-    """The `host_pool` backend backs a retracted request up into the HiCache host pool, which the tree's reset also
-    clears: the publication must not take the reset fast path while a request holds a host backup, or a later host
-    write reuses the backup's slots and the request resumes from another request's KV."""
+@contextlib.contextmanager
+def host_pool_decode(core: str):
+    """A decode role's HiCache cache whose retraction backups go to the host pool (`host_pool`), with vradix attached
+    in the decode scope: `(fixture, state)`; the server args are restored on exit."""
     from vradix.testing.hicache_fixture import build_hicache
 
     fx = build_hicache(core, 1, kv_tokens=256)
@@ -215,7 +215,17 @@ def test_a_host_pool_backup_survives_the_publication_and_restores_the_requests_o
                                                     **{**DECODE_SERVER_ARGS,
                                                        "disaggregation_decode_retraction_backup": "host_pool"}))
     try:
-        state = attach(fx.cache, scope=layout.scope_of(layout.KvLayout("decode", 1, 1, 1, "float32")))
+        yield fx, attach(fx.cache, scope=layout.scope_of(layout.KvLayout("decode", 1, 1, 1, "float32")))
+    finally:
+        set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+
+
+@pytest.mark.parametrize("core", ["rust", "python"])
+def test_a_host_pool_backup_survives_the_publication_and_restores_the_requests_own_kv(core):
+    """The `host_pool` backend backs a retracted request up into the HiCache host pool, which the tree's reset also
+    clears: the publication must not take the reset fast path while a request holds a host backup, or a later host
+    write reuses the backup's slots and the request resumes from another request's KV."""
+    with host_pool_decode(core) as (fx, state):
         fx.kv_code = lambda req, pos: 1000 * (int(req.rid[1:]) + 1) + pos  # each request's KV is its own
         r = decoding(fx, state, seq(100, 24), outputs=[5, 6, 7])
         sched = decode_scheduler(fx, running=[r])
@@ -232,28 +242,16 @@ def test_a_host_pool_backup_survives_the_publication_and_restores_the_requests_o
         assert not set(backup) & set(fx.host_used_slots())  # the restore gave the backup's host slots back
         assert request.of(r).crossed
         assert restored_epochs(state, fx, r) == {0}  # the restored pages keep the epoch that wrote them
-    finally:
-        set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
 
 
 @pytest.mark.parametrize("core", ["rust", "python"])
 def test_a_restored_host_pool_backup_keeps_its_epochs_in_the_ledger(core):
     """The `host_pool` restore (`UnifiedRadixCache.restore_kv_cache`) writes the backup into new device pages without
     a forward: they take the epochs the positions had at the backup. Before the carry, they read FREE."""
-    from vradix.testing.hicache_fixture import build_hicache
-
-    fx = build_hicache(core, 1, kv_tokens=256)
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=1, hicache_io_backend="direct",
-                                                    hicache_mem_layout="layer_first",
-                                                    **{**DECODE_SERVER_ARGS,
-                                                       "disaggregation_decode_retraction_backup": "host_pool"}))
-    try:
-        state = attach(fx.cache, scope=layout.scope_of(layout.KvLayout("decode", 1, 1, 1, "float32")))
+    with host_pool_decode(core) as (fx, state):
         r = decoding(fx, state, seq(100, 24), outputs=[5, 6, 7])
         sched = decode_scheduler(fx, running=[r])
         assert restored_epochs(state, fx, r) == {0}
         retract(fx, sched, r)
         resume(fx, sched, r)
         assert restored_epochs(state, fx, r) == {0}
-    finally:
-        set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
