@@ -37,9 +37,8 @@ HOOKS = [
     ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", pd.refuse_unmatchable_identity_at_startup),
     # EPD: encoder-disaggregated image embeddings (the encoder's caches, the global store keyed emb_{hash}) carry no
     # weight identity and no publication reaches them: --encoder-only / --language-only / --enable-mm-global-cache
-    # do not start
-    ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", startup.refuse_encoder_disaggregation_at_startup),
-    # ... and an encoder-only launch, which never runs check_server_args, stops before its encoder is built
+    # are refused with the closed world's flags above; an encoder-only launch, which never runs check_server_args,
+    # stops before its encoder is built
     ("sglang.srt.disaggregation.encoder.server.MMEncoder.__init__", "BEFORE", startup.refuse_encoder_server),
     # engine start; under Ray, each scheduler actor loads vradix before it builds its Scheduler
     ("sglang.srt.ray.scheduler_actor.SchedulerActor.options", "AROUND", ray_actor.load_vradix_in_scheduler_actor),

@@ -7,7 +7,7 @@ import logging
 import os
 import typing
 
-from vradix import epochs, identity, unversioned
+from vradix import epd, epochs, identity, unversioned
 
 logger = logging.getLogger("vradix")
 
@@ -18,8 +18,10 @@ class InvalidUpdateRequest(ValueError):
 
 def refuse_unversioned_paths_at_startup(_result, server_args, *args, **kwargs):
     """AFTER ServerArgs.check_server_args (launcher, before any scheduler starts): a flag that turns on a path vradix
-    cannot version (`vradix.unversioned.REFUSALS`) stops the launch with UnversionedPathError naming the flag."""
+    cannot version (`vradix.unversioned.REFUSALS`, and the EPD flags of `vradix.epd`) stops the launch with
+    UnversionedPathError naming the flag."""
     unversioned.check(server_args)
+    epd.check(server_args)
 
 
 def reject_bad_version_label(tokenizer_manager, obj, *args, **kwargs):

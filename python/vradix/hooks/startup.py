@@ -12,12 +12,6 @@ from vradix.state import attach, attach_treeless
 logger = logging.getLogger("vradix")
 
 
-def refuse_encoder_disaggregation_at_startup(_result, server_args, *args, **kwargs):
-    """AFTER ServerArgs.check_server_args (launcher, before any scheduler or encoder starts): a launch with an EPD flag
-    fails with EncoderDisaggregationError (`vradix.epd`)."""
-    epd.check(server_args)
-
-
 def refuse_encoder_server(encoder, server_args, *args, **kwargs):
     """BEFORE MMEncoder.__init__: SGLang's encoder-only launch (`launch_server.run_server` -> the encoder's HTTP or
     gRPC server) skips `check_server_args`, so the encoder refuses itself before it loads a weight."""
