@@ -6,7 +6,8 @@ Stand-ins (where a real object cannot be built on CPU without a launched engine)
   SGLang's own `Scheduler.flush_cache` / `Scheduler.record_weight_version_change` read; those two are SGLang's real
   (hooked) methods, bound to it;
 - the updater is SGLang's real class, built without `__post_init__` (which needs an initialized TP process group),
-  its `flush_cache` bound to the real hooked `Scheduler.flush_cache`;
+  its `flush_cache` bound to the real hooked `Scheduler.flush_cache`, its TP worker serving no model runner (a test
+  that needs one serves it: `test_weight_derived.serving_runners`);
 - each `original` plays SGLang's update body: it calls the updater's real `record_weight_version_after_update` and
   `flush_cache_after_weight_update`, or raises after "touching weights".
 """
@@ -52,7 +53,9 @@ class Engine:
         u = SchedulerWeightUpdaterManager.__new__(SchedulerWeightUpdaterManager)
         u.scheduler, u._session, u.metrics_collector = self.scheduler, None, None
         u.flush_cache = self.scheduler.flush_cache
-        u.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model_config=None))
+        u.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model_config=None),
+                                            weight_update_runners=lambda: [])
+        u.draft_worker = None
         self.updater = u
         self.touched = 0
 

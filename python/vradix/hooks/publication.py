@@ -193,10 +193,14 @@ def _update_handler(source: str, output_type_name: str, needs_session: bool, ref
       failure that may have touched the weights bumps once, conservatively;
     - inside a session the call is one bucket: it applies its label and never bumps (`publish_on_session_end` does);
     - `refuse_before_load(updater, recv_req)` returns the failed response for a request SGLang would reject before
-      touching any weight, or None: such a request changes nothing and does not bump;
+      touching any weight, or None: such a request changes nothing and does not bump; before it, every source
+      refuses an update that would leave a GPU-derived copy stale (`refuse_gpu_derived_copies`), the same way;
     - an exception raised by the update itself is never caught: once weights may have been touched, the engine stops
       exactly as stock SGLang does, rather than serve on weights nobody can name.
     """
+    refusals = (refuse_gpu_derived_copies(source, output_type_name),) + (
+        (refuse_before_load,) if refuse_before_load is not None else ())
+
     def around_update(original, updater, recv_req, *args, **kwargs):
         scheduler = updater.scheduler
         overlap.drain_inflight_batch(scheduler)
@@ -207,8 +211,8 @@ def _update_handler(source: str, output_type_name: str, needs_session: bool, ref
             return update_without_tree(original, updater, recv_req, *args, **kwargs)
         refused = refuse_reused_declaration(state, getattr(recv_req, "weight_version", None),
                                             io_output_type(output_type_name))
-        if refused is None and refuse_before_load is not None:
-            refused = refuse_before_load(updater, recv_req)
+        if refused is None:
+            refused = first_refusal(refusals, updater, recv_req)
         if refused is not None:
             logger.error("vradix: %s refused before loading: %s", source, refused.message)
             return refused
@@ -230,7 +234,7 @@ def _update_handler(source: str, output_type_name: str, needs_session: bool, ref
         """The same call on an engine without a radix cache (`state.TreelessState`): the same refusals before
         loading and the same publication count, with no tree; each publication drops the weight-derived caches."""
         scheduler, treeless = updater.scheduler, treeless_of(updater.scheduler.tree_cache)
-        refused = refuse_before_load(updater, recv_req) if refuse_before_load is not None else None
+        refused = first_refusal(refusals, updater, recv_req)
         if refused is not None:
             logger.error("vradix: %s refused before loading: %s", source, refused.message)
             return refused
@@ -251,6 +255,51 @@ def _update_handler(source: str, output_type_name: str, needs_session: bool, ref
 
     around_update.__name__ = f"publish_{source}"
     return around_update
+
+
+def first_refusal(refusals, updater, recv_req):
+    """The failed response of the first of `refusals` that refuses `recv_req`, or None."""
+    for refuse in refusals:
+        refused = refuse(updater, recv_req)
+        if refused is not None:
+            return refused
+    return None
+
+
+def refuse_gpu_derived_copies(source: str, output_type_name: str):
+    """The refusal of `source` (an update call, or begin_weight_update) when a model it would update holds a
+    weight-derived copy the update would leave stale (`vradix.post_load.gpu_derived_refusal`; at begin, also what
+    SGLang's own check refuses at every update call). Returns SGLang's failed output for `source`, or None.
+
+    Invariants: it reads the models of the runners the request selects and the graphs of every runner (a captured
+    graph of the target stands for the draft's too); every rank of the TP group refuses together
+    (`refused_on_any_rank`), so no rank loads while another refuses or waits at a barrier."""
+    def refuse(updater, recv_req):
+        selected = updater._select_runners(getattr(recv_req, "selector", "all"))
+        models = [runner.model for _, runner in selected]
+        graphs = any(post_load.captures_graphs(runner) for _, runner in updater._select_runners())
+        reason = post_load.gpu_derived_refusal(source, models, graphs)
+        if reason is None and source == post_load.BEGIN:
+            reason = post_load.bypassed_sglang_refusal(models)
+        reason = refused_on_any_rank(source, reason, getattr(updater, "tp_cpu_group", None))
+        return None if reason is None else io_output_type(output_type_name)(success=False, message=reason)
+    return refuse
+
+
+def refused_on_any_rank(source: str, reason, group):
+    """`reason`, or, when another rank of `group` refuses and this one does not, the reason it refuses too: a copy
+    built at a first forward may exist on one rank only (a DP-attention rank that ran only idle batches)."""
+    import torch
+    import torch.distributed as dist
+
+    if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return reason
+    flag = torch.tensor([int(reason is not None)], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    if flag.item() and reason is None:
+        return (f"vradix refused {source}: another rank of this engine holds a weight-derived copy the update would "
+                "leave stale (its log names it)")
+    return reason
 
 
 def io_output_type(name: str):
@@ -324,13 +373,24 @@ publish_update_from_ipc = _update_handler("update_weights_from_ipc", "UpdateWeig
                                           needs_session=False)
 
 
+refuse_session_before_begin = refuse_gpu_derived_copies(post_load.BEGIN, "BeginWeightUpdateReqOutput")
+
+
 def open_weight_session(original, updater, recv_req, *args, **kwargs):
     """AROUND begin_weight_update: nothing may be in flight when weights start to change (P2P/RDMA writes may start
     right after it), and a successful begin opens one publication (`state.session`). The launcher has already paused
-    generation in place (`launcher.hold_generation_for_session`)."""
+    generation in place (`launcher.hold_generation_for_session`), and resumes it when the begin fails.
+
+    A session on a model holding a copy its writes would leave stale is refused before SGLang opens it
+    (`refuse_session_before_begin`): no session, no bump, nothing restored."""
     scheduler = updater.scheduler
     if scheduler is not None:
         overlap.drain_inflight_batch(scheduler)
+        attached = state_of(scheduler.tree_cache) is not None or treeless_of(scheduler.tree_cache) is not None
+        refused = refuse_session_before_begin(updater, recv_req) if attached else None
+        if refused is not None:
+            logger.error("vradix: begin_weight_update refused: %s", refused.message)
+            return refused
     out = original(updater, recv_req, *args, **kwargs)
     state = state_of(scheduler.tree_cache) if scheduler is not None else None
     if state is not None and out.success:
