@@ -42,7 +42,7 @@ def cuda_extension():
     include_dirs += glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "*", "include"))
     ext = CUDAExtension(
         name="vradix._C",
-        sources=["csrc/vradix_kernels.cu"],
+        sources=["csrc/bindings.cpp", "csrc/vradix_kernels.cu"],
         depends=glob.glob("csrc/*.h"),  # rebuilds on a header change; setuptools also ships them in the sdist
         include_dirs=include_dirs,
         extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3", "--use_fast_math"]},

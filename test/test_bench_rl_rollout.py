@@ -217,6 +217,7 @@ def test_bad_arguments_get_a_clear_error(capsys):
 
 
 @pytest.mark.e2e
+@pytest.mark.long  # four CPU servers, one per mode: the benchmark's profile; the counting rules are tested above
 @pytest.mark.timeout(900)
 def test_smoke_all_modes_on_cpu_servers(tmp_path):
     """A few seconds of traffic per (mode, workload) on 3 CPU servers (the two stock modes share one)."""

@@ -81,7 +81,7 @@ def test_a_flush_drops_image_embeddings(server, tmp_path):
 
 def vl_server(model, vradix):
     return lambda: CpuServer(model, vradix=vradix, extra_args=NO_RADIX, skip_tokenizer_init=False,
-                             env=vlm_aids.server_env(), max_total_tokens=4096, startup_timeout=300)
+                             env=vlm_aids.server_env(), max_total_tokens=4096, startup_timeout=600)
 
 
 def test_without_radix_cache_a_publication_recomputes_image_embeddings(vl_models, tmp_path):

@@ -321,6 +321,7 @@ HICACHE_SCENARIOS = [test_publication_during_chunked_prefill, test_abort_of_requ
                      test_in_place_pauses_under_decode_load_lose_no_request]
 
 
+@pytest.mark.long  # the scenarios above, repeated with HiCache on; test_e2e_hicache covers its publications
 @pytest.mark.parametrize("scenario", HICACHE_SCENARIOS, ids=lambda f: f.__name__[len("test_"):])
 def test_on_hicache(hicache_engine, oracle, scenario):
     scenario(hicache_engine, oracle)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.timeout(1200)]  # a soak is a long profile
 
 
 def load_soak():
