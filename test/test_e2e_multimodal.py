@@ -34,7 +34,7 @@ def vl_models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(vl_models):
     with CpuServer(vl_models[0], skip_tokenizer_init=False, env=vlm_aids.server_env(), max_total_tokens=4096,
-                   startup_timeout=300) as s:
+                   startup_timeout=600) as s:
         yield s
         assert "Traceback" not in s.logs()
 

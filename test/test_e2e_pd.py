@@ -333,7 +333,7 @@ REFUSED_DECODE_ROLES = {
 def test_a_decode_role_that_cannot_keep_its_contract_does_not_start(models, tmp_path):
     """The launcher refuses each before any scheduler starts (seconds, no model load); the starts run together."""
     def start(flags):
-        return CpuServer(models[0], startup_timeout=120, env={"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(tmp_path)},
+        return CpuServer(models[0], startup_timeout=600, env={"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(tmp_path)},
                          extra_args=["--disaggregation-mode", "decode", *pd.TRANSFER_FLAGS,
                                      "--disaggregation-decode-enable-radix-cache", *flags])
 

@@ -204,7 +204,7 @@ def test_stock_overlap_mislabels_a_batch_in_flight_at_pause(models, oracle):
 
 def test_fail_closed_when_a_hook_cannot_be_installed(models):
     with pytest.raises(Exception) as e:
-        CpuServer(models[0], env={"VRADIX_FAULT_MISSING_HOOK": ".flush_cache"}, startup_timeout=120)
+        CpuServer(models[0], env={"VRADIX_FAULT_MISSING_HOOK": ".flush_cache"}, startup_timeout=600)
     assert "could not install hook(s) sglang.srt.managers.scheduler.Scheduler.flush_cache" in str(e.value)
 
 

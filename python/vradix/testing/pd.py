@@ -81,7 +81,7 @@ def with_pd_cpu_aid(env: dict) -> dict:
 class Router(LoggedProcess, ServerClient):
     """The real P/D router in front of one prefill and one decode server, on loopback only."""
 
-    def __init__(self, prefill_url: str, bootstrap_port: int, decode_url: str, *, startup_timeout: float = 60.0,
+    def __init__(self, prefill_url: str, bootstrap_port: int, decode_url: str, *, startup_timeout: float = 180.0,
                  timeout: float = 120.0):
         launcher = router_module()
         if launcher is None:
@@ -144,7 +144,7 @@ class PdPair(RoutedPair):
 
     def __init__(self, model_path: str, *, vradix: bool = True, decode_radix: bool = True,
                  prefill_args: Sequence[str] = (), decode_args: Sequence[str] = (), env: Optional[dict] = None,
-                 startup_timeout: float = 240.0, timeout: float = 120.0):
+                 startup_timeout: float = 600.0, timeout: float = 300.0):
         self.bootstrap_port = free_port()
         self.prefill: Optional[CpuServer] = None
         self.decode: Optional[CpuServer] = None

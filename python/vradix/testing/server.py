@@ -84,7 +84,7 @@ class CpuServer(LoggedProcess, ServerClient):
 
     def __init__(self, model_path: str, *, vradix: bool = True, extra_args: Sequence[str] = (),
                  env: Optional[dict] = None, max_total_tokens: int = 8192, chunked_prefill_size: int = 1024,
-                 startup_timeout: float = 240.0, skip_tokenizer_init: bool = True, timeout: float = 120.0,
+                 startup_timeout: float = 600.0, skip_tokenizer_init: bool = True, timeout: float = 300.0,
                  python: Optional[str] = None, launcher: str = "sglang.launch_server",
                  hybrid: Optional[bool] = None):
         """`python`: the interpreter that runs the server (default: this one), e.g. another environment's.
