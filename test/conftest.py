@@ -15,6 +15,18 @@ from sglang.srt.plugins import load_plugins  # noqa: E402
 load_plugins()
 
 
+@pytest.fixture(autouse=True)
+def restore_environment():
+    """Each test leaves `os.environ` as it found it. In-process launches (SGLang's `prepare_server_args`, vradix's
+    launcher hook) export settings such as `VRADIX_WEIGHT_IDENTITY` into it for the scheduler processes a server
+    starts, and every `CpuServer` a later test starts inherits `os.environ`: a leaked identity made a decode role that
+    must be refused start, and a nonce reader prove a fingerprint."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 #: (tree core, page size) every cache-level module runs on
 CACHE_CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
 
