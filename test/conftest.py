@@ -27,6 +27,21 @@ def restore_environment():
     os.environ.update(saved)
 
 
+@pytest.fixture(autouse=True)
+def restore_torch_reductions():
+    """Each test leaves torch's tensor pickling as it found it. SGLang's in-process update paths install
+    `monkey_patch_torch_reductions` (CUDA tensors travel with a device uuid), whose reducer assumes the CUDA
+    argument layout: a later test that serialises CPU tensors for a server (`MultiprocessingSerializer`) then fails."""
+    from torch.multiprocessing import reductions
+    saved = (reductions.reduce_tensor, reductions.rebuild_cuda_tensor)
+    patched = hasattr(reductions, "_reduce_tensor_original")
+    yield
+    if not patched and hasattr(reductions, "_reduce_tensor_original"):
+        reductions.reduce_tensor, reductions.rebuild_cuda_tensor = saved
+        del reductions._reduce_tensor_original, reductions._rebuild_cuda_tensor_original
+        reductions.init_reductions()
+
+
 #: (tree core, page size) every cache-level module runs on
 CACHE_CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
 
