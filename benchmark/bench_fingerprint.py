@@ -56,7 +56,7 @@ def tiny_model():
     except ImportError:
         print("# tiny llama: skipped (transformers is not installed)")
         return None
-    from vradix.testing.tiny_model import generate
+    from vradix.testing.models.llama import generate
     with tempfile.TemporaryDirectory() as d:
         return LlamaForCausalLM.from_pretrained(generate(d, seed=1, dtype="float32", init_range=0.2))
 

@@ -39,9 +39,9 @@ import time
 
 import torch
 
-from vradix.testing.hicache_store import hicache_server, tiers, wait_stored
-from vradix.testing.server import CpuServer
-from vradix.testing.tiny_model import generate
+from vradix.testing.harness.hicache_store import hicache_server, tiers, wait_stored
+from vradix.testing.harness.server import CpuServer
+from vradix.testing.models.llama import generate
 
 NEW = 4
 #: identity modes of the restart table: server keyword arguments (see `hicache_server`)

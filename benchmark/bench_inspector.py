@@ -2,7 +2,7 @@
 
 A `GET /vradix/cache` reaches the scheduler as one internal-state request, answered synchronously on the scheduler
 thread between two batches (`hooks.inspector.answer_cache_inspection`): the stall it adds to that iteration is the
-snapshot (`cache_view.snapshot`) plus the msgpack encoding of its reply; HTTP and ZMQ run in the tokenizer process.
+snapshot (`snapshot.snapshot`) plus the msgpack encoding of its reply; HTTP and ZMQ run in the tokenizer process.
 So this measures exactly that code on SGLang's real UnifiedRadixCache (both TreeCores), in a loop that stands in
 for the scheduler: each iteration admits, prefills and finishes one request against a large cache (many cached
 prefixes, a full hit table, live lock holders and a crossing request after a publication), and in the polled run
@@ -27,10 +27,10 @@ def percentile(xs, q):
 
 
 def build(core: str, args):
-    from vradix import epochs
-    from vradix.admission import stamp
-    from vradix.state import attach
-    from vradix.testing.cache_fixture import build_cache
+    from vradix.core import epochs
+    from vradix.core.admission import stamp
+    from vradix.core.state import attach
+    from vradix.testing.harness.cache_fixture import build_cache
 
     fx = build_cache(core, args.page_size, kv_tokens=args.cached_tokens + 64 * 1024, max_reqs=args.live + 8,
                      max_context_len=4096)
@@ -78,16 +78,16 @@ def run(core: str, polled: bool, args) -> dict:
     from sglang.srt.managers.io_struct import GetInternalStateReqOutput
     from sglang.srt.utils.msgspec_utils import msgspec_to_builtins
 
-    from vradix import cache_view
+    from vradix.observability import snapshot
 
     fx, state, live, request, i = build(core, args)
-    query = cache_view.Query(limit=args.limit, head=8)
+    query = snapshot.Query(limit=args.limit, head=8)
     iters, snaps = [], []
     for n in range(args.iterations):
         t0 = time.perf_counter()
         if polled and n % args.poll_every == 0:
             s0 = time.perf_counter()
-            view = cache_view.snapshot(state, fx.cache, live, query)
+            view = snapshot.snapshot(state, fx.cache, live, query)
             reply = msgspec_to_builtins({"vradix_cache": view})
             msgspec.msgpack.encode(GetInternalStateReqOutput(internal_state=reply))
             snaps.append(time.perf_counter() - s0)

@@ -120,10 +120,10 @@ def guard_overhead(repeats: int) -> list[dict]:
     try:
         from sglang.srt.plugins import load_plugins
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
-        from vradix.admission import stamp
-        from vradix.hooks.forward import backstop_extend_batch
-        from vradix.state import attach
-        from vradix.testing.cache_fixture import ForwardWrite, build_cache
+        from vradix.core.admission import stamp
+        from vradix.hooks.ledger import backstop_extend_batch
+        from vradix.core.state import attach
+        from vradix.testing.harness.cache_fixture import ForwardWrite, build_cache
     except ImportError:
         return []
     os.environ.pop("VRADIX_DISABLE", None)

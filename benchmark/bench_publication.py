@@ -8,7 +8,7 @@ requests, then one publication is timed (median of repeats, refill not timed):
   - publication: the vradix bump, what runs while generation is paused (epoch advance, crossing marks, re-binds;
     the unlocked stale KV is left to the deferred reclaim);
   - reclaim total / slices / max slice: the deferred reclaim of that stale KV, run as the scheduler runs it, one
-    bounded slice per iteration (`reclaim_queue.step`) until nothing is pending: the sum of the slices, their count,
+    bounded slice per iteration (`deferred_reclaim.step`) until nothing is pending: the sum of the slices, their count,
     the median one and the longest one (the most one scheduler iteration stalls for reclaim);
   - bump, nothing locked: a vradix bump when no request holds KV (the tree is dropped at once, like stock's flush);
   - stock reset: `tree_cache.reset()` + allocator/req-pool clear, what `flush_cache` does (stock can only run it
@@ -61,9 +61,9 @@ def fill(fx, tokens: int, lock_frac: float = 0.01):
 
 
 def bench_publication(core: str, sizes, repeats: int):
-    from vradix import epochs, reclaim_queue
-    from vradix.state import attach
-    from vradix.testing.cache_fixture import build_cache
+    from vradix.core import epochs, deferred_reclaim
+    from vradix.core.state import attach
+    from vradix.testing.harness.cache_fixture import build_cache
 
     rows = []
     for size in sizes:
@@ -82,7 +82,7 @@ def bench_publication(core: str, sizes, repeats: int):
             times = []
             while state.deferred.active:
                 t = time.perf_counter()
-                reclaim_queue.step(state, fx.cache)
+                deferred_reclaim.step(state, fx.cache)
                 times.append(time.perf_counter() - t)
             res["reclaim total"].append(sum(times))
             res["median slice"].append(statistics.median(times) if times else 0.0)
@@ -125,9 +125,9 @@ def bench_steady(core: str, nreq: int) -> dict:
     """One child run of the steady-state loop: {"wall": requests/s over wall time, "cpu": requests/s over this
     process's CPU time}, after `STEADY_WARMUP` untimed requests. The CPU-time rate is the one other jobs on a shared
     machine disturb least."""
-    from vradix.admission import stamp
-    from vradix.state import attach
-    from vradix.testing.cache_fixture import build_cache
+    from vradix.core.admission import stamp
+    from vradix.core.state import attach
+    from vradix.testing.harness.cache_fixture import build_cache
     from sglang.srt.plugins import load_plugins
 
     torch.set_num_threads(1)
@@ -207,7 +207,7 @@ def main():
         return
     sizes = [int(x) for x in a.sizes.split(",")]
     print(f"# publication cost, ms, median of {a.repeats} (CPU: {os.cpu_count()} cores, torch {torch.__version__}; "
-          f"deferred reclaim slices of {__import__('vradix.reclaim_queue').reclaim_queue.SLICE_NODES} nodes)")
+          f"deferred reclaim slices of {__import__('vradix.core.deferred_reclaim').core.deferred_reclaim.SLICE_NODES} nodes)")
     hdr = ["core", "inserted_tokens", "cached_tokens", "sequences", "freed", "publication", "reclaim total",
            "slices", "median slice", "max slice", "bump, nothing locked", "stock reset", "reclaim / reset", "no-op"]
     print("| " + " | ".join(hdr) + " |")

@@ -23,8 +23,8 @@ import sys
 import tempfile
 import time
 
-from vradix.testing.server import CpuServer
-from vradix.testing.tiny_model import generate
+from vradix.testing.harness.server import CpuServer
+from vradix.testing.models.llama import generate
 
 VOCAB_LO, VOCAB_HI = 17, 480
 

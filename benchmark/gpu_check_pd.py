@@ -3,7 +3,7 @@
     python benchmark/gpu_check_pd.py [--out DIR] [--transfer-backend mooncake] [--dry-run]
 
 Two parts, each a real prefill/decode pair with vradix on both roles behind the real P/D router, on CUDA:
-1. **hybrid** (one GPU): a tiny Mamba2+attention NemotronH (`vradix.testing.tiny_hybrid_model`, bf16) with SGLang's
+1. **hybrid** (one GPU): a tiny Mamba2+attention NemotronH (`vradix.testing.models.hybrid`, bf16) with SGLang's
    own CUDA/Triton Mamba kernels and its default `extra_buffer` strategy; decode runs its radix cache with HiCache L2
    and L3 `file` (`page_first_direct`, which the Mamba host pool needs). Checks: the recurrent state travels (output
    == a fresh non-P/D server), a decode prefix hit, a restore from decode's L3 after its device and host tiers were
@@ -34,10 +34,10 @@ import requests
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-from vradix.testing.http import ServerClient  # noqa: E402
-from vradix.testing.pd import Router, RoutedPair  # noqa: E402
-from vradix.testing.process import LoggedProcess  # noqa: E402
-from vradix.testing.server import free_port  # noqa: E402
+from vradix.testing.harness.http import ServerClient  # noqa: E402
+from vradix.testing.harness.pd import Router, RoutedPair  # noqa: E402
+from vradix.testing.harness.process import LoggedProcess  # noqa: E402
+from vradix.testing.harness.server import free_port  # noqa: E402
 
 PROMPT = [(i * 7) % 480 + 20 for i in range(600)]
 EXTENDED = PROMPT + [31, 32, 33, 34]
@@ -116,7 +116,7 @@ def pd_args(role: str, bootstrap_port: int, backend: str, extra: Sequence[str] =
 
 
 class GpuPair(RoutedPair):
-    """prefill + decode `GpuServer`s and the real router (`vradix.testing.pd.Router`) in front of them."""
+    """prefill + decode `GpuServer`s and the real router (`vradix.testing.harness.pd.Router`) in front of them."""
 
     def __init__(self, model: str, *, backend: str, log_dir: str, prefill_gpus: str, decode_gpus: str,
                  prefill_extra: Sequence[str] = (), decode_extra: Sequence[str] = (), env: Optional[dict] = None):
@@ -178,7 +178,7 @@ def publish_in_place_with_crossing(pair: GpuPair, model: str, version: str) -> d
 
 
 def hybrid_part(work: str, backend: str, gpu: str) -> None:
-    from vradix.testing.tiny_hybrid_model import generate
+    from vradix.testing.models.hybrid import generate
 
     a, b = generate(os.path.join(work, "hybrid-A"), seed=1), generate(os.path.join(work, "hybrid-B"), seed=2)
     want = oracle(a, b, [PROMPT, EXTENDED], [], gpu, work)
@@ -208,16 +208,16 @@ def tiny_mla_model(out: str, seed: int) -> str:
     import torch
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 
-    from vradix.testing import tiny_model
+    from vradix.testing.models import llama
 
     torch.manual_seed(seed)
-    cfg = DeepseekV2Config(vocab_size=tiny_model.VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+    cfg = DeepseekV2Config(vocab_size=llama.VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=64,
                            qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64, n_routed_experts=None,
                            first_k_dense_replace=2, max_position_embeddings=4096, initializer_range=0.2,
                            tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=2)
     DeepseekV2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
-    tiny_model.save_tokenizer(out)
+    llama.save_tokenizer(out)
     return out
 
 

@@ -10,7 +10,7 @@ once `--requests-between` requests sent after the previous one have completed. E
 label (`weight_version`) it was served under. A response whose request did not overlap any publication window must
 equal the greedy output of a fresh server on the weights its label names (the oracle, computed up front for the whole
 prompt pool on fresh stock servers); a mismatch is a stale hit. Every `--leak-check-every` publications the load is
-paused, and SGLang's strict idle memory check is read from the scheduler (`vradix.testing.reliability`).
+paused, and SGLang's strict idle memory check is read from the scheduler (`vradix.testing.harness.reliability`).
 The server runs with SGLang's busy-time memory and KV page checks on, so a leak or use-after-free stops it.
 With `--hicache` the server also has HiCache L2 (host pool, twice the device pool) and L3 (SGLang's `file` backend in
 the workdir), and a device pool of `--device-tokens` (default 256), smaller than the shared prefixes, so that between
@@ -37,10 +37,10 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-from vradix.testing.hicache_store import hicache_server, tiers
-from vradix.testing.reliability import STRICT_CHECK_ENV, oracle_output_sets, strict_idle_check
-from vradix.testing.server import CpuServer
-from vradix.testing.tiny_model import generate
+from vradix.testing.harness.hicache_store import hicache_server, tiers
+from vradix.testing.harness.reliability import STRICT_CHECK_ENV, oracle_output_sets, strict_idle_check
+from vradix.testing.harness.server import CpuServer
+from vradix.testing.models.llama import generate
 
 
 #: the soak's two weight sets, as `generate(path, **MODELS[name])` (peaky float32 logits); shared with tie_check.py

@@ -31,12 +31,12 @@ import threading
 import time
 from typing import List, Optional, Sequence
 
-from vradix.testing.server import CpuServer
-from vradix.testing.tiny_model import generate
+from vradix.testing.harness.server import CpuServer
+from vradix.testing.models.llama import generate
 
 
 def load_soak():
-    """`benchmark/soak_publications.py` as a module (loaded as `test/test_soak.py` loads it)."""
+    """`benchmark/soak_publications.py` as a module (loaded as `test/e2e/test_soak.py` loads it)."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "soak_publications.py")
     spec = importlib.util.spec_from_file_location("soak_publications", path)
     mod = importlib.util.module_from_spec(spec)

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/hook_table.py [--write]
 
 The docs never state a hook count by hand: the table and its count are generated from HOOKS, and
-`test/test_docs.py` fails when docs/design.md is out of date.
+`test/packaging/test_docs.py` fails when docs/design.md is out of date.
 """
 from __future__ import annotations
 

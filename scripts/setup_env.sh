@@ -60,7 +60,7 @@ step "install the mooncake transfer engine (CPU build)" "${PIP[@]}" --no-deps mo
 SITE="$("$VENV/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')"
 # the import-only sgl_kernel shim (CPU serving/test aid; every call raises)
 step "place the sgl_kernel shim" bash -c 'rm -rf "$2/sgl_kernel" && cp -r "$1" "$2/sgl_kernel"' _ \
-  "$ROOT/python/vradix/testing/sgl_kernel_shim" "$SITE"
+  "$ROOT/python/vradix/testing/cpu_aids/sgl_kernel_shim" "$SITE"
 step "install vradix (editable)" env VRADIX_BUILD_CUDA="${VRADIX_BUILD_CUDA:-0}" \
   "${PIP[@]}" -c "$VENV/constraints.txt" --no-build-isolation --no-deps -e "$ROOT"
 # an editable install does not run build_py: place the SGLANG_PLUGINS startup check the wheel ships

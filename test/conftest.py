@@ -1,9 +1,14 @@
 """Shared fixtures. The vradix plugin is loaded through SGLang's own `load_plugins()`, so every test process runs
 the real hooks on SGLang's real functions, exactly as a scheduler process does."""
 import os
+import pathlib
+import sys
 
 import pytest
 
+# Tests mirror the packages (test/core, test/ledger, ...) yet a few share helpers across folders
+# (`from test_publication_hooks import Engine`): every folder is importable by module name, as the flat suite was.
+sys.path[:0] = sorted(str(p) for p in pathlib.Path(__file__).parent.iterdir() if p.is_dir() and p.name != "__pycache__")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.pop("VRADIX_DISABLE", None)
 # The Triton kernels run on CPU only under the interpreter, which must be on before triton.language is first imported
@@ -50,8 +55,8 @@ CACHE_CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
 def env(request):
     """A 2048-token UnifiedRadixCache on the named tree core and page size, with vradix attached: `(fixture, state)`.
     A module that needs another size defines its own `env`."""
-    from vradix.state import attach
-    from vradix.testing.cache_fixture import build_cache
+    from vradix.core.state import attach
+    from vradix.testing.harness.cache_fixture import build_cache
     core, ps = request.param
     fx = build_cache(core, ps, kv_tokens=2048)
     assert fx.tree_core_name == {"rust": "RustUnifiedTreeCore", "python": "UnifiedTreeCore"}[core]
@@ -68,7 +73,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def models(tmp_path_factory):
     """Two tiny float32 Llama checkpoints with peaky logits: A (served first) and B (published)."""
-    from vradix.testing.tiny_model import generate
+    from vradix.testing.models.llama import generate
     d = tmp_path_factory.mktemp("models")
     return (generate(str(d / "A"), seed=1, dtype="float32", init_range=0.2),
             generate(str(d / "B"), seed=2, dtype="float32", init_range=0.2))
@@ -76,10 +81,10 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def pd_oracle(models):
-    """Greedy outputs (6 tokens) for the P/D tests' prompt (`vradix.testing.pd.PROMPT`) of a fresh non-P/D stock
+    """Greedy outputs (6 tokens) for the P/D tests' prompt (`vradix.testing.harness.pd.PROMPT`) of a fresh non-P/D stock
     server on A and on B: computed once, shared by the P/D modules."""
-    from vradix.testing.pd import PROMPT
-    from vradix.testing.server import fresh_stock_outputs
+    from vradix.testing.harness.pd import PROMPT
+    from vradix.testing.harness.server import fresh_stock_outputs
     out = fresh_stock_outputs(dict(zip("AB", models)), lambda s: s.generate(PROMPT, 6)["output_ids"])
     assert out["A"] != out["B"]
     return out
@@ -88,14 +93,14 @@ def pd_oracle(models):
 @pytest.fixture(scope="session")
 def hybrid_models(tmp_path_factory):
     """Two tiny NemotronH (Mamba2 + attention) hybrid checkpoints: A (served first) and B (published)."""
-    from vradix.testing.tiny_hybrid_model import generate
+    from vradix.testing.models.hybrid import generate
     d = tmp_path_factory.mktemp("hybrid")
     return generate(str(d / "A"), seed=1), generate(str(d / "B"), seed=2)
 
 
 @pytest.fixture(scope="session")
 def hf_greedy(hybrid_models):
-    """HF transformers' greedy outputs on A and B for the hybrid tests' prompts (`vradix.testing.hybrid_oracle`):
+    """HF transformers' greedy outputs on A and B for the hybrid tests' prompts (`vradix.testing.harness.hybrid_oracle`):
     computed once, shared by the hybrid modules."""
-    from vradix.testing.hybrid_oracle import hf_greedy
+    from vradix.testing.harness.hybrid_oracle import hf_greedy
     return hf_greedy(dict(zip("AB", hybrid_models)))

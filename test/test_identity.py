@@ -13,10 +13,10 @@ from sglang.srt.mem_cache.utils import get_storage_hash_str
 from sglang.srt.server_args import prepare_server_args
 
 from vradix import identity, namespace
-from vradix.admission import stamp
-from vradix.epochs import bump
-from vradix.state import attach
-from vradix.testing.cache_fixture import build_cache
+from vradix.core.admission import stamp
+from vradix.core.epochs import bump
+from vradix.core.state import attach
+from vradix.testing.harness.cache_fixture import build_cache
 
 TOKENS = list(range(100, 164))
 

@@ -9,13 +9,14 @@ import pytest
 
 from sglang.srt.mem_cache import common
 
-from vradix import epochs, request
-from vradix.admission import stamp
-from vradix.guard import GuardConfig
+from vradix import request
+from vradix.core import epochs
+from vradix.core.admission import stamp
+from vradix.ledger.guard import GuardConfig
 from vradix.hooks.admission import sample_verify_prefill_batch
 from vradix.request import UnstampedRequestError
-from vradix.state import attach
-from vradix.testing.cache_fixture import build_cache, seq
+from vradix.core.state import attach
+from vradix.testing.harness.cache_fixture import build_cache, seq
 
 
 

@@ -11,7 +11,7 @@ import tempfile
 import time
 from typing import Dict, List, Sequence
 
-from vradix.testing.http import ServerClient
+from vradix.testing.harness.http import ServerClient
 
 import rl_rollout
 from .client import run_rollout
@@ -26,8 +26,8 @@ def log(msg: str) -> None:
 
 def local_runs(a, modes: List[Mode]) -> List[dict]:
     """Start CPU servers on tiny models, one per server group, and run every (schedule, mode, workload) on it."""
-    from vradix.testing.server import CpuServer
-    from vradix.testing.tiny_model import generate
+    from vradix.testing.harness.server import CpuServer
+    from vradix.testing.models.llama import generate
 
     workdir = a.workdir or tempfile.mkdtemp(prefix="vradix-rl-")
     weights = [generate(os.path.join(workdir, f"ckpt{i}"), seed=100 + i, dtype="float32", init_range=0.2)

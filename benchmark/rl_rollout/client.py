@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import List, Sequence
 
-from vradix.testing.http import ServerClient
+from vradix.testing.harness.http import ServerClient
 
 from .modes import Mode
 from .schedule import Schedule

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from vradix.testing.http import ServerClient
+from vradix.testing.harness.http import ServerClient
 
 from .modes import Mode
 

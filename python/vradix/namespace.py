@@ -13,7 +13,7 @@ equal across restarts and engines, and keys of different weights never collide. 
 when an earlier epoch of the same process already used that `weight_id` (equal weights published again, or a
 lock-aware flush, which keeps the weights): inside one process every epoch has its own namespace, and every key that
 carries a suffix still names the same weights. A LoRA request's key also carries its adapter's *content* identity
-(`vradix.lora.content_identity`, the adapter tag), right after the namespace: SGLang's `lora_id` is a per-load uuid4,
+(`vradix.core.lora.content_identity`, the adapter tag), right after the namespace: SGLang's `lora_id` is a per-load uuid4,
 or `uuid5(name, path)` for `--lora-paths` (equal across restarts even when the file at that path was retrained), so
 only the content tag keeps a retrained adapter's L3 pages apart from the old one's. On a P/D role the namespace also
 starts with the role's scope (role and KV layout, `vradix.pd.layout`), so the roles' L3 objects never mix, in any

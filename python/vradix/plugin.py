@@ -29,6 +29,7 @@ import pkgutil
 import sys
 
 from vradix import __version__
+from vradix.settings import RAY_CHAINED_SETUP_HOOK_ENV
 
 logger = logging.getLogger("vradix")
 
@@ -36,9 +37,6 @@ SUPPORTED_SGLANG = "0.5.23"
 ENTRY_POINT_NAME = "vradix"
 #: test-only switches; each one logs at startup that a fault is active
 FAULT_SWITCHES = ("VRADIX_FAULT_MISSING_HOOK", "VRADIX_FAULT_IMPORT", "VRADIX_FAULT_NO_NAMESPACE")
-#: Ray's `worker_process_setup_hook` for SGLang's scheduler actors, and where it finds the setup hook it replaced
-RAY_SETUP_HOOK = "vradix.plugin.load_in_ray_scheduler_worker"
-RAY_CHAINED_SETUP_HOOK_ENV = "VRADIX_RAY_CHAINED_SETUP_HOOK"
 
 #: how many hooks `register()` installed in this process (None: it did not install)
 _installed_hooks = None
@@ -84,9 +82,9 @@ def _install() -> int:
         raise ImportError(f"VRADIX_FAULT_IMPORT={os.environ['VRADIX_FAULT_IMPORT']!r}: injected import failure")
     from importlib.metadata import version as dist_version
 
-    from vradix.guard import GuardConfig, GuardConfigError
+    from vradix.ledger.guard import GuardConfig, GuardConfigError
     from vradix.hooks import DEFERRED_MODULES, HOOKS
-    from vradix.prefill_dedup import DedupConfigError, enabled_from_env
+    from vradix.core.dedup import DedupConfigError, enabled_from_env
 
     sglang_version = dist_version("sglang")
     if not supported_sglang(sglang_version) and os.environ.get("VRADIX_ALLOW_UNTESTED_SGLANG") != "1":

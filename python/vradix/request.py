@@ -5,7 +5,7 @@ Invariants:
   vradix's is stored on the `Req`;
 - `epoch` is the epoch whose namespace the request matches and inserts in (`req.extra_key` is built from it and
   `user_key`);
-- `kv_history` is the provenance of the request's KV (see `vradix.provenance`): its first entry starts at position 0
+- `kv_history` is the provenance of the request's KV (see `vradix.core.provenance`): its first entry starts at position 0
   and names `epoch` at the last bind;
 - `crossed` is True while the request holds KV across a bump; then `skip_insert_before` is what
   `req.skip_radix_cache_insert` was before vradix forced it on;
@@ -32,7 +32,7 @@ class ReqState:
     epoch: int
     kv_history: List[HistoryEntry] = field(default_factory=list)
     crossed: bool = False
-    #: a LoRA request's adapter content identity (`vradix.lora`), None for the base model: its namespace carries it,
+    #: a LoRA request's adapter content identity (`vradix.core.lora`), None for the base model: its namespace carries it,
     #: and on P/D it is compared along with the weight_id
     adapter: Optional[str] = None
     skip_insert_before: bool = False
@@ -43,7 +43,7 @@ class ReqState:
     #: on a P/D decode role, from the commit that stamped the received KV in the ledger until the request's first
     #: prebuilt batch checks its whole prompt KV once (`hooks.forward.backstop_prebuilt_batch`)
     pd_first_read_pending: bool = False
-    #: while the request holds a retraction backup: the ledger epoch of each backed-up position (`vradix.retraction`)
+    #: while the request holds a retraction backup: the ledger epoch of each backed-up position (`vradix.core.retraction`)
     backup_epochs: Optional[object] = None
     #: on a P/D decode role, once a publication revoked the request's unfulfilled prefix promise: the 503 reason it
     #: fails with (`vradix.pd.revocation`), whichever SGLang path then fails it

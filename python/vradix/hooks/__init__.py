@@ -2,9 +2,8 @@
 every vradix step; `vradix.plugin.register()` does so only inside its fail-closed install."""
 from __future__ import annotations
 
-from vradix import ledger, overlap, report
-from vradix.hooks import (admission, forward, hicache, inspector, launcher, lora, pd, prefill, publication,
-                          ray_actor, reclaim, server_info, startup, storage)
+from vradix.hooks import (admission, hicache, inspector, launcher, ledger, lora, pd, prefill, publication, ray_actor,
+                          reclaim, report, server_info, startup, storage)
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
@@ -60,8 +59,8 @@ HOOKS = [
     # each page, and which pages are free. The backstop is registered after the stamp so that it wraps it and runs
     # first: a forward that continues a partly filled page must not re-stamp that page before its cached positions
     # are checked
-    (f"{_SCHED}.run_batch", "BEFORE", forward.stamp_forward_batch),
-    (f"{_SCHED}.run_batch", "BEFORE", forward.backstop_extend_batch),
+    (f"{_SCHED}.run_batch", "BEFORE", ledger.stamp_forward_batch),
+    (f"{_SCHED}.run_batch", "BEFORE", ledger.backstop_extend_batch),
     (f"{_TOKEN_ALLOC}.free", "BEFORE", ledger.on_free_slots),
     (f"{_PAGED_ALLOC}.free", "BEFORE", ledger.on_free_slots),
     (f"{_PAGED_ALLOC}.free_page_ids", "BEFORE", ledger.on_free_pages),
@@ -108,7 +107,7 @@ HOOKS = [
     # P/D decode: the prebuilt batch a transferred request enters through is where its KV (decode's prefix and what
     # prefill sent, stamped at the commit above) is first read: the backstop checks it there, once per request
     ("sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin._verify_kv_checksums", "AFTER",
-     forward.backstop_prebuilt_batch),
+     ledger.backstop_prebuilt_batch),
     # a decode request whose prefix promise a publication revoked fails with the revocation's 503 (the revocation
     # itself runs in the bump: publication.bump_scheduler); a restore that came up short of its promise, with a 503
     # naming the lost pages
@@ -118,7 +117,7 @@ HOOKS = [
     (f"{_URC}._load_back_transfers", "AROUND", pd.restore_into_node_slots_only),
     # overlap safety: nothing in flight while weights change
     (f"{_SCHED}.pause_generation", "BEFORE", publication.drain_before_in_place_pause),
-    (f"{_SCHED}.process_batch_result", "AROUND", overlap.skip_drained_result),
+    (f"{_SCHED}.process_batch_result", "AROUND", publication.skip_drained_result),
     # HiCache L3: a storage prefetch of an older epoch never lands (the publication revokes the queued ones); each
     # page written to a `file` store is attributed to its weight identity, for garbage collection
     (f"{_URC}._handle_prefetch_result", "AROUND", storage.discard_stale_prefetch),

@@ -2,10 +2,12 @@
 the HiCache host pool would add to a match (what a match adopts is checked before the forward, `hooks.forward`)."""
 from __future__ import annotations
 
-from vradix import admission, guard, hicache_ledger, lora, request, sessions
-from vradix.ledger import ledger_of
+from vradix import request
+from vradix.core import admission, lora, sessions
+from vradix.ledger import guard, host as host_ledger
+from vradix.ledger.device import ledger_of
 from vradix.namespace import ReservedNamespaceError
-from vradix.state import state_of
+from vradix.core.state import state_of
 
 
 def stamp_request(_result, scheduler, req, *args, **kwargs):
@@ -42,7 +44,7 @@ def rebind_before_match(req, tree_cache, *args, **kwargs):
 
 def release_stale_session_slot(session, params, *args, **kwargs):
     """BEFORE StreamingSession.try_match_prefix: a slot whose record a turn kept across a publication is released
-    before it can be lent to the session's next turn, which then matches in its own namespace (`vradix.sessions`)."""
+    before it can be lent to the session's next turn, which then matches in its own namespace (`vradix.core.sessions`)."""
     state = state_of(session.cache)
     if state is not None and params.req is not None:
         sessions.release_before_lend(state, session.cache, params.req)
@@ -72,15 +74,15 @@ def sample_verify_prefill_batch(_result, batch, *args, **kwargs):
 
 def verify_load_back(original, cache, params, *args, **kwargs):
     """AROUND UnifiedRadixCache.init_load_back (strict guard): the host copies a request is about to load back must
-    carry its epoch (their pages' epochs travel with them, `vradix.hicache_ledger`). On a violation nothing is
+    carry its epoch (their pages' epochs travel with them, `vradix.ledger.host`). On a violation nothing is
     loaded: the request recomputes that span, as after a load-back SGLang declines, and is barred from inserting."""
     state = state_of(cache)
     req = params.req
     if (state is None or state.ledger is None or state.guard.verify != "strict" or req is None
             or params.host_hit_length <= 0):
         return original(cache, params, *args, **kwargs)
-    host = ledger_of(hicache_ledger.kv_host_pool(cache))
-    slots = hicache_ledger.host_copies_to_load(cache, params.best_match_node) if host is not None else None
+    host = ledger_of(host_ledger.kv_host_pool(cache))
+    slots = host_ledger.host_copies_to_load(cache, params.best_match_node) if host is not None else None
     if slots is None or slots.numel() == 0:
         return original(cache, params, *args, **kwargs)
     expected = request.require(req).epoch

@@ -1,25 +1,25 @@
-"""HiCache hooks (scheduler process): KV page epochs travel with HiCache's copies (see `vradix.hicache_ledger`)."""
+"""HiCache hooks (scheduler process): KV page epochs travel with HiCache's copies (see `vradix.ledger.host`)."""
 from __future__ import annotations
 
-from vradix import hicache_ledger
-from vradix.ledger import ledger_of
-from vradix.state import state_of
+from vradix.ledger import host as host_ledger
+from vradix.ledger.device import ledger_of
+from vradix.core.state import state_of
 
 
 def carry_epochs_to_host(host_slots, controller, device_indices, *args, **kwargs):
     """AFTER HybridCacheController.write: the backup just queued copies `device_indices` into `host_slots` (None
     when the host pool had no room and nothing was queued)."""
-    device, host = hicache_ledger.ledgers_of(controller)
+    device, host = host_ledger.ledgers_of(controller)
     if host_slots is not None and device is not None and host is not None:
-        hicache_ledger.carry(device.page_epoch, device_indices, host.page_epoch, host_slots, host.page_size)
+        host_ledger.carry(device.page_epoch, device_indices, host.page_epoch, host_slots, host.page_size)
 
 
 def carry_epochs_to_device(device_slots, controller, host_indices, *args, **kwargs):
     """AFTER HybridCacheController.load: the load-back just queued copies `host_indices` into `device_slots` (None
     when it could not be queued)."""
-    device, host = hicache_ledger.ledgers_of(controller)
+    device, host = host_ledger.ledgers_of(controller)
     if device_slots is not None and device is not None and host is not None:
-        hicache_ledger.carry(host.page_epoch, host_indices, device.page_epoch, device_slots, device.page_size)
+        host_ledger.carry(host.page_epoch, host_indices, device.page_epoch, device_slots, device.page_size)
 
 
 def stamp_prefetched_pages(cache, operation, *args, **kwargs):
@@ -28,7 +28,7 @@ def stamp_prefetched_pages(cache, operation, *args, **kwargs):
     namespace here. The slots are inserted into the tree or freed right after, so every path out of the handler sees
     them stamped or `FREE`."""
     state = state_of(cache)
-    host = ledger_of(hicache_ledger.kv_host_pool(cache))
+    host = ledger_of(host_ledger.kv_host_pool(cache))
     info = cache.ongoing_prefetch.get(operation.handle)
     if state is None or host is None or info is None:
         return

@@ -1,4 +1,4 @@
-"""Step 4b hooks: the cache inspector, `GET /vradix/cache` (see `vradix.cache_view` and docs/inspector.md).
+"""Step 4b hooks: the cache inspector, `GET /vradix/cache` (see `vradix.observability.snapshot` and docs/inspector.md).
 
 The HTTP server runs in the launcher process and the tree in the scheduler process, so a query travels on SGLang's
 own internal-state channel: the endpoint sends a `GetInternalStateReq` whose `rid` carries the query
@@ -8,7 +8,7 @@ such a request with the snapshot alone, built on the scheduler thread between ba
 internal-state request (`/server_info`) to SGLang. `count_prefix_hit` (AFTER `PrefillAdder._commit_prefill_admission`,
 where an admitted request locks its matched prefix) counts the hits the snapshot ranks prefixes by.
 
-With VRADIX_DISABLE=1 none of this is installed and the endpoint is absent (404): `python -m vradix.inspect` says
+With VRADIX_DISABLE=1 none of this is installed and the endpoint is absent (404): `python -m vradix.inspector` says
 that vradix is not active. A scheduler without a versioned cache (`--disable-radix-cache`) answers
 `{"active": false}`, which the endpoint returns with status 409.
 """
@@ -18,8 +18,9 @@ import json
 
 from starlette.requests import Request
 
-from vradix import cache_view
-from vradix.state import state_of
+from vradix.core import prefix_hits
+from vradix.observability import snapshot
+from vradix.core.state import state_of
 
 PATH = "/vradix/cache"
 #: marks a GetInternalStateReq as an inspector query; no SGLang caller sets a rid on that request
@@ -31,7 +32,7 @@ def count_prefix_hit(_result, adder, req, *args, **kwargs):
     """AFTER PrefillAdder._commit_prefill_admission: the admitted request reuses its matched prefix: one hit."""
     state = state_of(adder.tree_cache)
     if state is not None:
-        cache_view.record_admission(state, adder.tree_cache, req)
+        prefix_hits.record_admission(state, adder.tree_cache, req)
 
 
 def answer_cache_inspection(original, controller, recv_req, *args, **kwargs):
@@ -48,16 +49,16 @@ def answer_cache_inspection(original, controller, recv_req, *args, **kwargs):
 
 
 def inspect_scheduler(scheduler, rid: str) -> dict:
-    from vradix.hooks.publication import live_requests
+    from vradix.scheduler.requests import live_requests
 
     state = state_of(scheduler.tree_cache)
     if state is None:
         return {"active": False, "reason": "radix cache disabled: vradix has no versioned cache on this engine"}
     try:
-        query = cache_view.Query.parse(json.loads(rid[len(QUERY_PREFIX):]))
-    except (cache_view.QueryError, ValueError) as e:
+        query = snapshot.Query.parse(json.loads(rid[len(QUERY_PREFIX):]))
+    except (snapshot.QueryError, ValueError) as e:
         return {"active": True, "error": str(e)}
-    return cache_view.snapshot(state, scheduler.tree_cache, live_requests(scheduler), query)
+    return snapshot.snapshot(state, scheduler.tree_cache, live_requests(scheduler), query)
 
 
 # ---- launcher process (HTTP) ---------------------------------------------------------------------------------------
@@ -78,8 +79,8 @@ async def cache_inspector(request: Request):
 
     params = dict(request.query_params)
     try:
-        cache_view.Query.parse(params)
-    except cache_view.QueryError as e:
+        snapshot.Query.parse(params)
+    except snapshot.QueryError as e:
         return ORJSONResponse({"error": str(e)}, status_code=400)
     tm = get_global_state().tokenizer_manager
     tm.auto_create_handle_loop()

@@ -7,7 +7,9 @@ import logging
 import os
 import typing
 
-from vradix import epd, epochs, identity, unversioned
+from vradix import identity
+from vradix.closed_world import epd, unversioned
+from vradix.core import epochs
 
 logger = logging.getLogger("vradix")
 
@@ -18,7 +20,7 @@ class InvalidUpdateRequest(ValueError):
 
 def refuse_unversioned_paths_at_startup(_result, server_args, *args, **kwargs):
     """AFTER ServerArgs.check_server_args (launcher, before any scheduler starts): a flag that turns on a path vradix
-    cannot version (`vradix.unversioned.REFUSALS`, and the EPD flags of `vradix.epd`) stops the launch with
+    cannot version (`vradix.closed_world.unversioned.REFUSALS`, and the EPD flags of `vradix.closed_world.epd`) stops the launch with
     UnversionedPathError naming the flag."""
     unversioned.check(server_args)
     epd.check(server_args)

@@ -1,11 +1,12 @@
 """LoRA hooks (scheduler process): an adapter is identified by its content when it is loaded, and its cached
-entries are freed when it is unloaded (`vradix.lora`)."""
+entries are freed when it is unloaded (`vradix.core.lora`)."""
 from __future__ import annotations
 
 import logging
 
-from vradix import lora, report
-from vradix.state import state_of
+from vradix.core import lora
+from vradix.observability import metrics
+from vradix.core.state import state_of
 
 logger = logging.getLogger("vradix")
 
@@ -40,4 +41,4 @@ def free_unloaded_adapter(result, scheduler, recv_req, *args, **kwargs):
     state.lora_tokens_freed += freed
     logger.info("vradix: adapter %r (lora_id %s) unloaded: freed %d of its cached tokens; other namespaces untouched",
                 recv_req.lora_name, recv_req.lora_id, freed)
-    report.export_metrics(scheduler)
+    metrics.export_metrics(scheduler)

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import logging
 
-from vradix import identity, ledger, request, retraction
+from vradix import identity, request
+from vradix.ledger import device as ledger
+from vradix.core import retraction
 from vradix.pd import bootstrap, handshake, layout, lost_restore, restore_policy, revocation
-from vradix.state import state_of
+from vradix.core.state import state_of
 
 logger = logging.getLogger("vradix")
 
@@ -141,48 +143,6 @@ def stamp_received_kv(tree_cache, req, st, received: tuple[int, int]) -> None:
         slots = tree_cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx, start:end]
         state.ledger.stamp_written(slots, st.kv_history[0][1])
     st.pd_first_read_pending = True
-
-
-def revoke_unfulfilled_promises(scheduler, inv) -> int:
-    """At a publication on a P/D decode role, right after the bump (every transfer-queue request already crosses it):
-    revoke each transfer-queue request's unfulfilled prefix promise (`vradix.pd.revocation.must_revoke`). Returns how
-    many were revoked.
-
-    A revoked request is failed the way SGLang's own `/abort_request` fails a transfer-queue request: its receiver is
-    aborted, which tells prefill (an abort notification, so prefill stops and drops the request) and marks its room
-    Failed. The next `DecodeTransferQueue.pop_transferred` then streams the error and releases the request's prefix
-    lock and preallocated row with `checkpoint=False` (nothing inserted), after prefill acknowledged the abort when
-    it may still be writing (SGLang's deferred release); `answer_decode_failures_with_their_cause` keeps the 503 on that path. A
-    request staged to host memory keeps its receiver, as SGLang's abort does, until prefill stops writing.
-    The receivers' states are reduced over the attention TP group (MIN), as `pop_transferred` reduces them, so every
-    rank revokes the same requests."""
-    queue = getattr(scheduler, "disagg_decode_transfer_queue", None)
-    entries = [d for d in (queue.queue if queue is not None else ()) if d.kv_receiver is not None]
-    if not entries:
-        return 0
-    import torch.distributed as dist
-    from sglang.srt.disaggregation.utils import _is_fake_transfer, all_reduce_flags, prepare_abort
-
-    polls = [int(d.kv_receiver.poll()) for d in entries]
-    if queue.gloo_group is not None:
-        polls = all_reduce_flags(polls, queue.gloo_group, dist.ReduceOp.MIN)
-    revoked = 0
-    for decode_req, poll in zip(entries, polls):
-        req, st = decode_req.req, request.of(decode_req.req)
-        if st is None or not st.kv_history:
-            continue
-        promised = decode_req.prefix_match.decode_prefix_len if decode_req.prefix_match is not None else 0
-        under = st.kv_history[0][3]
-        if not revocation.must_revoke(poll, promised, finished=req.finished_reason is not None,
-                                      fake=_is_fake_transfer(req), promised_under=under, published=inv.weight_id):
-            continue
-        st.revoked = revocation.message(req.rid, promised, under, inv.weight_id, inv.epoch_after)
-        logger.warning(st.revoked)
-        prepare_abort(req, st.revoked, status_code=revocation.STATUS)
-        if not decode_req.host_staged:
-            decode_req.kv_receiver.abort()
-        revoked += 1
-    return revoked
 
 
 def answer_decode_failures_with_their_cause(original, req, error_message, status_code=None, *args, **kwargs):

@@ -1,10 +1,10 @@
-"""Prefill scheduling hooks (scheduler process): compute each uncached prefix once (`vradix.prefill_dedup`)."""
+"""Prefill scheduling hooks (scheduler process): compute each uncached prefix once (`vradix.core.dedup`)."""
 from __future__ import annotations
 
 from sglang.srt.managers.schedule_policy import IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD, AddReqResult
 
-from vradix import prefill_dedup
-from vradix.state import state_of
+from vradix.core import dedup
+from vradix.core.state import state_of
 
 
 def track_prefill_pass(original, scheduler, *args, **kwargs):
@@ -12,10 +12,10 @@ def track_prefill_pass(original, scheduler, *args, **kwargs):
     computed (launched batches, the continuing chunk) as its pending set. SGLang's own in-batch threshold (tokens,
     at least a page) decides what sharing is worth a wait."""
     state = state_of(scheduler.tree_cache)
-    if state is None or not state.dedup_enabled or not prefill_dedup.applies_to(scheduler.tree_cache):
+    if state is None or not state.dedup_enabled or not dedup.applies_to(scheduler.tree_cache):
         return original(scheduler, *args, **kwargs)
     threshold = max(IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD, scheduler.page_size, 1)
-    state.dedup_pass = prefill_dedup.begin_pass(scheduler, threshold)
+    state.dedup_pass = dedup.begin_pass(scheduler, threshold)
     try:
         return original(scheduler, *args, **kwargs)
     finally:
@@ -30,7 +30,7 @@ def hold_back_duplicate_prefill(original, adder, req, *args, **kwargs):
     p = state.dedup_pass if state is not None else None
     if p is None:
         return original(adder, req, *args, **kwargs)
-    if prefill_dedup.should_hold_back(p, req, state.dedup_stats):
+    if dedup.should_hold_back(p, req, state.dedup_stats):
         return AddReqResult.CONTINUE
     result = original(adder, req, *args, **kwargs)
     if adder.can_run_list and adder.can_run_list[-1] is req:

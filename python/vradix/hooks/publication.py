@@ -2,136 +2,13 @@
 from __future__ import annotations
 
 import logging
-import time
 
-from vradix import epochs, guard, identity, overlap, post_load, prefetch, report, weight_derived
-from vradix.hooks import pd
-from vradix.state import EpochState, Invalidation, UpdateScope, WeightSession, state_of, treeless_of
+from vradix.closed_world import post_load
+from vradix.core import overlap
+from vradix.core.state import UpdateScope, WeightSession, state_of, treeless_of
+from vradix.scheduler.publication import bump_scheduler, current_label, publish_without_tree, refuse_reused_declaration
 
 logger = logging.getLogger("vradix")
-
-
-def live_requests(scheduler) -> set:
-    reqs = {*scheduler.collect_inflight_reqs(), *scheduler.waiting_queue}
-    if scheduler.chunked_req is not None:
-        reqs.add(scheduler.chunked_req)
-    coordinator = getattr(scheduler, "hisparse_coordinator", None)
-    if coordinator is not None:
-        reqs.update(act.req for act in coordinator.ack_staging_queue)
-    reqs.update(disagg_requests(scheduler))
-    return reqs
-
-
-def disagg_requests(scheduler) -> list:
-    """A P/D role's requests outside SGLang's waiting queue and batches.
-
-    Decode: those waiting for a KV allocation (holding nothing yet: the bump re-binds them, so they match and promise
-    prefill a prefix in the new namespace) and those in the transfer queue (holding their preallocated row and
-    matched prefix: they cross the bump, keep their KV and never insert it; a publication then revokes the promises
-    among them prefill has not fulfilled, `vradix.hooks.pd.revoke_unfulfilled_promises`).
-    Prefill: those waiting for decode's bootstrap (nothing matched yet: re-bound) and those whose KV prefill computed
-    and is still sending (`disagg_prefill_inflight_queue`: they cross the bump, so at release their old-weights KV
-    is freed instead of inserted)."""
-    reqs = []
-    prealloc = getattr(scheduler, "disagg_decode_prealloc_queue", None)
-    if prealloc is not None:
-        reqs += [d.req for d in (*prealloc.queue, *prealloc.pending_reqs)] + list(prealloc.retracted_queue)
-    transfer = getattr(scheduler, "disagg_decode_transfer_queue", None)
-    if transfer is not None:
-        reqs += [d.req for d in transfer.queue]
-    bootstrap = getattr(scheduler, "disagg_prefill_bootstrap_queue", None)
-    if bootstrap is not None:
-        reqs += list(bootstrap.queue)
-    reqs += list(getattr(scheduler, "disagg_prefill_inflight_queue", None) or ())
-    return reqs
-
-
-def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool = True) -> Invalidation:
-    """One epoch bump on the scheduler's engine. With an external KV store, the queued requests the bump re-binds
-    end their cache attempt first (their storage prefetches are revoked) and are looked up again afterwards under the
-    new namespace (`vradix.prefetch`). On a P/D decode role a publication also revokes the prefix promises prefill
-    has not fulfilled yet (`vradix.pd.revocation`)."""
-    state = state_of(scheduler.tree_cache)
-    live = live_requests(scheduler)
-    queued = [*scheduler.waiting_queue, *disagg_requests(scheduler)]
-    t0 = time.perf_counter()
-    ident = publication_identity(scheduler, state, label) if is_publication else None
-    identity_ms = (time.perf_counter() - t0) * 1e3
-    lookups = prefetch.storage_lookups(scheduler)
-    revoked = prefetch.end_queued_attempts(scheduler.tree_cache, queued) if lookups else 0
-    inv = epochs.bump(state, scheduler.tree_cache, live, queued,
-                      reason=reason, label=label, is_publication=is_publication, identity=ident)
-    inv.identity_ms = identity_ms
-    if is_publication:
-        inv.promises_revoked = pd.revoke_unfulfilled_promises(scheduler, inv)
-    # multimodal embeddings (keyed by content only) and vision position grids the old weights computed
-    cleared = weight_derived.clear_at_publication(scheduler)
-    inv.mm_embeddings_cleared, inv.position_grids_cleared = cleared.mm_embeddings, cleared.position_grids
-    if lookups:
-        reissued = prefetch.reissue(scheduler, state, queued)
-        logger.info("vradix: %d storage prefetch(es) revoked, %d lookup(s) re-issued under the new namespace",
-                    revoked, reissued)
-    if state.ledger is not None:
-        guard.audit(state.guard, state.guard_stats, state.ledger, scheduler.tree_cache, live, state.epoch)
-    logger.info(inv.summary() + " in %.3f ms; %d multimodal embedding(s), %d position grid(s) cleared",
-                inv.latency_ms, inv.mm_embeddings_cleared, inv.position_grids_cleared)
-    report.export_metrics(scheduler)
-    return inv
-
-
-def publish_without_tree(scheduler, reason: str, *, is_publication: bool = True) -> dict:
-    """One publication on an engine without a radix cache (`state.TreelessState`): no tree, no epoch, but the
-    weight-derived caches the old weights filled are dropped, once (`weight_derived.clear_at_publication`)."""
-    treeless = treeless_of(scheduler.tree_cache)
-    cleared = weight_derived.clear_at_publication(scheduler)
-    treeless.last = {"reason": reason, "label": current_label(), "mm_embeddings_cleared": cleared.mm_embeddings,
-                     "position_grids_cleared": cleared.position_grids}
-    if is_publication:
-        treeless.publications += 1
-        treeless.last_publication = treeless.last
-    logger.info("vradix: %s without a radix cache: %d multimodal embedding(s), %d position grid(s) cleared", reason,
-                cleared.mm_embeddings, cleared.position_grids)
-    return treeless.last
-
-
-def publication_identity(scheduler, state: EpochState, label) -> identity.WeightIdentity:
-    """The identity of the weights a publication just installed, by the engine's mode: their fingerprint, the
-    declared label (when the publication set a new one), or a fresh nonce."""
-    if state.identity_mode == "fingerprint":
-        return proven_identity(scheduler)
-    if state.identity_mode == "declared" and identity.is_declaration(label) and label != state.label:
-        if not state.declared_before(label):
-            return identity.declared(label)
-        logger.error("vradix: declared identity %r was already used by an earlier publication of this engine; "
-                     "this epoch gets a fresh nonce instead", label)
-    return identity.nonce()
-
-
-def proven_identity(scheduler) -> identity.WeightIdentity:
-    """The content fingerprint of the scheduler's loaded model, as an identity (same on every TP rank)."""
-    group = getattr(getattr(scheduler, "tp_group", None), "cpu_group", None)
-    return identity.proven(identity.fingerprint_model(scheduler.tp_worker.model_runner.model, group))
-
-
-def refuse_reused_declaration(state: EpochState, label, output_type):
-    """In `declared` mode, a publication naming a declared identity an earlier publication of this engine already
-    used is refused before any weight changes: returns the failed response, or None."""
-    if state.identity_mode != "declared" or not identity.is_declaration(label) or label == state.label:
-        return None
-    try:
-        identity.check_declared(label)
-    except identity.InvalidIdentityError as e:
-        return output_type(success=False, message=f"vradix refused the update: {e}")
-    if state.declared_before(label):
-        return output_type(success=False, message=(
-            f"vradix refused the update: declared weight identity {label!r} was already used by an earlier "
-            "publication of this engine; declare a new identity (for example run id + step)"))
-    return None
-
-
-def current_label():
-    from sglang.srt.runtime_context import get_serving
-    return get_serving().weight_version
 
 
 def publish_after_version_record(original, updater, weight_version, *args, **kwargs):
@@ -268,7 +145,7 @@ def first_refusal(refusals, updater, recv_req):
 
 def refuse_gpu_derived_copies(source: str, output_type_name: str):
     """The refusal of `source` (an update call, or begin_weight_update) when a model it would update holds a
-    weight-derived copy the update would leave stale (`vradix.post_load.gpu_derived_refusal`; at begin, also what
+    weight-derived copy the update would leave stale (`vradix.closed_world.post_load.gpu_derived_refusal`; at begin, also what
     SGLang's own check refuses at every update call). Returns SGLang's failed output for `source`, or None.
 
     Invariants: it reads the models of the runners the request selects and the graphs of every runner (a captured
@@ -339,7 +216,7 @@ def refuse_disk_update_before_load(updater, recv_req):
 
 def refuse_tensor_update_before_load(updater, recv_req):
     """A `load_format="direct"` tensor update of a model that derives weights after loading is refused before any
-    runner loads a tensor (`vradix.post_load.direct_update_refusal`). Returns the failed response, or None."""
+    runner loads a tensor (`vradix.closed_world.post_load.direct_update_refusal`). Returns the failed response, or None."""
     from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqOutput
 
     if recv_req.load_format != "direct":
@@ -351,7 +228,7 @@ def refuse_tensor_update_before_load(updater, recv_req):
 
 def fail_ipc_update_on_post_hook_failure(original, weight_updater, recv_req, *args, **kwargs):
     """AROUND the model runner's WeightUpdater.update_weights_from_ipc: SGLang's IPC post-hook logs its own failure
-    as a warning and the update reports success; such a call returns failure instead (`vradix.post_load`), so the
+    as a warning and the update reports success; such a call returns failure instead (`vradix.closed_world.post_load`), so the
     scheduler does not record its label and the update is not a publication of it (having touched the weights, it
     bumps once, conservatively, as every failed update that may have touched weights)."""
     with post_load.PostHookFailures() as failures:
@@ -426,3 +303,10 @@ def drain_before_in_place_pause(scheduler, recv_req, *args, **kwargs):
     """BEFORE Scheduler.pause_generation: an in_place pause first finishes the batch already launched."""
     if recv_req.mode == "in_place":
         overlap.drain_inflight_batch(scheduler)
+
+
+def skip_drained_result(original, scheduler, batch, result, *args, **kwargs):
+    """AROUND `Scheduler.process_batch_result`: a placeholder left by a drain was already processed."""
+    if result is overlap.DRAINED:
+        return None
+    return original(scheduler, batch, result, *args, **kwargs)

@@ -13,7 +13,7 @@ The target lives in a module that imports Ray, so the plugin installs this hook 
 """
 from __future__ import annotations
 
-from vradix.plugin import RAY_CHAINED_SETUP_HOOK_ENV, RAY_SETUP_HOOK
+from vradix.settings import RAY_CHAINED_SETUP_HOOK_ENV, RAY_SETUP_HOOK
 
 
 def load_vradix_in_scheduler_actor(options, **actor_options):

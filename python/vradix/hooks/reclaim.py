@@ -1,14 +1,16 @@
 """Step 3 hooks (scheduler process): free stale KV when a crossing request releases it; flush lock-aware; reclaim
-the stale KV a bump deferred (`vradix.reclaim_queue`): a slice per scheduler iteration, stale first whenever SGLang
+the stale KV a bump deferred (`vradix.core.deferred_reclaim`): a slice per scheduler iteration, stale first whenever SGLang
 evicts, the rest when the engine is idle."""
 from __future__ import annotations
 
 from dataclasses import replace
 
-from vradix import epochs, host_tier, mm_embeddings, provenance, reclaim_queue, report, request
-from vradix import ledger as kv_ledger
-from vradix.hooks.publication import bump_scheduler, current_label, publish_without_tree
-from vradix.state import Invalidation, state_of, treeless_of
+from vradix import request
+from vradix.core import epochs, host_tier, mm_embeddings, provenance, deferred_reclaim
+from vradix.observability import metrics
+from vradix.ledger import device as kv_ledger
+from vradix.scheduler.publication import bump_scheduler, current_label, publish_without_tree
+from vradix.core.state import Invalidation, state_of, treeless_of
 
 
 def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
@@ -26,7 +28,7 @@ def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
     if state is not None:
         epochs.on_release(state, tree_cache, req, node)
     if pending:
-        reclaim_queue.note_release(state, evictable_before, tree_cache.evictable_size())
+        deferred_reclaim.note_release(state, evictable_before, tree_cache.evictable_size())
     return result
 
 
@@ -46,7 +48,7 @@ def lock_aware_flush(original, scheduler, *args, **kwargs):
         host_before = host_tier.available(scheduler.tree_cache)
         ok = original(scheduler, *args, **kwargs)
         if ok:
-            reclaim_queue.cancel(state)
+            deferred_reclaim.cancel(state)
             state.flushes += 1
             state.stale_tokens_freed_total += cached
             state.last = Invalidation(state.epoch, state.epoch, state.label, "flush (idle reset)", tokens_freed=cached,
@@ -54,7 +56,7 @@ def lock_aware_flush(original, scheduler, *args, **kwargs):
             if host_before is not None:
                 state.last.host_tokens_freed = host_tier.available(scheduler.tree_cache) - host_before
                 state.stale_host_tokens_freed_total += state.last.host_tokens_freed
-            report.export_metrics(scheduler)
+            metrics.export_metrics(scheduler)
         return ok
     if scope is not None:
         # SGLang flushes after an update whose target runner loaded although the call failed (a draft runner after
@@ -77,10 +79,10 @@ def flush_without_tree(original, scheduler, *args, **kwargs):
 
 def note_first_insert(result, cache, params, *args, **kwargs):
     """AFTER UnifiedRadixCache.insert: the first insert after a bump fixes the watermark below which every node is
-    stale (`reclaim_queue.note_insert`)."""
+    stale (`deferred_reclaim.note_insert`)."""
     state = state_of(cache)
     if state is not None and state.deferred.active and state.deferred.watermark is None:
-        reclaim_queue.note_insert(state, cache, result.last_device_node)
+        deferred_reclaim.note_insert(state, cache, result.last_device_node)
 
 
 def reclaim_stale_first(original, cache, params, *args, **kwargs):
@@ -91,7 +93,7 @@ def reclaim_stale_first(original, cache, params, *args, **kwargs):
     state = state_of(cache)
     if state is None or not state.deferred.active or params.num_tokens <= 0:
         return original(cache, params, *args, **kwargs)
-    freed = reclaim_queue.reclaim(state, cache, params.num_tokens)
+    freed = deferred_reclaim.reclaim(state, cache, params.num_tokens)
     result = original(cache, replace(params, num_tokens=max(0, params.num_tokens - freed)), *args, **kwargs)
     result.num_tokens_evicted += freed
     return result
@@ -102,7 +104,7 @@ def reclaim_slice(scheduler, *args, **kwargs):
     the deferred reclaim, before the scheduler sizes its next batch."""
     state = state_of(scheduler.tree_cache)
     if state is not None and state.deferred.active:
-        reclaim_queue.step(state, scheduler.tree_cache)
+        deferred_reclaim.step(state, scheduler.tree_cache)
 
 
 def finish_reclaim_when_idle(scheduler, *args, **kwargs):
@@ -110,4 +112,4 @@ def finish_reclaim_when_idle(scheduler, *args, **kwargs):
     idle sleep (the loop may block on its socket until the next request)."""
     state = state_of(scheduler.tree_cache)
     if state is not None and state.deferred.active and scheduler.is_fully_idle():
-        reclaim_queue.finish(state, scheduler.tree_cache)
+        deferred_reclaim.finish(state, scheduler.tree_cache)

@@ -1,8 +1,10 @@
 """Step 4 hooks (scheduler process): what /flush_cache and /get_server_info report."""
 from __future__ import annotations
 
-from vradix import __version__, host_tier, mm_embeddings, report
-from vradix.state import state_of, treeless_of
+from vradix import __version__
+from vradix.core import host_tier, mm_embeddings
+from vradix.observability import metrics
+from vradix.core.state import state_of, treeless_of
 
 
 def report_flush(result, wrapper, *args, **kwargs):
@@ -26,7 +28,7 @@ def report_server_info(result, internal_state, *args, **kwargs):
     elif state is None:
         block = {"active": False, "version": __version__, "reason": "radix cache disabled"}
     else:
-        block = report.state_block(scheduler)
+        block = metrics.state_block(scheduler)
         block["chunked_prefill_in_progress"] = scheduler.chunked_req is not None
         block["pool"] = pool_accounting(scheduler)
         block["mm_embedding_cache"] = mm_embeddings.stats()

@@ -4,10 +4,13 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from vradix import __version__, epd, hicache_ledger, identity, report
-from vradix.hooks.publication import current_label, proven_identity
+from vradix import __version__, identity
+from vradix.closed_world import epd
+from vradix.ledger import host as host_ledger
+from vradix.observability import metrics
+from vradix.scheduler.publication import current_label, proven_identity
 from vradix.pd import layout
-from vradix.state import attach, attach_treeless
+from vradix.core.state import attach, attach_treeless
 
 logger = logging.getLogger("vradix")
 
@@ -43,11 +46,11 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
     state = attach(cache, with_ledger=not unobserved, weight_identity=startup_identity(scheduler, mode),
                    identity_mode=mode, scope=scope)
     if state.ledger is not None and getattr(scheduler, "enable_hierarchical_cache", False):
-        hicache_ledger.attach(cache, state.ledger)
+        host_ledger.attach(cache, state.ledger)
     state.guard = state.guard.for_ranks(getattr(scheduler, "tp_size", 1), getattr(scheduler, "pp_size", 1))
     state.label = current_label()
-    state.metrics = report.metrics_for(scheduler)
-    report.export_metrics(scheduler)
+    state.metrics = metrics.metrics_for(scheduler)
+    metrics.export_metrics(scheduler)
     logger.info("vradix %s active: epoch-namespaced radix cache (%s, tree core %s), epoch %d, weight_id %s (%s)%s; "
                 "KV page ledger %s (verify=%s, audit=%s)", __version__, type(cache).__name__, state.tree_core,
                 state.epoch, state.weight_id, mode, f", role-local scope {scope}" if scope else "",
@@ -87,11 +90,11 @@ def decode_host_staging(scheduler) -> bool:
 def ledger_blind_spots(scheduler) -> list[str]:
     """KV write paths the ledger does not observe in this engine: speculative drafts, external KV stores (the cache
     linker, LMCache), P/D decode's host-staged receiving, and HiCache only where its host pool cannot carry epochs
-    (`hicache_ledger.unobservable_host_pool`). A P/D transfer is observed: prefill's KV is written by its own
+    (`host_ledger.unobservable_host_pool`). A P/D transfer is observed: prefill's KV is written by its own
     forwards, and decode stamps what it receives at the commit the handshake accepted (`hooks.pd`)."""
     spots = []
     if getattr(scheduler, "enable_hierarchical_cache", False):
-        host_spot = hicache_ledger.unobservable_host_pool(scheduler.tree_cache)
+        host_spot = host_ledger.unobservable_host_pool(scheduler.tree_cache)
         if host_spot:
             spots.append(host_spot)
     # these load device KV straight from an external store, outside the HiCache host pool

@@ -3,9 +3,10 @@ attributed to the weight identity whose KV it holds, including the pages a P/D d
 (`--disaggregation-decode-enable-offload-kvcache`), and a request that crossed a publication offloads none of its KV."""
 from __future__ import annotations
 
-from vradix import namespace, prefetch, request
+from vradix import namespace, request
+from vradix.l3 import prefetch
 from vradix.l3 import manifest
-from vradix.state import state_of
+from vradix.core.state import state_of
 
 
 def discard_stale_prefetch(original, cache, operation, *args, **kwargs):

@@ -15,7 +15,7 @@ slots, padded for the RDMA minimum) of which SGLang uses slot 0; vradix writes t
 Invariants:
 - decode commits a request's transferred KV only when prefill's identity is present, unmixed, and its digest equals
   the digest of the `weight_id` the decode request is bound to (the namespace its prefix was matched and promised in)
-  and of the content identity of the adapter decode serves it with (`vradix.lora`; none for the base model). Each
+  and of the content identity of the adapter decode serves it with (`vradix.core.lora`; none for the base model). Each
   role mints its own `lora_id` per load, so the `lora_id` is never compared: equal adapter files pass, an adapter
   reloaded with other content on one role does not;
 - anything else is a `Mismatch`: the request fails with HTTP 503 (retryable) and a message naming both identities,

@@ -4,7 +4,7 @@ Decode promises prefill a prefix that its HiCache tiers hold (`decode_prefix_len
 a storage prefetch. When pages are lost between the promise and the restore (another engine's garbage collection, a
 lossy store), the restore loads less than it promised and SGLang fails that attempt through its failed-transfer path
 with a generic HTTP 500 whose message ends in `MARKER`. Nothing was served and nothing of the lost span was cached
-(`test/test_e2e_pd_l3.py`); the retry is matched again and promises only what decode now holds, so the failure is
+(`test/e2e/test_e2e_pd_l3.py`); the retry is matched again and promises only what decode now holds, so the failure is
 transient: vradix answers it with HTTP 503, like the handshake's refusal and a revoked promise, and says why.
 
 Invariant: only SGLang's own lost-restore failure is re-answered (its message carries `MARKER`); every other abort

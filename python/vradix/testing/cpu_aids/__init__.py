@@ -10,7 +10,7 @@ What a CPU run therefore does not exercise: the CUDA/JIT copy kernels and their 
 DMA, and ordering races between the load/backup streams and the forward pass (CPU streams and events are no-ops).
 
 Servers load these aids as a separate `sglang.srt.plugins` entry point (`vradix_cpu_aids`) from the folder
-`plugin/`, which `vradix.testing.server.CpuServer` puts on PYTHONPATH only for HiCache servers; cache-level tests call
+`plugin/`, which `vradix.testing.harness.server.CpuServer` puts on PYTHONPATH only for HiCache servers; cache-level tests call
 `apply()` directly (and `kit_hicache_on_cpu()` around SGLang's test-kit HiCache init). `apply()` refuses to run
 where CUDA is available.
 """

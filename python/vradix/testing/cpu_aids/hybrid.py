@@ -22,7 +22,7 @@ What a CPU run therefore does not exercise: the CUDA causal-conv1d kernels and t
 scan is exact but slow: it is sized for toy prompts only.
 
 Servers load these aids as the `sglang.srt.plugins` entry point `vradix_hybrid_cpu_aids` from the folder `plugin/`
-(`PLUGIN_PATH`), which `vradix.testing.server.CpuServer(hybrid=True)` puts on PYTHONPATH with HYBRID_CPU_FLAGS.
+(`PLUGIN_PATH`), which `vradix.testing.harness.server.CpuServer(hybrid=True)` puts on PYTHONPATH with HYBRID_CPU_FLAGS.
 `apply()` refuses to run where CUDA is available.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from vradix.testing.import_time_ops import define_unavailable_ops
+from vradix.testing.cpu_aids.import_time_ops import define_unavailable_ops
 
 #: the folder to put on PYTHONPATH so a server process loads these aids as a plugin
 PLUGIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hybrid_plugin")

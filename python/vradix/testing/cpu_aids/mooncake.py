@@ -7,14 +7,14 @@ on that path: `MooncakeKVSender.supports_host_tensor_indices = True` makes prefi
 *pinned* host tensor and record a `torch.cuda.Event` (`disaggregation/prefill.py`), and the prefill scheduler dies with
 "Found no NVIDIA driver". This aid sets the class attribute to False, so prefill takes SGLang's own synchronous path
 (`kv_to_page_indices`). Nothing in the transfer protocol, the bootstrap or the KV copy itself is replaced. Prefill also
-needs `--disable-overlap-schedule` (its early-send path records a CUDA event); `vradix.testing.pd` passes it.
+needs `--disable-overlap-schedule` (its early-send path records a CUDA event); `vradix.testing.harness.pd` passes it.
 
 What a CPU run therefore does not exercise: RDMA (and NIXL/Mori) transfer, GPU memory registration, the asynchronous
 D2H page-index copy and its event, `SGLANG_DISAGG_STAGING_BUFFER`, prefill's overlap early-send, and any timing that
 depends on real network or GPU concurrency (here both roles share one loopback host).
 
 Servers load this aid as the `sglang.srt.plugins` entry point `vradix_cpu_aids_pd` from the folder `pd_plugin/`, which
-`vradix.testing.pd` puts on PYTHONPATH only for P/D servers. `apply()` refuses to run where CUDA is available.
+`vradix.testing.harness.pd` puts on PYTHONPATH only for P/D servers. `apply()` refuses to run where CUDA is available.
 """
 from __future__ import annotations
 

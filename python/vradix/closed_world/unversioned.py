@@ -1,0 +1,120 @@
+"""SGLang paths vradix cannot version in 0.5.23, refused before any scheduler starts (the closed world,
+docs/coverage.md).
+
+Each `Refusal` names the server flag that turns a path on, why the path can hand a request KV (or weight-derived
+state) that vradix does not see, and the alternative that is versioned. `check(server_args)` raises
+`UnversionedPathError` for the first flag set, so the engine does not start and the error names the flag; nothing
+else has been built yet, so nothing is lost. The rules read `ServerArgs` fields only (no SGLang import here).
+
+Invariant: a row of docs/coverage.md whose verdict is "refused at launch" has its `Refusal` here, and
+test/closed_world/test_coverage.py starts SGLang's own argument pipeline with that flag and expects this error.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+
+class UnversionedPathError(ValueError):
+    """A server flag turns on a path that could serve KV or state of other weights, unversioned."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    flag: str
+    is_set: Callable[[object], bool]
+    why: str
+    alternative: str
+
+    def message(self) -> str:
+        return (f"vradix refuses to start with {self.flag}: {self.why}. Serving it would be unversioned. "
+                f"Instead: {self.alternative}; or set VRADIX_DISABLE=1 for stock behaviour (docs/coverage.md).")
+
+
+def _field(name: str, default=None):
+    return lambda args: getattr(args, name, default)
+
+
+def _env_above_zero(name: str) -> Callable[[object], bool]:
+    """An environment setting SGLang reads as a float, set above 0 (unset or unparsable: not set)."""
+    def is_set(_args) -> bool:
+        try:
+            return float(os.environ.get(name, "-1")) > 0
+        except ValueError:
+            return False
+    return is_set
+
+
+def _kv_outside_forwards(args) -> bool:
+    """KV that reaches the device without a forward on this engine: HiCache load-backs, a P/D decode role's
+    transfers, the external cache linker."""
+    return bool(getattr(args, "enable_hierarchical_cache", False)
+                or getattr(args, "disaggregation_mode", "null") == "decode"
+                or getattr(args, "enable_unified_cache_external_linker", False))
+
+
+REFUSALS = (
+    Refusal("--enable-flexkv", _field("enable_flexkv"),
+            "FlexKV's cache is a RadixCache without the tree core vradix namespaces, and FlexKV stores KV outside "
+            "SGLang under keys that carry no weight identity",
+            "HiCache with an L3 storage backend (--enable-hierarchical-cache --hicache-storage-backend ...), which "
+            "vradix versions"),
+    Refusal("--enable-lmcache", _field("enable_lmcache"),
+            "LMCache salts its storage keys inside the external package, so vradix cannot show they carry the "
+            "weight identity, and its retrieve path loads device KV outside the page ledger",
+            "HiCache with an L3 storage backend (--enable-hierarchical-cache --hicache-storage-backend ...)"),
+    Refusal("--radix-cache-backend", _field("radix_cache_backend"),
+            "a registered third-party prefix cache is not SGLang's UnifiedRadixCache, whose namespaces and tree "
+            "core vradix versions",
+            "the default radix cache (leave --radix-cache-backend unset)"),
+    Refusal("--enable-pd-role-switch", _field("enable_pd_role_switch"),
+            "a role switch resets the tree under the launch role's scope, so the role-local L3 namespaces and the "
+            "decode-only restore rules would follow the wrong role",
+            "separate prefill and decode engines, each started in its role"),
+    Refusal("--enable-streaming-session on a P/D decode role",
+            lambda args: (bool(getattr(args, "enable_streaming_session", False))
+                          and getattr(args, "disaggregation_mode", "null") == "decode"),
+            "decode hands a transferred request's KV record to its session slot (DecodeTransferQueue), a path "
+            "vradix's session step (docs/streaming-sessions.md) has not been checked against",
+            "streaming sessions on a non-P/D engine, or plain sessions over P/D"),
+    Refusal("--enable-torch-compile on the CPU engine",
+            lambda args: bool(getattr(args, "enable_torch_compile", False)) and getattr(args, "device", None) == "cpu",
+            "the CPU graph runner compiles with Inductor freezing, which folds the weights into the compiled graph "
+            "as constants, and a weight update does not recompile it",
+            "the CPU engine without --enable-torch-compile"),
+    Refusal("--offload-mode sharded_gpu/meta",
+            lambda args: (int(getattr(args, "offload_group_size", -1) or -1) > 0
+                          and getattr(args, "offload_mode", "cpu") in ("sharded_gpu", "meta")),
+            "these offload modes keep the real weights outside the module's parameters, which a weight update "
+            "writes into a meta tensor without effect",
+            "--offload-mode cpu or shm_cpu, which a weight update writes in place"),
+    Refusal("--elastic-ep-backend",
+            lambda args: getattr(args, "elastic_ep_backend", None) not in (None, "none"),
+            "elastic EP recovery reloads lost experts from the startup checkpoint or a startup host backup, never "
+            "from the last publication, so a recovered engine mixes old experts into new weights",
+            "a fixed EP layout"),
+    Refusal("--enable-return-routed-experts/--enable-return-indexer-topk with KV that arrives outside a forward",
+            lambda args: (bool(getattr(args, "enable_return_routed_experts", False)
+                               or getattr(args, "enable_return_indexer_topk", False)) and _kv_outside_forwards(args)),
+            "the routed-experts capture buffer is written per KV slot by forwards only, so a prefix loaded from "
+            "HiCache, received over P/D or linked from an external store returns what those slots last held",
+            "routed-experts capture on an engine without HiCache, P/D decode or the external linker"),
+    Refusal("SGLANG_SIMULATE_ACC_LEN above 0", _env_above_zero("SGLANG_SIMULATE_ACC_LEN"),
+            "draft tokens are accepted without verification, so the draft model's state decides outputs",
+            "leave SGLANG_SIMULATE_ACC_LEN unset (a benchmark setting)"),
+    Refusal("--speculative-accept-threshold-single/--speculative-accept-threshold-acc below 1",
+            lambda args: (getattr(args, "speculative_algorithm", None) is not None
+                          and min(float(getattr(args, "speculative_accept_threshold_single", 1.0)),
+                                  float(getattr(args, "speculative_accept_threshold_acc", 1.0))) < 1.0),
+            "relaxed acceptance lets the draft model's proposals, which a publication does not version, change "
+            "the outputs",
+            "speculative decoding with the default thresholds (1.0), where verification is lossless"),
+)
+
+
+def check(server_args) -> None:
+    """Raise UnversionedPathError naming the first refused flag `server_args` sets; return if none is set."""
+    for refusal in REFUSALS:
+        if refusal.is_set(server_args):
+            raise UnversionedPathError(refusal.message())

@@ -1,0 +1,62 @@
+"""Step 1 — admission: bind every request to the engine's current epoch.
+
+Invariants:
+- After `stamp`, the request carries a `request.ReqState`, `req.extra_key == namespace(its epoch) + adapter tag +
+  user key`, and the request can only match KV of that epoch (and, for a LoRA request, of that adapter content:
+  the tag names `ReqState.adapter`, fixed at admission as the request's `lora_id` is).
+- A request that holds no KV (no row, no tree lock) is re-bound to the current epoch before any match
+  (`rebind_if_unheld`): a request queued across a publication is prefilled under the new weights' namespace.
+- A request that holds KV is never re-bound: its row points at slots of its own epoch (it is a crossing request).
+  Nor is a request whose KV lives in a P/D decode retraction backup (`vradix.core.retraction`): it resumes from that KV.
+- A request that reaches a match without a `ReqState` is refused (`request.UnstampedRequestError`).
+"""
+from __future__ import annotations
+
+import os
+
+from vradix import namespace, request
+from vradix.core import lora, provenance, retraction
+from vradix.core.state import EpochState
+
+
+def stamp(state: EpochState, req) -> None:
+    """Bind a newly admitted request to the current epoch. Raises ReservedNamespaceError on a forged key."""
+    user_key = req.extra_key
+    namespace.check_user_key(user_key)
+    namespace.check_user_key(getattr(req, "cache_salt", None))
+    st = request.attach(req, user_key, state.epoch)
+    st.adapter = lora.adapter_identity_of(state, getattr(req, "lora_id", None))
+    _bind(state, req, st)
+
+
+def stamp_refused(state: EpochState, req) -> None:
+    """Bind a request whose user key was refused (it is being aborted) to the current epoch without that key. A LoRA
+    request keeps its adapter tag: SGLang still prefills it (with the adapter) before the abort lands, so its KV must
+    stay out of the base model's namespace."""
+    req.extra_key = None
+    st = request.attach(req, None, state.epoch)
+    st.adapter = lora.adapter_identity_of(state, getattr(req, "lora_id", None))
+    _bind(state, req, st)
+
+
+def holds_kv(req) -> bool:
+    """Whether the request owns a KV row or a tree lock (then its namespace must not change)."""
+    return req.kv.holds_kv or getattr(req, "lock", None) is not None
+
+
+def rebind_if_unheld(state: EpochState, req) -> bool:
+    """Re-bind a request that holds no KV, on the device or in a retraction backup, to the current epoch; True if it
+    changed epoch. Raises `UnstampedRequestError` for a request vradix never admitted."""
+    st = request.require(req)
+    if st.epoch == state.epoch or holds_kv(req) or retraction.retracted_with_backup(req):
+        return False
+    _bind(state, req, st)
+    return True
+
+
+def _bind(state: EpochState, req, st: request.ReqState) -> None:
+    st.epoch = state.epoch
+    provenance.record_bind(st, state)
+    if os.environ.get("VRADIX_FAULT_NO_NAMESPACE") == "1":
+        return  # test-only fault: the namespace is lost, so only the KV page ledger's guard stands between
+    req.extra_key = namespace.stamped(state.prefix_of_epoch(state.epoch), st.user_key, st.adapter)

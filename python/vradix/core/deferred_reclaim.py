@@ -1,0 +1,194 @@
+"""Step 3c — deferred reclaim: a publication marks the old epoch's KV stale in O(1); the stale nodes are freed later.
+
+A lock-aware bump used to free every unlocked stale node at once with SGLang's eviction, a per-node Python walk that
+ran while generation was paused (tens of milliseconds per million cached tokens). SGLang 0.5.23's tree cores have no
+native call that drops a namespace's subtree while part of it is locked (`root_node_handle` ignores the namespace,
+`drop_subtree_no_host` only drops a device leaf whose descendants are host-only), so the bump now only *defers* the
+reclaim (`defer`), and the stale nodes are freed afterwards, by the same per-node eviction, in three places:
+
+1. `step`: one bounded slice per scheduler iteration (at most `SLICE_NODES` nodes freed and `SLICE_VISITS` eviction
+   candidates looked at), before the scheduler picks its next batch;
+2. `reclaim`: eagerly, stale first, whenever SGLang evicts for any reason (an allocation that needs memory): before
+   SGLang's own walk, whatever its eviction policy (LRU, LFU, priority, ...), so fresh KV is evicted only once no
+   stale KV is left to free;
+3. `finish`: to completion when the engine is fully idle, before SGLang's strict idle check and its idle sleep.
+
+Which node is stale: node ids are minted from one increasing counter and never reused, by both tree cores
+(`test_node_ids_only_grow`). Nothing is inserted into an old namespace after its bump (crossing requests skip
+insertion, queued ones are re-bound), and a bump leaves the new namespace empty, so the first insert after the bump
+creates exactly one node, the lowest id of the new epoch (`note_insert`, the *watermark*). Every node with a lower id
+is stale; before that first insert, every node is.
+
+Invariants:
+- Between bumps, every node of an older epoch is locked by a live crossing request, or awaits this reclaim
+  (`active`). A stale node is never matched (its namespace is never looked up again), so deferring its free never
+  serves stale KV; it only delays giving its pages back.
+- Stale KV in the tree is ordinary evictable KV to SGLang: `available + evictable + protected == total` holds at all
+  times, and admission/eviction see it as reclaimable.
+- Only unlocked leaves are evicted, each once, through SGLang's own device eviction (`reclaim.free_stale_leaf`), so
+  no page is freed twice and a locked node is never touched.
+- `pending_tokens` is the stale tokens still in the tree unlocked: set to `evictable_size()` at the bump (the new
+  namespace is empty, so everything evictable is stale), lowered by every stale free, raised when a crossing request
+  releases stale nodes that stay in the tree (`note_release`). The reclaim is complete when it reaches 0, or when a
+  walk runs out of candidates without finding a stale one.
+- Only caches whose tree holds nothing but full-attention KV and that have no HiCache host tier defer (`supported`);
+  the others keep the bulk reclaim at the bump (`reclaim.free_all_unlocked`, `host_tier.free_stale_host`).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+from vradix.core.reclaim import batched_frees, free_stale_leaf
+
+#: nodes one scheduler iteration frees at most (~20 us each on the Rust TreeCore, plus one allocator free per slice)
+SLICE_NODES = int(os.environ.get("VRADIX_RECLAIM_SLICE_NODES", "16"))
+#: eviction candidates one iteration looks at at most (fresh ones are skipped: under LFU or priority policies the
+#: stale nodes need not come first in SGLang's eviction order)
+SLICE_VISITS = 2 * SLICE_NODES + 32
+
+
+@dataclass
+class DeferredReclaim:
+    """The stale KV a bump left in the tree, and what has reclaimed it so far (server info `stale_reclaim`)."""
+
+    active: bool = False
+    #: the lowest node id of the current epoch (None: nothing inserted since the bump, every node is stale)
+    watermark: Optional[int] = None
+    pending_tokens: int = 0
+    #: stale tokens freed by the per-iteration slices, by eviction on demand, and at idle
+    tokens_freed_by_slices: int = 0
+    tokens_freed_on_demand: int = 0
+    tokens_freed_at_idle: int = 0
+    slices: int = 0
+    #: the most nodes a slice freed and looked at (bounded by SLICE_NODES / SLICE_VISITS)
+    max_slice_nodes: int = 0
+    max_slice_visits: int = 0
+    completed: int = 0
+
+    def as_dict(self) -> dict:
+        return {"active": self.active, "pending_tokens": self.pending_tokens,
+                "tokens_freed_by_slices": self.tokens_freed_by_slices,
+                "tokens_freed_on_demand": self.tokens_freed_on_demand,
+                "tokens_freed_at_idle": self.tokens_freed_at_idle, "slices": self.slices,
+                "max_slice_nodes": self.max_slice_nodes, "max_slice_visits": self.max_slice_visits,
+                "completed": self.completed, "slice_nodes": SLICE_NODES}
+
+
+def supported(cache) -> bool:
+    """Whether the stale KV of `cache` can be reclaimed after the bump: full-attention KV only, no HiCache host tier,
+    no external cache linker (their stale host copies are freed at the bump, `host_tier`)."""
+    return (tuple(cache.tree_components) == (ComponentType.FULL,)
+            and getattr(cache, "cache_controller", None) is None
+            and getattr(cache, "linker", None) is None
+            and getattr(cache, "buffer_pipeline", None) is None)
+
+
+def defer(state, cache) -> int:
+    """At a bump: everything evictable is now stale (the new namespace is empty). O(1). Returns the pending tokens."""
+    q = state.deferred
+    q.active = True
+    q.watermark = None
+    q.pending_tokens = cache.evictable_size()
+    return q.pending_tokens
+
+
+def cancel(state) -> None:
+    """The whole tree was dropped (reset): nothing is pending any more."""
+    q = state.deferred
+    q.active, q.watermark, q.pending_tokens = False, None, 0
+
+
+def is_stale(q: DeferredReclaim, node_id) -> bool:
+    return q.watermark is None or node_id < q.watermark
+
+
+def note_insert(state, cache, node_id) -> None:
+    """After an insert: the first one after the bump fixes the watermark (the lowest id on the path it ended on,
+    all of which it created: its namespace was empty)."""
+    q = state.deferred
+    if not q.active or q.watermark is not None or node_id is None or cache.is_root(node_id):
+        return
+    (path,) = cache.tree_core.collect_path_info([node_id])
+    q.watermark = min(info.node_id for info in path)
+
+
+def note_release(state, evictable_before: int, evictable_after: int) -> None:
+    """A crossing request released its lock while reclaim is pending: stale nodes it unlocked that the release-time
+    reclaim could not free (they still have unlocked stale children) are now pending too. A crossing request locks
+    only stale nodes and never inserts, so the change in evictable tokens is exactly the change in stale ones."""
+    q = state.deferred
+    if q.active:
+        q.pending_tokens = max(0, q.pending_tokens + evictable_after - evictable_before)
+
+
+def step(state, cache) -> int:
+    """One bounded slice (a scheduler iteration). Returns stale tokens freed."""
+    q = state.deferred
+    if not q.active:
+        return 0
+    freed, nodes, visits = _walk(state, cache, max_nodes=SLICE_NODES, max_visits=SLICE_VISITS)
+    q.slices += 1
+    q.max_slice_nodes = max(q.max_slice_nodes, nodes)
+    q.max_slice_visits = max(q.max_slice_visits, visits)
+    q.tokens_freed_by_slices += freed
+    return freed
+
+
+def reclaim(state, cache, need_tokens: int) -> int:
+    """Eviction on demand: free up to `need_tokens` stale tokens before SGLang evicts anything. Returns tokens freed."""
+    q = state.deferred
+    if not q.active or need_tokens <= 0:
+        return 0
+    freed, _, _ = _walk(state, cache, need_tokens=need_tokens)
+    q.tokens_freed_on_demand += freed
+    return freed
+
+
+def finish(state, cache) -> int:
+    """Reclaim everything still pending (the engine is idle: nothing waits for this thread). Returns tokens freed."""
+    q = state.deferred
+    if not q.active:
+        return 0
+    freed, _, _ = _walk(state, cache)
+    q.tokens_freed_at_idle += freed
+    return freed
+
+
+def _walk(state, cache, *, max_nodes=None, max_visits=None, need_tokens=None) -> tuple[int, int, int]:
+    """Walk SGLang's device eviction order once, freeing only stale leaves (a freed leaf's parent joins the walk when
+    it becomes a leaf), until a bound is reached, nothing stale is pending, or the candidates run out. Returns
+    (tokens freed, nodes freed, candidates visited)."""
+    q = state.deferred
+    core = cache.tree_core
+    tracker = {ct: 0 for ct in cache.tree_components}
+    nodes = visits = 0
+    exhausted = False
+    with batched_frees(cache.token_to_kv_pool_allocator):
+        core.evict_device_start(ComponentType.FULL, cache.evictable_size() + 1)
+        try:
+            while q.pending_tokens - tracker[ComponentType.FULL] > 0:
+                if ((max_nodes is not None and nodes >= max_nodes)
+                        or (max_visits is not None and visits >= max_visits)
+                        or (need_tokens is not None and tracker[ComponentType.FULL] >= need_tokens)):
+                    break
+                node_id, _ = cache._evict_device_next_node(ComponentType.FULL, tracker)
+                if node_id is None:
+                    exhausted = True
+                    break
+                visits += 1
+                if is_stale(q, node_id) and free_stale_leaf(cache, node_id, tracker):
+                    nodes += 1
+        finally:
+            core.evict_device_end(ComponentType.FULL)
+    freed = tracker[ComponentType.FULL]
+    state.stale_tokens_freed_total += freed
+    q.pending_tokens = max(0, q.pending_tokens - freed)
+    if q.pending_tokens == 0 or exhausted:
+        q.pending_tokens = 0
+        q.active = False
+        q.completed += 1
+    return freed, nodes, visits

@@ -1,0 +1,168 @@
+"""Step 2 — publication: one epoch bump per weight change (or lock-aware flush), and the release of crossing KV.
+
+`bump` is the whole contract of a publication, in order:
+1. advance the epoch (and the label, when the publication names one) and bind the new epoch's weight identity
+   (`identity`; a lock-aware flush keeps the weights and so the identity), which names its namespace;
+2. forget crossing requests whose lock was released by a path other than `release_kv_cache` (P/D decode, streaming
+   sessions unlock directly); settle the streaming-session slots (`sessions.settle_at_bump`: a slot no running turn
+   borrows is released through SGLang's own `release_session`, a borrowed one is remembered as stale and released
+   before its next lend, a queued turn gives back the record it borrowed); then mark every live request that holds
+   KV as *crossing*: it keeps its own KV and continues, but never inserts into the tree (`skip_radix_cache_insert`),
+   because its KV is now mixed-version; its lock on stale nodes is remembered so those nodes are freed when it
+   releases; a P/D decode request retracted with a KV backup (`vradix.core.retraction`) is marked crossing too: it holds
+   no slot or lock, but resumes from that KV;
+3. re-bind every queued request that holds no KV to the new epoch;
+4. when no request holds KV (nor a host backup), no session slot is left and nothing is locked, drop the whole tree
+   at once
+   (`reclaim.free_all_by_reset`, what stock `flush_cache` does; full-attention trees only, `reclaim.resettable`);
+   otherwise leave the unlocked stale nodes to the deferred reclaim (`deferred_reclaim.defer`, O(1): they are freed in
+   bounded slices per scheduler iteration, on demand when SGLang evicts, and at idle), or, for a cache that cannot
+   defer (HiCache host tier, hybrid components), free them in one batched eviction (`reclaim.free_all_unlocked`);
+5. with a HiCache host tier, free the stale host copies too (`host_tier`): transfers in flight are settled before 4,
+   and every host copy nothing pins is evicted after it.
+Between 1 and 5 nothing can be inserted under the new epoch, so "evictable" is exactly "unlocked and stale".
+Nothing in 1-5 is proportional to the cached size on the deferred path: 2 and 3 walk the live and queued requests,
+and `tokens_pinned` reads the crossing requests' paths.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterable, Optional
+
+from vradix import identity as weight_identity, request
+from vradix.core import admission, host_tier, provenance, reclaim, deferred_reclaim, retraction, sessions
+from vradix.core.state import EpochState, Invalidation
+
+#: longest accepted publication label (SGLang `weight_version`); labels travel in every response's meta_info
+MAX_LABEL_CHARS = 256
+
+
+class InvalidLabelError(ValueError):
+    """A publication label that vradix refuses to publish under."""
+
+
+def check_label(label) -> None:
+    """A label is None (keep the current one) or a non-empty string of at most MAX_LABEL_CHARS printable
+    characters. Anything else raises InvalidLabelError before the publication starts, so nothing changes."""
+    if label is None:
+        return
+    if not isinstance(label, str):
+        raise InvalidLabelError(f"invalid weight_version label: expected a string, got {type(label).__name__}")
+    if not label:
+        raise InvalidLabelError("invalid weight_version label: empty string (omit it to keep the current label)")
+    if len(label) > MAX_LABEL_CHARS:
+        raise InvalidLabelError(f"invalid weight_version label: {len(label)} characters, "
+                                f"at most {MAX_LABEL_CHARS} allowed")
+    if not label.isprintable():
+        raise InvalidLabelError("invalid weight_version label: contains control characters")
+
+
+def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *, reason: str,
+         label: Optional[str] = None, is_publication: bool = True,
+         identity: Optional[weight_identity.WeightIdentity] = None) -> Invalidation:
+    """Advance the epoch and invalidate everything older, lock-aware. See the module docstring for the steps.
+    `identity` is the new weights' identity: None means a fresh nonce for a publication, and the current identity
+    for a lock-aware flush (same weights)."""
+    t0 = time.perf_counter()
+    if identity is None:
+        identity = (weight_identity.nonce() if is_publication
+                    else state.identities[state.epoch].identity)
+    inv = Invalidation(epoch_before=state.epoch, epoch_after=state.epoch + 1,
+                       label=label if label is not None else state.label, reason=reason,
+                       weight_id=identity.weight_id)
+    state.bind_identity(state.epoch + 1, identity)
+    state.epoch_labels[state.epoch] = state.label
+    state.epoch += 1
+    state.label = inv.label
+    if is_publication:
+        state.publications += 1
+    else:
+        state.flushes += 1
+    sweep_released_crossing(state)
+    live_reqs, queued_reqs = list(live_reqs), list(queued_reqs)
+    inv.session_slots_released = sessions.settle_at_bump(state, cache, live_reqs, queued_reqs)
+    holders = 0
+    for req in live_reqs:
+        if admission.holds_kv(req):
+            holders += 1
+            mark_crossing(state, req)
+            inv.crossing_mid_prefill += req.kv.kv_committed_len < len(req.origin_input_ids)
+        elif retraction.holds_backup(req):
+            # a `host_pool` backup or a host-staged destination lives in the host pool the tree's reset would clear
+            holders += 1
+            if retraction.retracted_with_backup(req):
+                mark_crossing(state, req)  # its KV is off the device: it pins no slot and no node
+    for req in queued_reqs:
+        inv.requeued_rebound += admission.rebind_if_unheld(state, req)
+    host_before = host_tier.available(cache)
+    host_tier.settle_transfers(cache)
+    # the reset drops session slots without freeing their rows: only once every slot was released above
+    if holders == 0 and not sessions.slots_of(cache) and cache.protected_size() == 0 and reclaim.resettable(cache):
+        inv.tokens_freed = reclaim.free_all_by_reset(cache)
+        deferred_reclaim.cancel(state)
+    elif deferred_reclaim.supported(cache):
+        inv.tokens_deferred = deferred_reclaim.defer(state, cache)
+    else:
+        inv.tokens_freed = reclaim.free_all_unlocked(cache)
+        host_tier.free_stale_host(cache)
+    state.stale_tokens_freed_total += inv.tokens_freed
+    if host_before is not None:
+        inv.host_tokens_freed = host_tier.available(cache) - host_before
+        state.stale_host_tokens_freed_total += inv.host_tokens_freed
+    inv.crossing_requests = len(state.crossing)
+    inv.tokens_pinned = reclaim.stale_tokens_pinned(cache, holder_nodes(state))
+    inv.latency_ms = (time.perf_counter() - t0) * 1e3
+    state.last = inv
+    if is_publication:
+        state.last_publication = inv
+    return inv
+
+
+def mark_crossing(state: EpochState, req) -> None:
+    """A request that holds KV across a bump: keep its KV, never insert it, free its stale locks at release.
+    Its KV history gets the new epoch from its committed position on (`provenance.record_crossing`).
+    `state.crossing` is keyed by object identity: two live requests may share a user-supplied rid."""
+    st = request.require(req)
+    provenance.record_crossing(req, st, state)
+    if not st.crossed:
+        st.crossed = True
+        st.skip_insert_before = req.skip_radix_cache_insert
+        req.skip_radix_cache_insert = True
+    if getattr(req, "lock", None) is not None:
+        state.crossing[id(req)] = req
+
+
+def sweep_released_crossing(state: EpochState) -> int:
+    """Forget crossing requests that no longer hold a tree lock (released without `release_kv_cache`); the bump's
+    reclaim (deferred or bulk) frees what they left unlocked. Returns how many were forgotten."""
+    gone = [k for k, r in state.crossing.items() if getattr(r, "lock", None) is None]
+    for k in gone:
+        del state.crossing[k]
+    return len(gone)
+
+
+def holder_nodes(state: EpochState) -> list:
+    return [r.lock.node for r in state.crossing.values() if getattr(r, "lock", None) is not None]
+
+
+def on_release(state: EpochState, cache, req, released_node) -> int:
+    """After `release_kv_cache`: free the stale path the request just unlocked; reset a retracted crossing request.
+
+    A retracted request without a KV backup gives back all its KV and will be prefilled again from scratch, so it
+    stops being a crossing request: it is re-bound at its next match and may insert its (pure new-epoch) KV again.
+    One retracted with a backup (P/D decode, `vradix.core.retraction`; `release_req` takes the backup before it releases)
+    resumes from its mixed KV, so it stays crossing and never inserts it.
+    """
+    freed = 0
+    if state.crossing.pop(id(req), None) is not None:
+        host_before = host_tier.available(cache)
+        freed = reclaim.free_released_path(cache, released_node)
+        state.stale_tokens_freed_total += freed
+        state.stale_tokens_freed_at_release += freed
+        if host_before is not None:
+            state.stale_host_tokens_freed_total += host_tier.available(cache) - host_before
+    st = request.of(req)
+    if st is not None and st.crossed and not req.finished() and not retraction.holds_backup(req):
+        req.skip_radix_cache_insert = st.skip_insert_before
+        st.crossed = False
+    return freed

@@ -1,0 +1,139 @@
+"""Step 5 — provenance: under which weights each position's KV was computed, per request.
+
+Every request's `request.ReqState` carries `kv_history`, a list of `(start_position, epoch, label, weight_id)` entries:
+- `record_bind` starts it at admission and at every re-bind: a request that holds no KV will compute (or match) all
+  of its KV under the epoch it is bound to, so its history is one entry from position 0.
+- `record_crossing` appends one entry each time the request crosses a publication while holding KV: positions
+  `[0, committed)` keep the KV they were computed with, positions from `committed` on are computed under the new
+  epoch. Several crossings append several entries.
+
+Invariants: start positions are non-decreasing; the first entry starts at 0 and names the epoch of the namespace the
+request matched its prefix in (so it is also the provenance of its cached prefix). A retracted request gives back
+all its KV and is re-bound before it runs again, which resets the history; one retracted with a KV backup (P/D
+decode, `vradix.core.retraction`) keeps its KV, so a crossing while it waits starts at the backup's end.
+
+`kv_weight_versions` turns the history into run-length spans over prompt+output positions (exact per token). For a
+crossing request the response also carries `kv_ledger_spans`: what the KV page ledger's `spans` kernel read off the
+request's row just before its release — an independent, device-side record at page granularity (with page_size > 1 the
+page a crossing happened on reports the later epoch). Both must show the same sequence of epochs.
+
+On a P/D decode role the response also carries `pd_spans` (`pd_spans`): the role that computed each span of the
+request's KV and its `weight_id`, recorded when the weight-identity handshake accepted prefill's KV
+(`vradix.pd.handshake`).
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+from vradix import request
+from vradix.core import retraction
+from vradix.request import ReqState
+
+PROVENANCE_KEY = "vradix_provenance"  # the customized_info key that carries it from scheduler to tokenizer manager
+
+
+def record_bind(st: ReqState, state) -> None:
+    """The request (holding no KV) is bound to `state`'s current epoch: all its KV will be computed or matched
+    under it."""
+    st.kv_history = [(0, state.epoch, state.label, state.weight_id)]
+    st.pd_handoff = None  # a re-bound request has received no KV yet
+
+
+def record_crossing(req, st: ReqState, state) -> None:
+    """The request holds KV across a bump to `state.epoch`: KV computed from now on is computed under its weights."""
+    history = st.kv_history
+    entry = (state.epoch, state.label, state.weight_id)
+    committed = max(req.kv.kv_committed_len, getattr(req, "prefix_len", 0) or 0)
+    if retraction.retracted_with_backup(req):
+        committed = max(committed, retraction.backed_up_len(req))  # a retraction reset both lengths to 0
+    if history[-1][0] >= committed:
+        # nothing was computed under the previous entry's epoch since it started: it owns no positions
+        history[-1] = (history[-1][0], *entry)
+    else:
+        history.append((committed, *entry))
+
+
+def kv_weight_versions(req) -> List[dict]:
+    """Run-length spans `{version, weight_id, epoch, start, end}` over positions `[0, len(prompt) + len(output))`.
+
+    Adjacent entries with the same label and weight identity are merged (a lock-aware flush bumps the epoch but keeps
+    the weights); a merged span reports the epoch it started under.
+    """
+    st = request.of(req)
+    history = st.kv_history if st is not None else []
+    total = len(req.origin_input_ids) + len(req.output_ids)
+    spans: List[dict] = []
+    for i, (start, epoch, label, weight_id) in enumerate(history):
+        end = history[i + 1][0] if i + 1 < len(history) else total
+        end = min(end, total)
+        if end <= start:
+            continue
+        if spans and (spans[-1]["version"], spans[-1]["weight_id"]) == (label, weight_id):
+            spans[-1]["end"] = end  # the span keeps the epoch it started under
+            continue
+        spans.append({"version": label, "weight_id": weight_id, "epoch": epoch, "start": start, "end": end})
+    return spans
+
+
+def crossed(req) -> bool:
+    st = request.of(req)
+    return st is not None and len(st.kv_history) > 1
+
+
+def prefix_cache(req) -> Optional[dict]:
+    """`{cached_tokens, epoch, weight_version, weight_id}` of the prefix KV the request reused (its bind epoch)."""
+    st = request.of(req)
+    if st is None or not st.kv_history:
+        return None
+    _, epoch, label, weight_id = st.kv_history[0]
+    return {"cached_tokens": req.cached_tokens, "epoch": epoch, "weight_version": label, "weight_id": weight_id}
+
+
+def pd_spans(req) -> Optional[List[dict]]:
+    """On a P/D decode role: which role computed each span of the request's KV, under which `weight_id`:
+    `decode_cache` (the prefix decode matched and promised, `[0, decode_prefix_len)`), `prefill` (the rest of the
+    prompt, received with the handshake's identity) and `decode` (the positions decode computed, one span per
+    identity when the request crossed a publication on decode). Empty spans are left out; None when the request did
+    not come through the handshake."""
+    st = request.of(req)
+    if st is None or st.pd_handoff is None:
+        return None
+    promised, prefill_id = st.pd_handoff
+    return role_spans(promised, prefill_id, len(req.origin_input_ids), len(req.output_ids), st.kv_history)
+
+
+def role_spans(promised: int, prefill_id: str, prompt: int, generated: int, history) -> List[dict]:
+    """`pd_spans` from its inputs. Invariant: the spans are disjoint, ordered and cover `[0, prompt + generated)`;
+    decode's positions (from `prompt` on) are split where the provenance history changes identity."""
+    total = prompt + generated
+    spans = [("decode_cache", 0, promised, history[0][3]), ("prefill", promised, prompt, prefill_id)]
+    for i, entry in enumerate(history):
+        end = history[i + 1][0] if i + 1 < len(history) else total
+        spans.append(("decode", max(entry[0], prompt), min(max(end, prompt), total), entry[3]))
+    merged: List[list] = []
+    for role, s, e, w in spans:
+        if e <= s:
+            continue
+        if merged and merged[-1][0] == role and merged[-1][3] == w and merged[-1][2] == s:
+            merged[-1][2] = e
+        else:
+            merged.append([role, s, e, w])
+    return [{"role": role, "start": s, "end": e, "weight_id": w} for role, s, e, w in merged]
+
+
+def response_provenance(req) -> Optional[dict]:
+    """The meta_info fields vradix adds to a finished request's response, or None for an unstamped request."""
+    prefix = prefix_cache(req)
+    if prefix is None:
+        return None
+    out = {"prefix_cache": prefix}
+    roles = pd_spans(req)
+    if roles is not None:
+        out["pd_spans"] = roles
+    if crossed(req):
+        out["kv_weight_versions"] = kv_weight_versions(req)
+        ledger_spans = request.of(req).ledger_spans
+        if ledger_spans:
+            # the KV page ledger's independent record (the `spans` kernel, page granularity) as a cross-check
+            out["kv_ledger_spans"] = [{"epoch": e, "start": s, "end": t} for e, s, t in ledger_spans]
+    return out

@@ -1,0 +1,307 @@
+"""Per-engine vradix state: the current epoch, its label, the live crossing requests and the counters.
+
+One `EpochState` is attached to each tree cache (`tree_cache._vradix`). It is only touched from the scheduler thread
+(admission, publication, release and flush all run there), so it needs no locking. Every TP/PP rank runs the same
+control messages in the same order, so every rank computes the same epoch sequence.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Optional
+
+from vradix import __version__, identity, kernels, namespace
+from vradix.core.prefix_hits import PrefixHits
+from vradix.core import dedup
+from vradix.core.deferred_reclaim import DeferredReclaim
+from vradix.ledger.guard import GuardConfig, GuardStats
+from vradix.ledger.device import PageLedger
+from vradix.ledger import device as kv_ledger
+
+
+@dataclass
+class Invalidation:
+    """What one epoch bump (publication or lock-aware flush) did."""
+
+    epoch_before: int
+    epoch_after: int
+    label: Optional[str]
+    reason: str
+    tokens_freed: int = 0
+    #: unlocked stale tokens left in the tree for the deferred reclaim (`vradix.core.deferred_reclaim`)
+    tokens_deferred: int = 0
+    crossing_requests: int = 0
+    crossing_mid_prefill: int = 0
+    tokens_pinned: int = 0
+    requeued_rebound: int = 0
+    #: P/D decode: transfer-queue requests whose unfulfilled prefix promise the publication revoked
+    #: (`vradix.pd.revocation`)
+    promises_revoked: int = 0
+    #: entries dropped from SGLang's multimodal embedding cache (`mm_embeddings.clear_all`)
+    mm_embeddings_cleared: int = 0
+    #: streaming-session slots no running turn borrowed, released by the bump (`vradix.core.sessions`)
+    session_slots_released: int = 0
+    #: interpolated position-embedding grids dropped from vision towers (`weight_derived.clear_position_grids`)
+    position_grids_cleared: int = 0
+    latency_ms: float = 0.0
+    #: the global identity of the new epoch's weights, and the time spent establishing it (a fingerprint reads every
+    #: weight; not part of `latency_ms`)
+    weight_id: Optional[str] = None
+    identity_ms: float = 0.0
+    #: HiCache host-pool tokens given back by the bump (None without a host tier)
+    host_tokens_freed: Optional[int] = None
+
+    def summary(self) -> str:
+        host = f" and {self.host_tokens_freed} stale host tokens" if self.host_tokens_freed is not None else ""
+        deferred = (f" (+{self.tokens_deferred} unlocked stale tokens reclaimed after the bump)"
+                    if self.tokens_deferred else "")
+        return (f"vradix: epoch {self.epoch_before}->{self.epoch_after} ({self.reason}, label={self.label!r}, "
+                f"weight_id={self.weight_id}): "
+                f"freed {self.tokens_freed} stale tokens{host}{deferred}, {self.tokens_pinned} stale tokens pinned by "
+                f"{self.crossing_requests} crossing request(s) ({self.crossing_mid_prefill} mid-prefill), "
+                f"{self.requeued_rebound} queued request(s) re-bound"
+                + (f", {self.promises_revoked} unfulfilled P/D promise(s) revoked" if self.promises_revoked else "")
+                + (f", {self.session_slots_released} streaming-session slot(s) released"
+                   if self.session_slots_released else ""))
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["latency_ms"] = round(self.latency_ms, 3)
+        d["identity_ms"] = round(self.identity_ms, 3)
+        return d
+
+
+@dataclass(frozen=True)
+class EpochIdentity:
+    """An epoch's weight identity and the namespace prefix its requests are stamped with."""
+
+    identity: identity.WeightIdentity
+    prefix: str
+
+
+@dataclass
+class EpochState:
+    """The versioned-cache state of one engine (one scheduler process)."""
+
+    tree_core: str
+    epoch: int = 0
+    label: Optional[str] = None
+    publications: int = 0
+    flushes: int = 0
+    stale_tokens_freed_total: int = 0
+    stale_tokens_freed_at_release: int = 0
+    #: HiCache host-pool tokens of older epochs given back (bumps and crossing releases)
+    stale_host_tokens_freed_total: int = 0
+    forged_keys_rejected: int = 0
+    #: id(req) -> live request that holds a lock on KV of an older epoch (freed when it releases); keyed by identity
+    #: because user rids need not be unique
+    crossing: Dict[int, Any] = field(default_factory=dict)
+    last: Optional[Invalidation] = None
+    #: set while a weight-update handler runs, so the publication bumps exactly once
+    update_scope: Optional["UpdateScope"] = None
+    #: open from a successful begin_weight_update to end_weight_update: one publication, bumped once at its end
+    session: Optional["WeightSession"] = None
+    #: device-side record of which epoch wrote each KV page (None for allocators vradix cannot observe)
+    ledger: Optional[PageLedger] = None
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    guard_stats: GuardStats = field(default_factory=GuardStats)
+    #: the last bump that was a publication (not a lock-aware flush)
+    last_publication: Optional[Invalidation] = None
+    #: LoRA adapter loads/unloads seen (each scoped to its adapter's own namespace)
+    lora_events: int = 0
+    #: lora_id -> `lora.AdapterNodes`, the tree nodes its requests inserted (freed when the adapter is unloaded)
+    adapter_nodes: Dict[str, Any] = field(default_factory=dict)
+    lora_tokens_freed: int = 0
+    #: lora_id -> the content identity of the adapter loaded under it (`vradix.core.lora.identify_adapter`), which every
+    #: LoRA request's namespace and P/D handshake carry
+    adapter_ids: Dict[str, str] = field(default_factory=dict)
+    #: `observability.metrics.Metrics` when SGLang runs with --enable-metrics, else None
+    metrics: Any = None
+    #: how each epoch's weight identity is chosen (`vradix.identity.MODES`)
+    identity_mode: str = "nonce"
+    #: a P/D role's scope (role + KV layout, `vradix.pd.layout.scope_of`), the start of every namespace it stamps, so
+    #: its L3 objects are role-local; None on a non-P/D engine
+    scope: Optional[str] = None
+    #: epoch -> its identity and namespace prefix, for every epoch this engine has served (one entry per bump)
+    identities: Dict[int, EpochIdentity] = field(default_factory=dict)
+    #: hold back a request whose uncached prefix another request is computing (`vradix.core.dedup`)
+    dedup_enabled: bool = True
+    dedup_stats: dedup.DedupStats = field(default_factory=dedup.DedupStats)
+    #: the prefill scheduling pass in progress (None between passes)
+    dedup_pass: Optional[dedup.Pass] = None
+    _epoch_by_prefix: Dict[str, int] = field(default_factory=dict)
+    #: the unlocked stale KV a bump left in the tree, reclaimed after it (`vradix.core.deferred_reclaim`)
+    deferred: DeferredReclaim = field(default_factory=DeferredReclaim)
+    #: epoch -> the label it carried when it ended (the current epoch's is `label`)
+    epoch_labels: Dict[int, Optional[str]] = field(default_factory=dict)
+    #: the cached prefixes admitted requests reused, for the cache inspector (`vradix.observability.snapshot`)
+    prefix_hits: PrefixHits = field(default_factory=PrefixHits)
+    #: weight_id -> HiCache L3 pages this process backed up under it (`hooks.storage.record_storage_backup`)
+    storage_pages_backed_up: Dict[str, int] = field(default_factory=dict)
+    #: session id -> the streaming-session slot a turn was running on at the last bump (its record mixes epochs):
+    #: released before it could be lent again (`vradix.core.sessions`)
+    stale_session_slots: Dict[str, Any] = field(default_factory=dict)
+    #: streaming-session slots released because a publication made their record stale
+    session_slots_released: int = 0
+
+    def bind_identity(self, epoch: int, ident: identity.WeightIdentity) -> str:
+        """Record `ident` as epoch `epoch`'s identity and return its namespace prefix: the bare `weight_id` the
+        first time this process serves it, else disambiguated by the epoch (one namespace per epoch)."""
+        reused = any(e.identity.weight_id == ident.weight_id for e in self.identities.values())
+        prefix = namespace.namespace(ident.weight_id, epoch if reused else None, self.scope)
+        self.identities[epoch] = EpochIdentity(ident, prefix)
+        self._epoch_by_prefix[prefix] = epoch
+        return prefix
+
+    @property
+    def weight_id(self) -> str:
+        return self.identities[self.epoch].identity.weight_id
+
+    def prefix_of_epoch(self, epoch: int) -> str:
+        return self.identities[epoch].prefix
+
+    def epoch_of(self, extra_key: Optional[str]) -> Optional[int]:
+        """The epoch whose namespace `extra_key` was stamped with, or None (unstamped, or another engine's)."""
+        return self._epoch_by_prefix.get(namespace.prefix_of(extra_key))
+
+    def label_of(self, epoch: Optional[int]) -> Optional[str]:
+        """The label epoch `epoch` was published under (the current label for the current epoch)."""
+        return self.label if epoch == self.epoch else self.epoch_labels.get(epoch)
+
+    def declared_before(self, text: str) -> bool:
+        """Whether an epoch of this process already carries the declared identity `text`."""
+        wid = identity.declared(text).weight_id
+        return any(e.identity.weight_id == wid for e in self.identities.values())
+
+    def as_dict(self, pinned_tokens: int) -> dict:
+        """The `vradix` block of server info (plain JSON types)."""
+        last = self.last
+        return {
+            "active": True,
+            "version": __version__,
+            "tree_core": self.tree_core,
+            "epoch": self.epoch,
+            "label": self.label,
+            "weight_id": self.weight_id,
+            "weight_identity": {"mode": self.identity_mode, "source": self.identities[self.epoch].identity.source},
+            "l3_scope": self.scope,
+            "publications": self.publications,
+            "lock_aware_flushes": self.flushes,
+            "crossing_requests": len(self.crossing),
+            "stale_tokens_pinned": pinned_tokens,
+            "stale_tokens_freed_total": self.stale_tokens_freed_total,
+            "stale_tokens_freed_at_release": self.stale_tokens_freed_at_release,
+            "stale_tokens_freed_last": last.tokens_freed if last else 0,
+            "stale_tokens_pending": self.deferred.pending_tokens,
+            "stale_reclaim": self.deferred.as_dict(),
+            "stale_host_tokens_freed_total": self.stale_host_tokens_freed_total,
+            "stale_host_tokens_freed_last": last.host_tokens_freed if last else None,
+            "last_publication_latency_ms": (round(self.last_publication.latency_ms, 3)
+                                            if self.last_publication else None),
+            "last_invalidation": last.summary() if last else None,
+            "forged_keys_rejected": self.forged_keys_rejected,
+            "session_slots_released": self.session_slots_released,
+            "last_invalidation_detail": last.as_dict() if last else None,
+            "last_publication": self.last_publication.as_dict() if self.last_publication else None,
+            "lora_adapter_events": self.lora_events,
+            "lora_stale_tokens_freed": self.lora_tokens_freed,
+            "kv_ledger": self.ledger_dict(),
+            "weight_session": self.session.as_dict() if self.session is not None else None,
+            "prefill_dedup": self.dedup_stats.as_dict(self.dedup_enabled),
+        }
+
+    def ledger_dict(self) -> dict:
+        """The KV page ledger's guard and audit counters."""
+        g, st = self.guard, self.guard_stats
+        return {
+            "enabled": self.ledger is not None,
+            "kernels": kernels.impl_for(self.ledger.page_epoch) if self.ledger is not None else None,
+            "verify_mode": g.verify,
+            "audit_mode": g.audit,
+            "prefixes_verified": st.prefixes_verified,
+            "verify_host_reads": st.verify_host_reads,
+            "batches_verified": st.batches_verified,
+            "violations_caught": st.violations_caught,
+            "last_violation": st.last_violation or None,
+            "audits": st.audits,
+            "leaked_pages_total": st.leaked_pages_total,
+            "leaked_pages_last": st.leaked_pages_last,
+            "leaked_pages_repaired": st.leaked_pages_repaired,
+        }
+
+
+@dataclass
+class UpdateScope:
+    """Bookkeeping for one weight-update call: did it bump, and with what result. A call inside a weight-update
+    session (`in_session`) never bumps: the session's end does."""
+
+    source: str
+    bumped: Optional[Invalidation] = None
+    in_session: bool = False
+
+
+@dataclass
+class WeightSession:
+    """One `begin_weight_update ... end_weight_update` session: its buckets (update calls) so far. A session is one
+    publication: its buckets apply their labels but never bump; `end_weight_update` bumps once."""
+
+    buckets: int = 0
+    failed_buckets: int = 0
+
+    def as_dict(self) -> dict:
+        return {"buckets": self.buckets, "failed_buckets": self.failed_buckets}
+
+
+def attach(tree_cache, with_ledger: bool = True, weight_identity: Optional[identity.WeightIdentity] = None,
+           identity_mode: str = "nonce", scope: Optional[str] = None) -> EpochState:
+    """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0 under `weight_identity` (a fresh nonce when
+    None), with a KV page ledger on its allocator unless `with_ledger` is False; on a P/D role every namespace starts
+    with its `scope` (`vradix.pd.layout`). Raises `GuardConfigError` for an
+    invalid VRADIX_VERIFY / VRADIX_AUDIT setting, `DedupConfigError` for an invalid VRADIX_PREFILL_DEDUP."""
+    state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardConfig.from_env(),
+                       identity_mode=identity_mode, dedup_enabled=dedup.enabled_from_env(), scope=scope)
+    state.bind_identity(0, weight_identity or identity.nonce())
+    if with_ledger:
+        state.ledger = kv_ledger.attach(tree_cache.token_to_kv_pool_allocator)
+    tree_cache._vradix = state
+    return state
+
+
+@dataclass
+class TreelessState:
+    """vradix on an engine without a radix cache (`--disable-radix-cache`): there is no tree to version, so there is
+    no epoch; each publication drops the weight-derived caches (`vradix.core.weight_derived`) once. Its publications are
+    counted the way an `EpochState` counts them: an update call outside a session is one, a session is one at its
+    end, a new label by itself is one."""
+
+    publications: int = 0
+    #: the `update_weights_*` call in progress (its label change is part of it, not a publication of its own)
+    update_in_progress: Optional[str] = None
+    #: a weight-update session is open (its end publishes once)
+    session_open: bool = False
+    #: what the last publication (or flush) dropped: reason, mm_embeddings_cleared, position_grids_cleared
+    last: Optional[dict] = None
+    last_publication: Optional[dict] = None
+
+    def as_dict(self) -> dict:
+        """The `vradix` block of server info on such an engine."""
+        return {"active": True, "version": __version__, "radix_cache": False,
+                "versioned": ["multimodal embedding cache", "vision position-embedding grids"],
+                "publications": self.publications, "last_invalidation_detail": self.last,
+                "last_publication": self.last_publication, "weight_session_open": self.session_open}
+
+
+def attach_treeless(tree_cache) -> TreelessState:
+    """Start vradix on an engine whose `tree_cache` shares no prefix (SGLang's chunk cache)."""
+    state = TreelessState()
+    tree_cache._vradix_treeless = state
+    return state
+
+
+def treeless_of(tree_cache) -> Optional[TreelessState]:
+    """The vradix state of an engine without a radix cache, or None."""
+    return getattr(tree_cache, "_vradix_treeless", None)
+
+
+def state_of(tree_cache) -> Optional[EpochState]:
+    """The vradix state of a tree cache, or None when vradix is not versioning it."""
+    return getattr(tree_cache, "_vradix", None)

@@ -1,0 +1,122 @@
+"""`python -m vradix.inspector --url URL`: print what a vradix engine's radix cache holds, per epoch and label.
+
+Reads `GET /vradix/cache` (read-only, bounded: see docs/inspector.md). Exit status: 0 on success; 2 when vradix is not
+active on the server (the endpoint is absent: stock SGLang or `VRADIX_DISABLE=1`; or the engine has no radix cache);
+1 on any other error (unreachable server, bad query). `--json` prints the server's JSON as is.
+
+Standard library only, so it runs anywhere a URL is reachable.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Optional
+
+PATH = "/vradix/cache"
+NOT_ACTIVE = 2
+
+
+class InspectError(RuntimeError):
+    def __init__(self, message: str, status: int = 1):
+        super().__init__(message)
+        self.status = status
+
+
+def fetch(url: str, *, limit: int = 10, offset: int = 0, head: int = 0, api_key: Optional[str] = None,
+          timeout: float = 30.0) -> dict:
+    """The server's snapshot; raises InspectError (status NOT_ACTIVE when vradix is not active there)."""
+    base = url.rstrip("/")
+    query = urllib.parse.urlencode({"limit": limit, "offset": offset, "head": head})
+    req = urllib.request.Request(f"{base}{PATH}?{query}")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        body = e.read().decode(errors="replace")
+        if e.code == 404:
+            raise InspectError(f"vradix is not active on {base}: {PATH} is not served (stock SGLang, or vradix "
+                               "disabled with VRADIX_DISABLE=1)", NOT_ACTIVE) from None
+        if e.code == 409:
+            reason = _json_field(body, "reason") or body
+            raise InspectError(f"vradix is not active on {base}: {reason}", NOT_ACTIVE) from None
+        raise InspectError(f"{base}{PATH}: HTTP {e.code}: {_json_field(body, 'error') or body}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise InspectError(f"cannot reach {base}: {e}") from None
+
+
+def _json_field(body: str, key: str) -> Optional[str]:
+    try:
+        return json.loads(body).get(key)
+    except (ValueError, AttributeError):
+        return None
+
+
+def render(view: dict, now: Optional[float] = None) -> str:
+    """A compact text view of one snapshot (or of each DP rank's)."""
+    if "ranks" in view:
+        return "\n".join(f"-- DP rank {i}\n{render(v, now)}" for i, v in enumerate(view["ranks"]))
+    now = time.time() if now is None else now
+    lines = [f"vradix cache: epoch {view['epoch']} label={view['label']!r} ({view['tree_core']}, page "
+             f"{view['page_size']}): {view['cached_tokens']} cached tokens ({view['protected_tokens']} locked), "
+             f"snapshot {view['snapshot_ms']} ms"]
+    lines.append(f"  {'epoch':>5} {'label':<16} {'tokens':>8} {'nodes':>6} {'pinned':>7}  pinned by")
+    for row in view["epochs"]:
+        nodes = "-" if row["nodes"] is None else row["nodes"]
+        who = ", ".join(map(str, row["pinned_by"])) + (" ..." if row["crossing_requests"] > len(row["pinned_by"])
+                                                        else "")
+        mark = "*" if row["current"] else " "
+        lines.append(f" {mark}{row['epoch']:>5} {str(row['label']):<16} {row['cached_tokens']:>8} {nodes:>6} "
+                     f"{row['pinned_tokens']:>7}  {who}")
+    stale = view["stale"]
+    lines.append(f"  stale: {stale['pinned_tokens']} tokens pinned by {stale['crossing_requests']} crossing "
+                 f"request(s), {stale['awaiting_reclaim_tokens']} awaiting reclaim")
+    if view.get("host"):
+        h = view["host"]
+        lines.append(f"  host tier: {h['used']}/{h['total']} tokens used, by epoch {h.get('tokens_by_epoch')}, "
+                     f"{h['transfers_in_flight']} transfer(s) in flight")
+    if view.get("storage"):
+        s = view["storage"]
+        lines.append(f"  storage tier ({s['backend']}): pages backed up by weight_id "
+                     f"{s['pages_backed_up_by_weight_id']}")
+    top = view["top_prefixes"]
+    lines.append(f"  top prefixes by hits (offset {top['offset']}, {len(top['items'])} shown, {top['tracked']} "
+                 f"tracked{'' if top['next_offset'] is None else ', more from offset ' + str(top['next_offset'])}):")
+    for p in top["items"]:
+        head = f" head={p['head_tokens']}" if "head_tokens" in p else ""
+        lines.append(f"    node {p['node']:>6} epoch {p['epoch']} label={p['label']!r}{' STALE' if p['stale'] else ''}"
+                     f" tokens={p['tokens']} hits={p['hits']} locks={p['lock_count']} "
+                     f"last={max(0.0, now - p['last_access']):.1f}s ago{head}")
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m vradix.inspector", description=__doc__.splitlines()[0])
+    p.add_argument("--url", required=True, help="the SGLang server, e.g. http://127.0.0.1:30000")
+    p.add_argument("--limit", type=int, default=10, help="top prefixes to show (at most 200)")
+    p.add_argument("--offset", type=int, default=0, help="skip this many top prefixes (pagination)")
+    p.add_argument("--head", type=int, default=8, help="first token ids of each prefix to show (at most 16)")
+    p.add_argument("--api-key", default=None, help="admin API key, when the server requires one")
+    p.add_argument("--json", action="store_true", help="print the server's JSON")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        view = fetch(args.url, limit=args.limit, offset=args.offset, head=args.head, api_key=args.api_key)
+    except InspectError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.status
+    print(json.dumps(view, indent=2) if args.json else render(view))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""Run-time checks on the KV page ledger: the prefix verify guard and the post-publication audit.
+
+Verify guard (`VRADIX_VERIFY=off|sample|strict`, default `strict`):
+* strict — the backstop at the last point before the forward (`Scheduler.run_batch`, BEFORE): for an extend batch,
+  every KV position a request reads without this forward writing it — positions [0, prefix_len) of its row,
+  whatever put them there: a tree match, a streaming session's lent record, a restored retraction backup, a
+  HiCache load-back, a P/D transfer — must lie on a page whose ledger epoch is the request's bound epoch, or, for a
+  crossing request, an epoch from its bound one to the current one (its own KV, computed across the bumps it
+  crossed; `allowed_epochs`). One gather/compare over the whole batch and one host read
+  (`kernels.rows_outside_epochs`). A violating request fails with a clear error (vradix, the epochs, the count of
+  bad positions) through SGLang's own "forward ran on KV that must not be used" path: its output is discarded,
+  it finishes aborted, and it inserts nothing (`hooks.forward.fail_stale_reads`). `violations_caught` counts it.
+  The backstop sees only what the ledger records (see `vradix.ledger.device`): state outside the KV pool (a recurrent
+  state slot, an embedding cache, weight-derived buffers) and KV written by paths that bypass the ledger (the
+  engines where the ledger is off) are not checked.
+* sample — every Nth prefill batch (`VRADIX_VERIFY_SAMPLE_EVERY`, default 16) that reuses cached prefix KV is checked
+  after its rows are written, with one fused kernel over the batch. Detection only: a violation is counted and logged.
+* off — no check.
+
+Audit (`VRADIX_AUDIT=off|report|repair`, default `report`), after every publication: pages stamped with an older
+epoch that no live request's row references are stale pages nobody owns any more (the bump already freed every
+unlocked stale node, and a locked one is in its holder's row) — leaks. They are counted in `leaked_pages_*`; in
+`repair` mode they are also returned to the allocator.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import torch
+
+from vradix import kernels, request
+from vradix.ledger.device import PageLedger
+from vradix.request import ReqState
+
+logger = logging.getLogger("vradix")
+
+VERIFY_MODES = ("off", "sample", "strict")
+AUDIT_MODES = ("off", "report", "repair")
+
+
+class GuardConfigError(ValueError):
+    """A VRADIX_VERIFY / VRADIX_AUDIT setting that vradix does not understand."""
+
+
+@dataclass
+class GuardConfig:
+    verify: str = "strict"
+    sample_every: int = 16
+    audit: str = "report"
+    #: detection only: a strict violation is counted and logged but the request runs, and `repair` only reports.
+    #: Set when the engine has more than one TP/PP rank (`for_ranks`): each rank decides from its own ledger, and
+    #: ranks that disagreed on a prefix length or on freed pages would schedule differently and hang a collective.
+    detect_only: bool = False
+
+    @classmethod
+    def from_env(cls) -> "GuardConfig":
+        verify = os.environ.get("VRADIX_VERIFY", "strict").strip().lower()
+        audit = os.environ.get("VRADIX_AUDIT", "report").strip().lower()
+        every = os.environ.get("VRADIX_VERIFY_SAMPLE_EVERY", "16").strip()
+        if verify not in VERIFY_MODES:
+            raise GuardConfigError(f"VRADIX_VERIFY={verify!r}: expected one of {', '.join(VERIFY_MODES)}")
+        if audit not in AUDIT_MODES:
+            raise GuardConfigError(f"VRADIX_AUDIT={audit!r}: expected one of {', '.join(AUDIT_MODES)}")
+        if not every.isdigit() or int(every) < 1:
+            raise GuardConfigError(f"VRADIX_VERIFY_SAMPLE_EVERY={every!r}: expected a positive integer")
+        return cls(verify=verify, sample_every=int(every), audit=audit)
+
+    def for_ranks(self, tp_size: int, pp_size: int = 1) -> "GuardConfig":
+        """This config for an engine of `tp_size` x `pp_size` ranks: detection only when there is more than one."""
+        multi = tp_size * pp_size > 1
+        if multi and (self.verify == "strict" or self.audit == "repair"):
+            logger.warning("vradix verify guard: %d TP x %d PP ranks; verify=%s and audit=%s act per rank, so they "
+                           "only detect and report here (a per-rank decision would desynchronise the ranks)",
+                           tp_size, pp_size, self.verify, self.audit)
+        return replace(self, detect_only=multi)
+
+
+@dataclass
+class GuardStats:
+    #: request prefixes checked against the ledger (strict: each extend read; plus each HiCache load-back)
+    prefixes_verified: int = 0
+    #: strict checks run (each one a gather/compare and one host read, for a whole extend batch)
+    verify_host_reads: int = 0
+    batches_verified: int = 0
+    violations_caught: int = 0
+    last_violation: str = ""
+    leaked_pages_total: int = 0
+    leaked_pages_last: int = 0
+    leaked_pages_repaired: int = 0
+    audits: int = 0
+    _prefill_batches_seen: int = 0
+
+
+# ---- strict: the forward backstop -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PrefixRead:
+    """The KV an extend batch's forward reads for one request without writing it: positions [0, length) of its row,
+    each of which must lie on a page whose epoch is in [lo, hi]."""
+    req: object
+    row: int
+    length: int
+    lo: int
+    hi: int
+
+
+def allowed_epochs(st: Optional[ReqState], current: int) -> tuple[int, int]:
+    """The epochs a request's prefix pages may carry: its bound epoch; for a crossing request, also every epoch from
+    there to the current one (its own KV, computed across the bumps it crossed). A request vradix never bound may
+    read only current-epoch KV (fail closed)."""
+    if st is None:
+        return current, current
+    return (st.epoch, current) if st.crossed else (st.epoch, st.epoch)
+
+
+def prefix_reads(batch, current: int) -> list[PrefixRead]:
+    """The prefix reads of an extend batch: every request it extends (not the decoding requests a mixed batch
+    carries, whose KV passed this check at their own prefill) that reads at least one cached position."""
+    decoding = batch.decoding_reqs
+    reads = []
+    for req, n in zip(batch.reqs, batch.prefix_lens):
+        if n > 0 and not (decoding and req in decoding):
+            lo, hi = allowed_epochs(request.of(req), current)
+            reads.append(PrefixRead(req, req.kv.req_pool_idx, n, lo, hi))
+    return reads
+
+
+def first_decode_reads(batch, current: int) -> list[PrefixRead]:
+    """The reads of a P/D decode prebuilt batch: each request whose received KV was committed and not yet checked
+    (`ReqState.pd_first_read_pending`, cleared here) reads its committed KV [0, kv_committed_len)."""
+    reads = []
+    for req in batch.reqs:
+        st = request.of(req)
+        if st is None or not st.pd_first_read_pending:
+            continue
+        st.pd_first_read_pending = False
+        n = int(req.kv.kv_committed_len or 0)
+        if n > 0:
+            lo, hi = allowed_epochs(st, current)
+            reads.append(PrefixRead(req, req.kv.req_pool_idx, n, lo, hi))
+    return reads
+
+
+def check_prefix_reads(ledger: PageLedger, stats: GuardStats, req_to_token: torch.Tensor,
+                       reads: list[PrefixRead]) -> list[tuple[PrefixRead, int]]:
+    """One gather/compare over every read of the batch and one host read; returns the violating reads with their
+    count of bad positions."""
+    counts = kernels.rows_outside_epochs(ledger.page_epoch, req_to_token, [r.row for r in reads],
+                                         [r.length for r in reads], [r.lo for r in reads], [r.hi for r in reads],
+                                         ledger.page_size)
+    stats.verify_host_reads += 1
+    stats.batches_verified += 1
+    stats.prefixes_verified += len(reads)
+    return [(r, n) for r, n in zip(reads, counts) if n]
+
+
+def violation_message(ledger: PageLedger, req_to_token: torch.Tensor, read: PrefixRead, bad: int,
+                      current: int) -> str:
+    """What the request fails with: vradix, the epochs expected and found, and how many positions are bad."""
+    epochs = kernels.reference.row_epochs(ledger.page_epoch, req_to_token, read.row, read.length, ledger.page_size)
+    found = sorted({int(e) for e in epochs.tolist()} - set(range(read.lo, read.hi + 1)))
+    want = f"epoch {read.lo}" if read.lo == read.hi else f"epochs {read.lo}..{read.hi}"
+    return (f"vradix KV backstop: request {read.req.rid} would read {bad} of {read.length} prefix KV positions not "
+            f"written under {want} (found epoch(s) {found}, -1 = freed page; engine epoch {current})")
+
+
+def matched_prefix_violations(ledger: PageLedger, slots: torch.Tensor, expected_epoch: int) -> kernels.Violations:
+    """Verify one adopted match: its slots as a one-row table."""
+    n = slots.numel()
+    table = slots.reshape(1, n)
+    dev = ledger.page_epoch.device
+    return kernels.verify(ledger.page_epoch, table, torch.zeros(1, dtype=torch.int64, device=dev),
+                          torch.full((1,), n, dtype=torch.int64, device=dev),
+                          torch.full((1,), expected_epoch, dtype=torch.int32, device=dev), ledger.page_size,
+                          max_prefix_len=n)
+
+
+def record_violation(stats: GuardStats, what: str) -> None:
+    stats.violations_caught += 1
+    stats.last_violation = what
+    logger.error("vradix verify guard: %s", what)
+
+
+# ---- sample: one fused check per prefill batch -----------------------------------------------------------------------
+def should_sample_batch(config: GuardConfig, stats: GuardStats) -> bool:
+    if config.verify != "sample":
+        return False
+    stats._prefill_batches_seen += 1
+    return (stats._prefill_batches_seen - 1) % config.sample_every == 0
+
+
+def batch_violations(ledger: PageLedger, req_to_token: torch.Tensor, rows: list[int], prefix_lens: list[int],
+                     epochs: list[int]) -> kernels.Violations:
+    dev = ledger.page_epoch.device
+    return kernels.verify(ledger.page_epoch, req_to_token, torch.tensor(rows, dtype=torch.int64, device=dev),
+                          torch.tensor(prefix_lens, dtype=torch.int64, device=dev),
+                          torch.tensor(epochs, dtype=torch.int32, device=dev), ledger.page_size,
+                          max_prefix_len=max(prefix_lens))
+
+
+# ---- audit: after every publication ----------------------------------------------------------------------------------
+def pinned_pages(ledger: PageLedger, tree_cache, live) -> torch.Tensor:
+    """Bool mask of the pages something still references: the padding page 0, every page the tree holds (a stale
+    node kept by a lock that is not a live request's, e.g. a session or a pin), and every page in a live request's
+    row (up to its allocated length)."""
+    mask = torch.zeros_like(ledger.page_epoch, dtype=torch.bool)
+    mask[0] = True
+    tree_slots = tree_cache.tree_core.all_values_flatten()
+    mask[tree_slots.to(device=mask.device, dtype=torch.int64) // ledger.page_size] = True
+    req_to_token = tree_cache.req_to_token_pool.req_to_token
+    for req in live:
+        kv = req.kv
+        if kv.holds_kv and kv.kv_allocated_len > 0:
+            slots = req_to_token[kv.req_pool_idx, : kv.kv_allocated_len].to(torch.int64)
+            mask[slots // ledger.page_size] = True
+    return mask
+
+
+def audit(config: GuardConfig, stats: GuardStats, ledger: PageLedger, tree_cache, live, epoch: int) -> int:
+    """Find stale pages that neither the tree nor a live request references; count them and, in repair mode (not
+    detection-only), free them. Returns the count. Never frees a page anything in `pinned_pages` holds."""
+    if config.audit == "off":
+        return 0
+    leaked = kernels.invalidate(ledger.page_epoch, epoch, pinned_pages(ledger, tree_cache, live))
+    n = int(leaked.numel())
+    stats.audits += 1
+    stats.leaked_pages_last = n
+    stats.leaked_pages_total += n
+    if n:
+        repair = config.audit == "repair" and not config.detect_only
+        logger.error("vradix audit: %d stale KV page(s) owned by neither the tree nor a live request (first %s)%s",
+                     n, leaked[:8].tolist(), "; freeing them" if repair else "")
+        if repair:
+            free_pages(ledger, leaked)
+            stats.leaked_pages_repaired += n
+    return n
+
+
+def free_pages(ledger: PageLedger, page_ids: torch.Tensor) -> None:
+    allocator = ledger.allocator
+    if ledger.page_size == 1:
+        allocator.free(page_ids)
+    else:
+        allocator.free_page_ids(page_ids)

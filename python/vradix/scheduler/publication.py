@@ -1,0 +1,149 @@
+"""One publication on one scheduler, across every step: the epoch bump (`core.epochs`), its weight identity, the
+L3 storage prefetches it revokes and re-issues (`l3.prefetch`), the P/D decode promises it revokes (`pd.revocation`),
+the weight-derived caches it drops (`core.weight_derived`), the guard's audit and the metrics. An engine without a
+radix cache has no epoch and only drops the weight-derived caches (`publish_without_tree`)."""
+from __future__ import annotations
+
+import logging
+import time
+
+from vradix import identity, request
+from vradix.core import epochs, weight_derived
+from vradix.core.state import EpochState, Invalidation, state_of, treeless_of
+from vradix.l3 import prefetch
+from vradix.ledger import guard
+from vradix.observability import metrics
+from vradix.pd import revocation
+from vradix.scheduler.requests import disagg_requests, live_requests
+
+logger = logging.getLogger("vradix")
+
+
+def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool = True) -> Invalidation:
+    """One epoch bump on the scheduler's engine. With an external KV store, the queued requests the bump re-binds
+    end their cache attempt first (their storage prefetches are revoked) and are looked up again afterwards under the
+    new namespace (`vradix.l3.prefetch`). On a P/D decode role a publication also revokes the prefix promises prefill
+    has not fulfilled yet (`vradix.pd.revocation`)."""
+    state = state_of(scheduler.tree_cache)
+    live = live_requests(scheduler)
+    queued = [*scheduler.waiting_queue, *disagg_requests(scheduler)]
+    t0 = time.perf_counter()
+    ident = publication_identity(scheduler, state, label) if is_publication else None
+    identity_ms = (time.perf_counter() - t0) * 1e3
+    lookups = prefetch.storage_lookups(scheduler)
+    revoked = prefetch.end_queued_attempts(scheduler.tree_cache, queued) if lookups else 0
+    inv = epochs.bump(state, scheduler.tree_cache, live, queued,
+                      reason=reason, label=label, is_publication=is_publication, identity=ident)
+    inv.identity_ms = identity_ms
+    if is_publication:
+        inv.promises_revoked = revoke_unfulfilled_promises(scheduler, inv)
+    # multimodal embeddings (keyed by content only) and vision position grids the old weights computed
+    cleared = weight_derived.clear_at_publication(scheduler)
+    inv.mm_embeddings_cleared, inv.position_grids_cleared = cleared.mm_embeddings, cleared.position_grids
+    if lookups:
+        reissued = prefetch.reissue(scheduler, state, queued)
+        logger.info("vradix: %d storage prefetch(es) revoked, %d lookup(s) re-issued under the new namespace",
+                    revoked, reissued)
+    if state.ledger is not None:
+        guard.audit(state.guard, state.guard_stats, state.ledger, scheduler.tree_cache, live, state.epoch)
+    logger.info(inv.summary() + " in %.3f ms; %d multimodal embedding(s), %d position grid(s) cleared",
+                inv.latency_ms, inv.mm_embeddings_cleared, inv.position_grids_cleared)
+    metrics.export_metrics(scheduler)
+    return inv
+
+
+def publish_without_tree(scheduler, reason: str, *, is_publication: bool = True) -> dict:
+    """One publication on an engine without a radix cache (`state.TreelessState`): no tree, no epoch, but the
+    weight-derived caches the old weights filled are dropped, once (`weight_derived.clear_at_publication`)."""
+    treeless = treeless_of(scheduler.tree_cache)
+    cleared = weight_derived.clear_at_publication(scheduler)
+    treeless.last = {"reason": reason, "label": current_label(), "mm_embeddings_cleared": cleared.mm_embeddings,
+                     "position_grids_cleared": cleared.position_grids}
+    if is_publication:
+        treeless.publications += 1
+        treeless.last_publication = treeless.last
+    logger.info("vradix: %s without a radix cache: %d multimodal embedding(s), %d position grid(s) cleared", reason,
+                cleared.mm_embeddings, cleared.position_grids)
+    return treeless.last
+
+
+def publication_identity(scheduler, state: EpochState, label) -> identity.WeightIdentity:
+    """The identity of the weights a publication just installed, by the engine's mode: their fingerprint, the
+    declared label (when the publication set a new one), or a fresh nonce."""
+    if state.identity_mode == "fingerprint":
+        return proven_identity(scheduler)
+    if state.identity_mode == "declared" and identity.is_declaration(label) and label != state.label:
+        if not state.declared_before(label):
+            return identity.declared(label)
+        logger.error("vradix: declared identity %r was already used by an earlier publication of this engine; "
+                     "this epoch gets a fresh nonce instead", label)
+    return identity.nonce()
+
+
+def proven_identity(scheduler) -> identity.WeightIdentity:
+    """The content fingerprint of the scheduler's loaded model, as an identity (same on every TP rank)."""
+    group = getattr(getattr(scheduler, "tp_group", None), "cpu_group", None)
+    return identity.proven(identity.fingerprint_model(scheduler.tp_worker.model_runner.model, group))
+
+
+def refuse_reused_declaration(state: EpochState, label, output_type):
+    """In `declared` mode, a publication naming a declared identity an earlier publication of this engine already
+    used is refused before any weight changes: returns the failed response, or None."""
+    if state.identity_mode != "declared" or not identity.is_declaration(label) or label == state.label:
+        return None
+    try:
+        identity.check_declared(label)
+    except identity.InvalidIdentityError as e:
+        return output_type(success=False, message=f"vradix refused the update: {e}")
+    if state.declared_before(label):
+        return output_type(success=False, message=(
+            f"vradix refused the update: declared weight identity {label!r} was already used by an earlier "
+            "publication of this engine; declare a new identity (for example run id + step)"))
+    return None
+
+
+def current_label():
+    from sglang.srt.runtime_context import get_serving
+    return get_serving().weight_version
+
+
+def revoke_unfulfilled_promises(scheduler, inv) -> int:
+    """At a publication on a P/D decode role, right after the bump (every transfer-queue request already crosses it):
+    revoke each transfer-queue request's unfulfilled prefix promise (`vradix.pd.revocation.must_revoke`). Returns how
+    many were revoked.
+
+    A revoked request is failed the way SGLang's own `/abort_request` fails a transfer-queue request: its receiver is
+    aborted, which tells prefill (an abort notification, so prefill stops and drops the request) and marks its room
+    Failed. The next `DecodeTransferQueue.pop_transferred` then streams the error and releases the request's prefix
+    lock and preallocated row with `checkpoint=False` (nothing inserted), after prefill acknowledged the abort when
+    it may still be writing (SGLang's deferred release); `answer_decode_failures_with_their_cause` keeps the 503 on that path. A
+    request staged to host memory keeps its receiver, as SGLang's abort does, until prefill stops writing.
+    The receivers' states are reduced over the attention TP group (MIN), as `pop_transferred` reduces them, so every
+    rank revokes the same requests."""
+    queue = getattr(scheduler, "disagg_decode_transfer_queue", None)
+    entries = [d for d in (queue.queue if queue is not None else ()) if d.kv_receiver is not None]
+    if not entries:
+        return 0
+    import torch.distributed as dist
+    from sglang.srt.disaggregation.utils import _is_fake_transfer, all_reduce_flags, prepare_abort
+
+    polls = [int(d.kv_receiver.poll()) for d in entries]
+    if queue.gloo_group is not None:
+        polls = all_reduce_flags(polls, queue.gloo_group, dist.ReduceOp.MIN)
+    revoked = 0
+    for decode_req, poll in zip(entries, polls):
+        req, st = decode_req.req, request.of(decode_req.req)
+        if st is None or not st.kv_history:
+            continue
+        promised = decode_req.prefix_match.decode_prefix_len if decode_req.prefix_match is not None else 0
+        under = st.kv_history[0][3]
+        if not revocation.must_revoke(poll, promised, finished=req.finished_reason is not None,
+                                      fake=_is_fake_transfer(req), promised_under=under, published=inv.weight_id):
+            continue
+        st.revoked = revocation.message(req.rid, promised, under, inv.weight_id, inv.epoch_after)
+        logger.warning(st.revoked)
+        prepare_abort(req, st.revoked, status_code=revocation.STATUS)
+        if not decode_req.host_staged:
+            decode_req.kv_receiver.abort()
+        revoked += 1
+    return revoked

@@ -1,0 +1,189 @@
+"""A real prefill/decode (P/D) pair on the CPU engine, fronted by the real P/D router: tests and demo only.
+
+    with PdPair(model_path, vradix=True) as pd:
+        pd.generate(input_ids, 6)            # through the router (smg or sglang-router, P/D mode)
+        pd.prefill / pd.decode               # the two `CpuServer`s, for direct calls (publication, server info)
+        pd.publish_in_place(model_b, "B")    # pause both roles in place, update both, continue both
+
+What it starts (each process bounded by a deadline and always killed, process group and all):
+- prefill: `CpuServer` with `--disaggregation-mode prefill --disaggregation-transfer-backend mooncake_tcp
+  --disaggregation-bootstrap-port B --disable-overlap-schedule` (the early-send path records a CUDA event);
+- decode: `CpuServer` with `--disaggregation-mode decode --disaggregation-transfer-backend mooncake_tcp` and, unless
+  `decode_radix=False`, `--disaggregation-decode-enable-radix-cache`;
+- both load the mooncake CPU aid (`vradix.testing.cpu_aids.mooncake`) as a plugin; the KV really moves, over TCP;
+- for a Mamba2 hybrid (NemotronH) each role's `CpuServer` also loads the hybrid CPU aids and their flags; the
+  recurrent state moves with the KV (mooncake's `state` buffers);
+- the router: `python -m smg.launch_router` (or `sglang_router.launch_router`) `--pd-disaggregation --prefill URL B
+  --decode URL`, every listener (its metrics one included) bound to 127.0.0.1.
+
+The `fake` transfer backend moves no KV and is never used. What the pair needs beyond the project's venv is named by
+`missing_requirements()` (tests skip with that reason): the PyPI wheel `mooncake-transfer-engine-non-cuda`, the Debian
+library `libibverbs1`, and a router (`smg` or `sglang-router`).
+
+Router facts the tests rely on (SGLang reference notes, router section): it sends the same `/generate` body to both
+roles with `bootstrap_host`, `bootstrap_port` and a random `bootstrap_room` added; `extra_key` and `rid` reach both;
+custom headers do not. Control calls (`/update_weights_from_disk`, pause/continue) go to each role directly.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, Optional, Sequence
+
+import requests
+
+from vradix.testing.cpu_aids import mooncake as mooncake_aid
+from vradix.testing.harness.http import ServerClient
+from vradix.testing.harness.process import LoggedProcess
+from vradix.testing.harness.server import CpuServer, free_port, start_servers
+
+TRANSFER_FLAGS = ["--disaggregation-transfer-backend", "mooncake_tcp"]
+#: the prompt of the P/D E2E tests (600 tokens: long enough that prefill sends KV over several pages)
+PROMPT = [(i * 7) % 480 + 20 for i in range(600)]
+#: routers that speak SGLang's P/D protocol, in order of preference: (module, launch module)
+ROUTERS = (("smg", "smg.launch_router"), ("sglang_router", "sglang_router.launch_router"))
+
+
+def missing_requirements() -> List[str]:
+    """What this machine lacks to run a real P/D pair (empty when nothing is missing), each named by its package."""
+    missing = []
+    if importlib.util.find_spec("mooncake") is None:
+        missing.append("PyPI mooncake-transfer-engine-non-cuda (import mooncake)")
+    try:
+        ctypes.CDLL("libibverbs.so.1")
+    except OSError:
+        missing.append("Debian libibverbs1 (libibverbs.so.1)")
+    if router_module() is None:
+        missing.append("PyPI smg (or sglang-router)")
+    return missing
+
+
+def router_module() -> Optional[str]:
+    """The launch module of the first installed P/D router, or None."""
+    for package, launcher in ROUTERS:
+        if importlib.util.find_spec(package) is not None:
+            return launcher
+    return None
+
+
+def with_pd_cpu_aid(env: dict) -> dict:
+    """`env` (the overrides a `CpuServer` applies over this process's environment) with the mooncake CPU aid's
+    plugin folder first on PYTHONPATH."""
+    path = env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (mooncake_aid.PLUGIN_PATH, path) if p)}
+
+
+class Router(LoggedProcess, ServerClient):
+    """The real P/D router in front of one prefill and one decode server, on loopback only."""
+
+    def __init__(self, prefill_url: str, bootstrap_port: int, decode_url: str, *, startup_timeout: float = 180.0,
+                 timeout: float = 120.0):
+        launcher = router_module()
+        if launcher is None:
+            raise RuntimeError("no P/D router installed (pip install smg)")
+        self.port = free_port()
+        super().__init__(f"http://127.0.0.1:{self.port}", timeout)
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="router-", suffix=".log", delete=False)
+        cmd = [sys.executable, "-m", launcher, "--host", "127.0.0.1", "--port", str(self.port),
+               "--pd-disaggregation", "--prefill", prefill_url, str(bootstrap_port), "--decode", decode_url,
+               "--policy", "round_robin",
+               # the metrics listener binds 0.0.0.0:29000 by default: keep it on loopback, on a free port
+               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_ready(startup_timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        """Until the router routes: smg's `/readiness` answers 200 once both workers are registered and healthy (its
+        `/health` is up before that); a router without `/readiness` is probed with `/health_generate`."""
+        deadline = time.monotonic() + timeout
+        probe = "/readiness"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"router exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                status = requests.get(self.url + probe, timeout=30).status_code
+                if status == 200:
+                    return
+                if status == 404:
+                    probe = "/health_generate"
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise TimeoutError(f"router not ready in {timeout}s:\n{self.tail()}")
+
+
+class RoutedPair(ServerClient):
+    """A prefill server, a decode server and the router in front of them (`self.prefill`, `self.decode`,
+    `self.router`, any of them None while starting): stopped together, router first."""
+
+    prefill = decode = router = None
+
+    def stop(self) -> None:
+        for part in (self.router, self.decode, self.prefill):
+            if part is not None:
+                part.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class PdPair(RoutedPair):
+    """A prefill and a decode `CpuServer` on `model_path` with real KV transfer, and the router in front of them.
+
+    `ServerClient` calls on the pair itself (`generate`, `post`) go through the router. Both servers start
+    concurrently; if either fails, everything already started is stopped before the error propagates."""
+
+    def __init__(self, model_path: str, *, vradix: bool = True, decode_radix: bool = True,
+                 prefill_args: Sequence[str] = (), decode_args: Sequence[str] = (), env: Optional[dict] = None,
+                 startup_timeout: float = 600.0, timeout: float = 300.0):
+        self.bootstrap_port = free_port()
+        self.prefill: Optional[CpuServer] = None
+        self.decode: Optional[CpuServer] = None
+        self.router: Optional[Router] = None
+        server_env = with_pd_cpu_aid(dict(env or {}))
+        # the handshake compares weight_ids across the roles: equal weights must get equal ids (a nonce never does)
+        identity_flags = ["--vradix-weight-identity", "fingerprint"] if vradix else []
+        prefill_flags = ["--disaggregation-mode", "prefill", *TRANSFER_FLAGS,
+                         "--disaggregation-bootstrap-port", str(self.bootstrap_port), "--disable-overlap-schedule",
+                         *identity_flags, *prefill_args]
+        decode_flags = ["--disaggregation-mode", "decode", *TRANSFER_FLAGS,
+                        *(["--disaggregation-decode-enable-radix-cache"] if decode_radix else []), *identity_flags,
+                        *decode_args]
+
+        def start(flags):
+            return CpuServer(model_path, vradix=vradix, extra_args=flags, env=server_env,
+                             startup_timeout=startup_timeout, timeout=timeout)
+
+        started = start_servers(lambda: start(prefill_flags), lambda: start(decode_flags))
+        self.prefill, self.decode = started
+        try:
+            self.router = Router(self.prefill.url, self.bootstrap_port, self.decode.url, timeout=timeout)
+        except BaseException:
+            self.stop()
+            raise
+        super().__init__(self.router.url, timeout)
+
+    def bootstrap(self) -> dict:
+        """The bootstrap fields the router adds to a request, for a request sent to both roles directly."""
+        import random
+        return {"bootstrap_host": "127.0.0.1", "bootstrap_port": self.bootstrap_port,
+                "bootstrap_room": random.getrandbits(63)}
+
+    def publish_in_place(self, model_path: str, version: str) -> None:
+        """The RL publication on a P/D pair: pause both roles in place, update both (no flush), continue both."""
+        roles = (self.prefill, self.decode)
+        for server in roles:
+            server.pause("in_place")
+        for server in roles:
+            server.update_weights(model_path, version)
+        for server in roles:
+            server.resume()

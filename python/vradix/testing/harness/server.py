@@ -1,0 +1,180 @@
+"""Start and stop a real SGLang CPU server on a tiny model (tests, demo, benchmarks).
+
+`CpuServer` launches `python -m sglang.launch_server --device cpu ...` with the flags and environment from the CPU
+recipe, on a free loopback port, waits for `/health_generate` with a deadline, and always kills the process group.
+Its HTTP calls (`post`, `generate`, `server_info`, `vradix_info`, the publication calls) are `ServerClient`'s.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+import requests
+
+from vradix.testing import cpu_aids
+from vradix.testing.cpu_aids import hybrid as hybrid_aids
+from vradix.testing.harness.http import ServerClient
+from vradix.testing.harness.process import LoggedProcess
+
+CPU_FLAGS = [
+    "--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
+    "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
+    "--grammar-backend", "none", "--skip-tokenizer-init", "--host", "127.0.0.1",
+]
+
+
+BIND_RACE_LOST = "error while attempting to bind on address"
+START_ATTEMPTS = 3
+
+
+def free_port() -> int:
+    """A free loopback port below the kernel's ephemeral range.
+
+    The server binds its HTTP port only after model load, seconds later; an ephemeral port (what `bind(0)` returns)
+    can be taken in that window by any outgoing connection on the machine. SGLang picks its own late-bound ports the
+    same way (`get_free_port_below_ephemeral`)."""
+    from sglang.srt.utils.network import get_free_port_below_ephemeral
+
+    return get_free_port_below_ephemeral()
+
+
+def with_hicache_cpu_aids(env: dict, extra_args: list) -> list:
+    """A HiCache server on the CPU engine needs vradix's CPU aids (`vradix.testing.cpu_aids`): put their plugin on
+    the server's PYTHONPATH and select the copy path they provide, unless the caller chose a layout itself."""
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (cpu_aids.PLUGIN_PATH, env.get("PYTHONPATH")) if p)
+    if "--hicache-io-backend" not in extra_args:
+        extra_args = extra_args + cpu_aids.HICACHE_CPU_FLAGS
+    return extra_args
+
+
+def is_hybrid_model(model_path: str) -> bool:
+    """Whether the checkpoint is a Mamba2 hybrid the hybrid CPU aids serve (NemotronH, e.g.
+    `vradix.testing.models.hybrid`)."""
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            return json.load(f).get("model_type") == "nemotron_h"
+    except (OSError, ValueError):
+        return False
+
+
+def with_hybrid_cpu_aids(env: dict, extra_args: list) -> list:
+    """A Mamba2 hybrid on the CPU engine needs vradix's hybrid CPU aids (`vradix.testing.cpu_aids.hybrid`): put their
+    plugin on the server's PYTHONPATH and add the flags the CPU engine allows for a hybrid, unless the caller chose a
+    flag itself."""
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (hybrid_aids.PLUGIN_PATH, env.get("PYTHONPATH")) if p)
+    for flag, *value in hybrid_aids.HYBRID_CPU_FLAGS:
+        if flag not in extra_args:
+            extra_args = extra_args + [flag, *value]
+    return extra_args
+
+
+class ServerDied(RuntimeError):
+    pass
+
+
+class CpuServer(LoggedProcess, ServerClient):
+    stop_grace = 20.0  # a scheduler mid-batch on a loaded CPU takes a while to drain
+
+    def __init__(self, model_path: str, *, vradix: bool = True, extra_args: Sequence[str] = (),
+                 env: Optional[dict] = None, max_total_tokens: int = 8192, chunked_prefill_size: int = 1024,
+                 startup_timeout: float = 600.0, skip_tokenizer_init: bool = True, timeout: float = 300.0,
+                 python: Optional[str] = None, launcher: str = "sglang.launch_server",
+                 hybrid: Optional[bool] = None):
+        """`python`: the interpreter that runs the server (default: this one), e.g. another environment's.
+        `launcher`: the module run with `python -m` (`vradix.testing.harness.ray_cpu` for SGLang's Ray mode on CPU).
+        `hybrid`: load the hybrid (Mamba2) CPU aids and their flags; default: when the model is a hybrid."""
+        super().__init__("http://127.0.0.1", timeout)  # the port is chosen at launch
+        self.python = python or sys.executable
+        self.launcher = launcher
+        e = dict(os.environ)
+        e.update({"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                  "PYTHONUNBUFFERED": "1"})
+        e.pop("VRADIX_DISABLE", None)
+        e.pop("TRITON_INTERPRET", None)  # a test process's Triton interpreter is not a server setting
+        if not vradix:
+            e["VRADIX_DISABLE"] = "1"
+        e.update(env or {})
+        extra_args = list(extra_args)
+        if "--enable-hierarchical-cache" in extra_args:
+            extra_args = with_hicache_cpu_aids(e, extra_args)
+        if hybrid if hybrid is not None else is_hybrid_model(model_path):
+            extra_args = with_hybrid_cpu_aids(e, extra_args)
+        args = ["--max-total-tokens", str(max_total_tokens), "--chunked-prefill-size", str(chunked_prefill_size),
+                "--context-length", "4096", "--max-running-requests", "32",
+                *(f for f in CPU_FLAGS if skip_tokenizer_init or f != "--skip-tokenizer-init"), *extra_args]
+        for attempt in range(1, START_ATTEMPTS + 1):
+            self._launch(model_path, args, e)
+            if self._wait_ready(startup_timeout) or attempt == START_ATTEMPTS:
+                return
+            self.stop()  # another process took the port between our probe and the server's bind: start afresh
+
+    def _launch(self, model_path: str, args: list, env: dict) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="sglang-", suffix=".log", delete=False)
+        cmd = [self.python, "-m", self.launcher, "--model-path", model_path, "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def _wait_ready(self, timeout: float) -> bool:
+        """True once `/health_generate` answers; False when the server lost its HTTP port to another process (the
+        caller retries on a new port). Raises when the server dies or misses the deadline."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerDied(f"server exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if requests.get(self.url + "/health_generate", timeout=5).status_code == 200:
+                    return True
+            except requests.RequestException:
+                if BIND_RACE_LOST in self.logs():
+                    return False
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"server not ready in {timeout}s:\n{self.tail()}")
+
+
+def start_servers(*factories: Callable[[], CpuServer]) -> List[CpuServer]:
+    """Run each factory (a server start) concurrently, since start-up dominates on CPU. All start, or none is left
+    running: when one fails, the others are stopped and its error is raised."""
+    with concurrent.futures.ThreadPoolExecutor(len(factories)) as pool:
+        futures = [pool.submit(f) for f in factories]
+        concurrent.futures.wait(futures)
+    started = [f.result() for f in futures if f.exception() is None]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        for s in started:
+            s.stop()
+        raise errors[0]
+    return started
+
+
+@contextlib.contextmanager
+def servers(*factories: Callable[[], CpuServer]) -> Iterator[List[CpuServer]]:
+    """`start_servers` as a context: every server is stopped on exit."""
+    started = start_servers(*factories)
+    try:
+        yield started
+    finally:
+        for s in started:
+            s.stop()
+
+
+def fresh_stock_outputs(weights: Dict[str, str], compute: Callable[[CpuServer], Any], **server_kw) -> Dict[str, Any]:
+    """`{name: compute(server)}` as a fresh stock server on each checkpoint of `weights` ({name: path}, in order)
+    would answer: the oracle of the E2E tests. One process serves them all (start-up dominates on CPU): it starts on
+    the first checkpoint, and loads each next one with an idle flush, which resets stock SGLang's whole cache."""
+    names = list(weights)
+    out = {}
+    with CpuServer(weights[names[0]], vradix=False, **server_kw) as s:
+        for name in names:
+            if name != names[0]:
+                s.reset(weights[name], name)  # succeeds only once the cache is flushed
+            out[name] = compute(s)
+    return out

@@ -1,0 +1,97 @@
+"""The benchmark scripts whose tables the docs cite still run (tiny sizes; the figures themselves are not checked
+here). A renamed module or a changed API otherwise only shows up when someone re-measures."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+def run_script(*argv, timeout=600):
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")}
+    out = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_bench_publication_prints_both_tables():
+    out = run_script("benchmark/bench_publication.py", "--sizes", "500", "--repeats", "1", "--cores", "rust,python",
+                     "--steady-requests", "20", "--steady-runs", "1")
+    assert "# publication cost" in out and "# steady state" in out
+    assert "| rust | 500 |" in out and "| python | 500 |" in out
+
+
+@pytest.mark.e2e
+@pytest.mark.long  # two servers on paths the E2E backstop tests cover; the benchmark's own smoke, not CI's
+@pytest.mark.timeout(400)
+def test_bench_steady_state_smoke_prints_the_table():
+    """Starts one stock and one vradix CPU server (concurrently); greedy outputs must match (the script checks)."""
+    out = run_script("benchmark/bench_steady_state.py", "--smoke", timeout=380)
+    row = re.search(r"^\| lpm \| [\d.]+ \| [\d.]+ \| [+-][\d.]+% \| .* \| True \| (\d+) \| (\d+) \|$", out, re.M)
+    assert row, out
+    verified, host_reads = map(int, row.groups())
+    assert 0 < host_reads <= verified  # the strict guard's backstop ran: one host read per checked extend batch
+
+
+def test_bench_fingerprint_smoke_prints_the_table():
+    out = run_script("benchmark/bench_fingerprint.py", "--smoke")
+    assert re.search(r"^what +impl +device +bytes +time s +GB/s +s/GB", out, re.M)
+    assert re.search(r"^weight 1 MiB +torch +cpu +1048576 ", out, re.M)
+    assert re.search(r"^tiny llama \(module\) +torch +cpu +\d+ ", out, re.M)
+
+
+@pytest.mark.e2e
+@pytest.mark.long
+@pytest.mark.timeout(1200)
+def test_bench_hicache_smoke_prints_three_tables():
+    """Starts nine real CPU servers in two waves (about 4 minutes on 2 cores), on the paths test_e2e_hicache covers
+    already, so it is a long profile: `make test-long`."""
+    out = run_script("benchmark/bench_hicache.py", "--smoke", timeout=1100)
+    assert "# 1. in_place publication with L2 populated" in out and "\n| 1 | " in out
+    assert "| nonce (default) | False | 2 | 1200 |" in out and "| declared run1-step5 | True | 2 | 1200 |" in out
+    assert "| stock | 2 |" in out and "| vradix (nonce) | 2 |" in out
+
+
+@pytest.mark.parametrize("script", ["benchmark/bench_kernels.py", "benchmark/bench_fingerprint.py",
+                                    "benchmark/bench_hicache.py", "benchmark/tie_check.py",
+                                    "benchmark/soak_publications.py", "benchmark/bench_rl_rollout.py",
+                                    "benchmark/bench_steady_state.py",
+                                    "scripts/hook_table.py"])
+def test_every_script_answers_help(script):
+    assert "usage:" in run_script(script, "--help", timeout=300)
+
+
+def test_bench_inspector_prints_the_table():
+    out = run_script("benchmark/bench_inspector.py", "--cached-tokens", "4000", "--systems", "8", "--system-len", "64",
+                     "--suffix-len", "32", "--live", "4", "--iterations", "40", "--poll-every", "5")
+    for core in ("rust", "python"):
+        assert re.search(rf"^\| {core} \| no polling \| \d+ \|", out, re.M), out
+        assert re.search(rf"^\| {core} \| polled every 5 \| \d+ \| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$",
+                         out, re.M), out
+
+
+def test_gpu_check_pd_command_lines_parse_with_sglangs_own_parser():
+    """The P/D GPU check cannot run here (no GPU); its server command lines are at least ones SGLang 0.5.23 and
+    vradix accept, flag by flag (`ServerArgs.add_cli_args`, with vradix's flags registered by the plugin)."""
+    import argparse
+    import importlib.util
+
+    from sglang.srt.server_args import ServerArgs
+
+    from vradix.hooks.launcher import FLAG, add_identity_flag
+
+    spec = importlib.util.spec_from_file_location("gpu_check_pd", os.path.join(ROOT, "benchmark", "gpu_check_pd.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    if FLAG not in parser._option_string_actions:  # vradix's hook after ServerArgs.add_cli_args, if not yet applied
+        add_identity_flag(None, parser)
+    for name, args in script.command_lines("mooncake").items():
+        parsed = parser.parse_args(["--model-path", "m", "--port", "1", *args])
+        assert parsed.disaggregation_mode in ("prefill", "decode"), name
+        if "decode" in name:
+            assert parsed.hicache_storage_prefetch_policy == "wait_complete", name

@@ -1,0 +1,170 @@
+"""docs/coverage.md is the closed world, and this module holds it to its word (issue 20, requirement 1).
+
+- every row has a known verdict, and every test a row names exists (file and function, read with `ast`);
+- a "versioned", "refused" or "stock changed" row names at least one test;
+- every "refused at launch" row's flag stops SGLang's own argument check (`ServerArgs.check_server_args`, which the
+  launcher runs before any scheduler starts) with vradix's `UnversionedPathError` naming the flag, and every
+  `vradix.closed_world.unversioned.REFUSALS` entry has its row;
+- the rows marked `open` are exactly `KNOWN_OPEN` (a new open row, or a closed one left here, fails).
+"""
+import ast
+import pathlib
+import re
+import types
+
+import pytest
+
+from vradix.closed_world import unversioned
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+COVERAGE = ROOT / "docs" / "coverage.md"
+VERDICTS = ("versioned", "refused at launch", "refused at engine start", "refused at update", "no stale reuse",
+            "stock changed", "open")
+NEEDS_TEST = ("versioned", "refused at launch", "refused at engine start", "refused at update", "stock changed")
+
+#: rows not closed yet (docs/coverage.md "Open"): none; a row marked `open` again fails until it is named here
+KNOWN_OPEN: set = set()
+
+#: launch flags, besides the refused one, that SGLang's own checks need before vradix's check runs
+LAUNCH_CONTEXT = {
+    "pd-role-switch": ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake_tcp",
+                       "--vradix-weight-identity", "fingerprint"],
+    "spec-relaxed-accept": ["--speculative-algorithm", "NGRAM"],
+    "offload-meta": ["--offload-group-size", "2"],
+    "routed-experts-capture": ["--enable-hierarchical-cache", "--hicache-io-backend", "direct",
+                               "--hicache-mem-layout", "layer_first"],
+    "pd-decode-session": ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake_tcp",
+                          "--vradix-weight-identity", "fingerprint"],
+}
+#: rows whose flag SGLang accepts only for a vision-language model
+NEEDS_VL_MODEL = {"epd-encoder", "epd-language", "epd-global-store"}
+#: the value a refused flag is given at launch (a bare flag is a switch)
+FLAG_VALUE = {"radix-backend": ["foo"], "spec-relaxed-accept": ["0.5"], "offload-meta": ["meta"],
+              "elastic-ep": ["mooncake"]}
+
+
+def rows() -> list[dict]:
+    """The table rows of docs/coverage.md as dicts keyed by the header's columns."""
+    lines = [ln for ln in COVERAGE.read_text().splitlines() if ln.startswith("| ")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    out = []
+    for ln in lines[2:]:
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        assert len(cells) == len(header), f"malformed row: {ln[:80]}"
+        out.append(dict(zip(header, cells)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def vl_model(tmp_path_factory):
+    from vradix.testing.models.vl import generate
+    return generate(str(tmp_path_factory.mktemp("vl") / "A"), seed=1)
+
+
+ROWS = rows()
+ROW = {r["id"]: r for r in ROWS}
+
+
+def named_tests(row) -> list[str]:
+    return re.findall(r"`([\w/]+\.py::\w+)`", row["tests"])
+
+
+def functions_in(path: pathlib.Path) -> set:
+    tree = ast.parse(path.read_text())
+    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def test_every_row_has_a_verdict_and_its_tests_exist():
+    assert len(ROW) == len(ROWS), "row ids must be unique"
+    problems = []
+    for r in ROWS:
+        if r["verdict"] not in VERDICTS:
+            problems.append(f"{r['id']}: unknown verdict {r['verdict']!r}")
+        if r["verdict"] in NEEDS_TEST and not named_tests(r):
+            problems.append(f"{r['id']}: a {r['verdict']} row must name its test")
+        for node in named_tests(r):
+            file, name = node.split("::")
+            path = next((ROOT / "test").rglob(pathlib.Path(file).name), None)
+            if path is None or name not in functions_in(path):
+                problems.append(f"{r['id']}: names {node}, which does not exist")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_open_rows_are_the_known_ones():
+    assert {r["id"] for r in ROWS if r["verdict"] == "open"} == KNOWN_OPEN
+
+
+def refused_at_launch() -> list[str]:
+    return [r["id"] for r in ROWS if r["verdict"] == "refused at launch"]
+
+
+def flag_of(row_id: str) -> str:
+    """The first backticked `--flag` (or `ENV_VAR`) in the row's "turned on by" cell."""
+    return re.search(r"`(--[\w-]+|[A-Z][A-Z0-9_]+)", ROW[row_id]["turned on by"]).group(1)
+
+
+def test_every_refusal_has_its_row():
+    from vradix.closed_world import epd
+    flags = {flag_of(i) for i in refused_at_launch()}
+    refused = {r.flag.split()[0].split("/")[0] for r in unversioned.REFUSALS} | {f for _, f in epd.EPD_FLAGS}
+    assert refused <= flags
+
+
+@pytest.mark.parametrize("row_id", refused_at_launch())
+def test_a_refused_flag_stops_the_launch(row_id, models, vl_model, monkeypatch):
+    """SGLang's own parser and argument check with the row's flag: vradix's refusal names the flag; without it the
+    same launch passes the check (so the refusal, not another error, is what stops it)."""
+    from sglang.srt.server_args import prepare_server_args
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    model = vl_model if row_id in NEEDS_VL_MODEL else models[0]
+    base = ["--model-path", model, "--device", "cpu", "--attention-backend", "torch_native",
+            "--skip-tokenizer-init"] + LAUNCH_CONTEXT.get(row_id, [])
+    flag = flag_of(row_id)
+
+    def check(argv):
+        args = prepare_server_args(argv)
+        args.resolve_once()
+        args.check_server_args()
+
+    if flag.startswith("--"):
+        refused = base + [flag] + FLAG_VALUE.get(row_id, [])
+    else:  # an environment setting, above 0
+        monkeypatch.setenv(flag, "2")
+        refused = base
+    with pytest.raises(unversioned.UnversionedPathError, match=re.escape(flag)):
+        check(refused)
+    monkeypatch.delenv(flag, raising=False)
+    check(base)
+
+
+def test_a_prefix_cache_without_a_tree_core_is_refused_at_engine_start():
+    """The scheduler-start refusal (`hooks.startup.attach_to_scheduler`) on SGLang's real RadixCache, the class
+    FlexKV's and the pure-SWA caches extend: the engine does not start and the error says what to use instead."""
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    from vradix.hooks.startup import attach_to_scheduler
+    from vradix.testing.harness.cache_fixture import build_cache
+    cache = RadixCache(build_cache().cache.cache_init_params)
+    assert cache.supports_prefix_sharing()
+    with pytest.raises(RuntimeError, match="cannot version RadixCache.*--disable-radix-cache"):
+        attach_to_scheduler(None, types.SimpleNamespace(tree_cache=cache))
+
+
+def test_storage_keys_of_two_weight_identities_never_collide():
+    """External stores (the cache linker, HiCache L3) key pages with SGLang's `get_storage_hash_str`, seeded by the
+    request's `extra_key`: the same tokens stamped under two weight identities give disjoint page keys, and the same
+    identity gives the same keys (what lets an equal identity reuse storage)."""
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+    from vradix import namespace
+    tokens = list(range(100, 164))
+
+    def keys(weight_id):
+        return get_storage_hash_str(RadixKey(tokens, namespace.stamped(namespace.namespace(weight_id), None)),
+                                    page_size=16)
+
+    a, b = keys("fp:aaaa"), keys("fp:bbbb")
+    assert len(a) == len(b) == 4
+    assert not set(a) & set(b)
+    assert keys("fp:aaaa") == a

@@ -1,0 +1,301 @@
+"""E2E on real SGLang CPU servers: per-response provenance, verifiable state (server info, metrics, invalidation
+reports) and the fail-closed publish client, against vradix and against stock SGLang (VRADIX_DISABLE=1).
+
+One vradix server (with its tokenizer, for the OpenAI endpoint, and --enable-metrics) serves the whole module; the
+tests run in file order on it and each reads the epoch it starts from. The client tests share one stock server; the
+stock-fleet test starts a second one."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+import vradix
+from vradix.client import EngineHandle, PublishError, publish
+from vradix.predicate import UnsafeDeployment
+from vradix.testing.harness.scenario import LONG_PROMPT, PROBE, StreamingRequest
+from vradix.testing.harness.server import CpuServer, servers
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def server(models):
+    with CpuServer(models[0], skip_tokenizer_init=False, extra_args=["--enable-metrics"]) as s:
+        yield s
+        assert "Traceback" not in s.logs()
+
+
+@pytest.fixture(scope="module")
+def stock_fleet(models):
+    """Two stock SGLang servers (VRADIX_DISABLE=1), started together and shared by the client tests."""
+    with servers(lambda: CpuServer(models[0], vradix=False), lambda: CpuServer(models[0], vradix=False)) as fleet:
+        yield fleet
+
+
+@pytest.fixture(scope="module")
+def stock(stock_fleet):
+    return stock_fleet[0]
+
+
+def wait_for_progress(stream: StreamingRequest, tokens: int, timeout: float = 120.0) -> None:
+    """Block until the streaming request produced `tokens` more output tokens (polls its own chunks)."""
+    start = stream.final["meta_info"]["completion_tokens"]
+    deadline = time.monotonic() + timeout
+    while stream.final["meta_info"]["completion_tokens"] < start + tokens:
+        assert stream.error is None and time.monotonic() < deadline, "streaming request made no progress"
+        time.sleep(0.05)
+
+
+def publish_in_place(s, model, version):
+    assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    upd = s.post("/update_weights_from_disk", {"model_path": model, "flush_cache": False,
+                                               "weight_version": version}).json()
+    assert upd["success"], upd
+    assert s.post("/continue_generation").status_code == 200
+    return upd["message"]
+
+
+def test_provenance_in_meta_info_across_two_publications(server, models):
+    s = server
+    e0, w0 = s.vradix_info()["epoch"], s.vradix_info()["weight_id"]
+    first = s.generate(PROBE, 4)["meta_info"]
+    assert first["prefix_cache"] == {"cached_tokens": 0, "epoch": e0, "weight_version": "default", "weight_id": w0}
+    assert "kv_weight_versions" not in first  # never crossed a publication
+    assert s.generate(PROBE, 4)["meta_info"]["prefix_cache"]["cached_tokens"] == 200
+
+    stream = StreamingRequest(s.url, LONG_PROMPT, 300)
+    assert stream.started.wait(120)
+    msg = publish_in_place(s, models[1], "v2")
+    assert f"epoch {e0}->{e0 + 1}" in msg and "freed" in msg and "stale tokens pinned by 1 crossing" in msg
+    wait_for_progress(stream, 5)  # some KV computed under v2 before the next publication
+    publish_in_place(s, models[0], "v3")
+    final = stream.result()["meta_info"]
+    assert final["num_retractions"] == 0 and final["completion_tokens"] == 300
+
+    spans = final["kv_weight_versions"]  # on the final streaming chunk
+    total = len(LONG_PROMPT) + 300
+    assert [x["version"] for x in spans] == ["default", "v2", "v3"], spans
+    assert [x["epoch"] for x in spans] == [e0, e0 + 1, e0 + 2]
+    assert spans[0]["start"] == 0 and spans[-1]["end"] == total
+    assert all(a["end"] == b["start"] for a, b in zip(spans, spans[1:]))
+    assert len(LONG_PROMPT) <= spans[1]["start"] < spans[2]["start"] < total
+    # cross-check with SGLang's own per-output-token version spans: the token sampled last under the old weights is
+    # the first position whose KV is computed under the new ones
+    sglang_starts = [x["start"] for x in final["weight_versions"]]
+    assert [x["version"] for x in final["weight_versions"]] == ["default", "v2", "v3"]
+    assert [len(LONG_PROMPT) + k - 1 for k in sglang_starts[1:]] == [spans[1]["start"], spans[2]["start"]]
+    assert final["prefix_cache"]["epoch"] == e0  # the prompt matched (nothing) in the namespace of epoch e0
+    # the KV page ledger's `spans` kernel, read off the row at release, agrees (page size 1 here: exact starts)
+    ledger = final["kv_ledger_spans"]
+    assert [x["epoch"] for x in ledger] == [e0, e0 + 1, e0 + 2], ledger
+    assert [x["start"] for x in ledger] == [0, spans[1]["start"], spans[2]["start"]], (ledger, spans)
+
+    w2 = s.vradix_info()["weight_id"]
+    assert spans[0]["weight_id"] == w0 and spans[2]["weight_id"] == w2 and len({x["weight_id"] for x in spans}) == 3
+    after = s.generate(PROBE, 4)["meta_info"]
+    assert after["prefix_cache"] == {"cached_tokens": 0, "epoch": e0 + 2, "weight_version": "v3", "weight_id": w2}
+    r = s.post("/v1/completions", {"model": "m", "prompt": PROBE, "max_tokens": 2, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["metadata"]["prefix_cache"] == {"cached_tokens": 200, "epoch": e0 + 2, "weight_version": "v3",
+                                                    "weight_id": w2}
+    chat = {"model": "m", "messages": [{"role": "user", "content": " ".join(f"t{i}" for i in PROBE)}],
+            "max_tokens": 2, "temperature": 0}
+    r = s.post("/v1/chat/completions", chat)
+    assert r.status_code == 200, r.text
+    chat_prefix = r.json()["metadata"]["prefix_cache"]
+    assert (chat_prefix["epoch"], chat_prefix["weight_version"]) == (e0 + 2, "v3") and chat_prefix["cached_tokens"] > 0
+
+
+def test_server_info_metrics_and_flush_report(server):
+    s = server
+    v = s.vradix_info()
+    for key in ("active", "version", "tree_core", "epoch", "label", "publications", "stale_tokens_pinned",
+                "stale_tokens_freed_total", "stale_tokens_freed_last", "last_publication_latency_ms",
+                "last_publication"):
+        assert key in v, key
+    assert v["active"] and v["version"] == vradix.__version__ and v["tree_core"] == "RustUnifiedTreeCore"
+    assert v["publications"] >= 2 and v["stale_tokens_freed_total"] > 0 and v["last_publication_latency_ms"] > 0
+    assert v["last_publication"]["epoch_after"] == v["epoch"] and v["last_publication"]["label"] == v["label"]
+    metrics = requests.get(s.url + "/metrics", timeout=30).text
+    epoch_line = next(l for l in metrics.splitlines() if l.startswith("sglang:vradix_epoch{"))
+    assert float(epoch_line.rsplit(" ", 1)[1]) == v["epoch"]
+    assert "sglang:vradix_stale_tokens_pinned{" in metrics and "sglang:vradix_publications{" in metrics
+
+    stream = StreamingRequest(s.url, LONG_PROMPT, 100)
+    assert stream.started.wait(120)
+    assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    r = s.post("/flush_cache")
+    assert r.status_code == 200
+    assert f"vradix: epoch {v['epoch']}->{v['epoch'] + 1} (lock-aware flush" in r.text
+    assert "stale tokens pinned by 1 crossing request(s)" in r.text and " 0 stale tokens pinned" not in r.text
+    assert s.post("/continue_generation").status_code == 200
+    assert stream.result()["meta_info"]["num_retractions"] == 0
+    r = s.post("/flush_cache")  # idle: the stock full reset, still reported
+    assert r.status_code == 200 and "flush (idle reset)" in r.text
+
+
+def inspect_cli(url):
+    return subprocess.run([sys.executable, "-m", "vradix.inspector", "--url", url, "--limit", "3"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cache_inspector_after_a_publication_and_refused_without_vradix(server, stock, models):
+    s = server
+    for _ in range(3):  # cached once, then two hits on the probe prefix
+        s.generate(PROBE, 2)
+    top = requests.get(s.url + "/vradix/cache?limit=1&head=4", timeout=60).json()["top_prefixes"]["items"][0]
+    assert top["hits"] >= 2 and top["head_tokens"] == PROBE[:4] and top["lock_count"] == 0
+    e0 = s.vradix_info()["epoch"]
+    stream = StreamingRequest(s.url, LONG_PROMPT, 200)
+    assert stream.started.wait(120)
+    assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    upd = s.post("/update_weights_from_disk", {"model_path": models[1], "flush_cache": False,
+                                               "weight_version": "v-inspect"}).json()
+    assert upd["success"], upd
+    # while paused, the crossing request still pins its stale KV
+    view = requests.get(s.url + "/vradix/cache?limit=5", timeout=60).json()
+    current, older = view["epochs"][0], view["epochs"][1]
+    assert (current["epoch"], current["label"], current["current"]) == (e0 + 1, "v-inspect", True)
+    assert older["epoch"] == e0 and older["pinned_tokens"] >= len(LONG_PROMPT) and len(older["pinned_by"]) == 1
+    assert view["stale"]["crossing_requests"] == 1 and view["stale"]["pinned_tokens"] == older["pinned_tokens"]
+    assert view["top_prefixes"]["items"][0]["stale"]  # the probe prefix is of the older epoch now
+    out = inspect_cli(s.url)
+    assert out.returncode == 0, out.stderr
+    assert "label='v-inspect'" in out.stdout and "pinned by 1 crossing request(s)" in out.stdout, out.stdout
+    assert s.post("/continue_generation").status_code == 200
+    assert stream.result()["meta_info"]["completion_tokens"] == 200
+    bad = requests.get(s.url + "/vradix/cache?limit=100000", timeout=60)
+    assert bad.status_code == 400 and "limit" in bad.json()["error"]
+
+    r = requests.get(stock.url + "/vradix/cache", timeout=30)
+    assert r.status_code == 404
+    out = inspect_cli(stock.url)
+    assert out.returncode == 2 and f"vradix is not active on {stock.url}" in out.stderr, (out.returncode, out.stderr)
+
+
+def test_publish_client_on_vradix_engine_in_place_and_fail_closed(server, models):
+    s = server
+    before = s.vradix_info()["epoch"]
+    stream = StreamingRequest(s.url, LONG_PROMPT, 200)
+    assert stream.started.wait(120)
+    (res,) = publish(s.url, models[1], "c1")
+    assert res.verified and res.vradix and res.state == "running"
+    assert res.plan.pause_mode == "in_place" and not res.plan.flush
+    assert res.epochs_before == [before] and res.epochs_after == [before + 1] and res.label_after == "c1"
+    assert res.identity_mode == "nonce" and res.weight_ids_after[0].startswith("nonce:")
+    assert res.weight_ids_after != res.weight_ids_before
+    assert stream.result()["meta_info"]["num_retractions"] == 0  # in_place: the in-flight request kept its KV
+    prefix = s.generate(PROBE, 2)["meta_info"]["prefix_cache"]
+    assert prefix["weight_version"] == "c1" and prefix["weight_id"] == res.weight_ids_after[0]
+
+    cli = [sys.executable, "-m", "vradix.publish", "--url", s.url]
+    ok = subprocess.run(cli + ["--model-path", models[0], "--version", "c2"], capture_output=True, text=True,
+                        timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    line = json.loads(ok.stdout.strip().splitlines()[-1])
+    assert line["verified"] and line["label_after"] == "c2" and line["epochs_after"] == [before + 2]
+    assert line["weight_ids_after"] == [s.vradix_info()["weight_id"]] != res.weight_ids_after
+
+    bad = subprocess.run(cli + ["--model-path", "/nonexistent/weights", "--version", "c3"], capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 2
+    assert "NOT verified" in bad.stderr and "left paused(in_place)" in bad.stderr
+    assert "update_weights_from_disk failed" in bad.stderr
+    # it really is paused: a generation does not complete until the operator continues the engine
+    with pytest.raises(requests.Timeout):
+        requests.post(s.url + "/generate", json={"input_ids": PROBE, "sampling_params": {"max_new_tokens": 1}},
+                      timeout=5)
+    assert s.post("/continue_generation").status_code == 200
+    assert s.generate(PROBE, 2)["meta_info"]["weight_version"] == "c2"  # still serving the last verified label
+
+
+def test_publish_client_on_stock_engine_retracts_flushes_and_verifies_with_a_probe(server, stock, models):
+    s = stock
+    assert s.vradix_info() is None
+    with pytest.raises(UnsafeDeployment, match="in_place pause on an engine without vradix"):
+        publish(s.url, models[1], "s0", pause_mode="in_place")  # rejected before touching the engine
+    stream = StreamingRequest(s.url, LONG_PROMPT, 200)
+    assert stream.started.wait(120)
+    (res,) = publish(s.url, models[1], "s1", seed=7)
+    assert res.verified and not res.vradix and res.state == "running"
+    assert (res.plan.pause_mode, res.plan.radix_enabled, res.plan.flush) == ("retract", True, True)
+    assert res.probe_cached_before > 0  # the probe was really cached before the publication...
+    assert res.probe_cached_after == 0  # ...and really gone after it
+    assert res.label_after == "s1"
+    final = stream.result()["meta_info"]
+    assert final["num_retractions"] >= 1 and final["completion_tokens"] == 200
+    # fail closed on stock too: a failed update leaves the engine paused and says so
+    with pytest.raises(PublishError) as e:
+        publish(s.url, "/nonexistent/weights", "s2")
+    assert "left paused(retract)" in str(e.value) and e.value.results[0].state == "paused(retract)"
+    assert s.post("/continue_generation").status_code == 200
+    assert s.generate(PROBE, 2)["meta_info"]["weight_version"] == "s1"
+
+    # a mixed fleet (vradix + stock): each engine gets its own plan, and the result is all-or-nothing
+    fleet = [server.url, s.url]
+    ok = publish(fleet, models[0], "m1", seed=3)
+    assert [r.verified for r in ok] == [True, True]
+    assert [r.plan.pause_mode for r in ok] == ["in_place", "retract"] and ok[1].probe_cached_after == 0
+
+    def transfer(engine, version):  # a framework's own transfer, failing on the second engine
+        if engine.url == s.url:
+            raise RuntimeError("simulated transfer failure on the stock engine")
+        engine.post_ok("/update_weights_from_disk", {"model_path": models[1], "weight_version": version,
+                                                     "flush_cache": False})
+
+    with pytest.raises(PublishError) as e:
+        publish(fleet, transfer, "m2")
+    assert [r.state for r in e.value.results] == ["paused(in_place)", "paused(retract)"]
+    assert not any(r.verified for r in e.value.results)  # the updated vradix engine is not reported published
+    assert "simulated transfer failure" in str(e.value) and "engines left paused" in str(e.value)
+    for url in fleet:
+        assert requests.post(url + "/continue_generation", json={}, timeout=60).status_code == 200
+
+
+class RewarmedProbe(EngineHandle):
+    """Fault injection with real servers and real HTTP: the probe prompt is sent once more right before each read, so
+    the read after the flush reports a hit, exactly what an engine whose flush did not take would report."""
+
+    def probe_cached_tokens(self, input_ids):
+        self.generate_ids(input_ids)
+        return super().probe_cached_tokens(input_ids)
+
+
+def test_publish_client_stock_fleet_is_all_or_nothing_across_probes(stock_fleet, models):
+    s1, s2 = stock_fleet
+    fleet = [s1.url, s2.url]
+
+    def second_probe_fails(url, timeout):
+        return (RewarmedProbe if url == s2.url else EngineHandle)(url, timeout)
+
+    with pytest.raises(PublishError) as e:
+        publish(fleet, models[1], "f1", seed=11, engine_factory=second_probe_fails)
+    r1, r2 = e.value.results
+    assert r2.probe_cached_after > 0 and "probe prefix still cached" in r2.error
+    # the first engine's probe passed, but it is neither reported verified nor left serving
+    assert [r.state for r in (r1, r2)] == ["paused(retract)", "paused(retract)"], str(e.value)
+    assert not r1.verified and not r2.verified and "engines left paused" in str(e.value)
+    assert r1.checks_passed and "NOT verified (its own checks passed), left paused(retract)" in str(e.value)
+    for url in fleet:  # really paused: a generation does not complete until the engine is continued
+        with pytest.raises(requests.Timeout):
+            requests.post(url + "/generate", json={"input_ids": PROBE, "sampling_params": {"max_new_tokens": 1}},
+                          timeout=5)
+    for url in fleet:
+        assert requests.post(url + "/continue_generation", json={}, timeout=60).status_code == 200
+    for url in fleet:  # both serve again (the updated but unverified weights: the operator chose to continue)
+        r = requests.post(url + "/generate", json={"input_ids": PROBE, "sampling_params": {"max_new_tokens": 2}},
+                          timeout=120)
+        assert r.status_code == 200 and r.json()["meta_info"]["weight_version"] == "f1", r.text
+
+    # on_failure="continue" keeps its meaning: the same failure, every engine resumed, none reported verified
+    with pytest.raises(PublishError) as e:
+        publish(fleet, models[0], "f2", seed=12, engine_factory=second_probe_fails, on_failure="continue")
+    assert [r.state for r in e.value.results] == ["running", "running"]
+    assert not any(r.verified for r in e.value.results)
+    # and without the fault the same fleet publishes: both probes go from a hit to 0, both verified and running
+    ok = publish(fleet, models[0], "f3", seed=13)
+    assert [(r.verified, r.state) for r in ok] == [(True, "running"), (True, "running")]
+    assert all(r.probe_cached_before > 0 and r.probe_cached_after == 0 for r in ok)

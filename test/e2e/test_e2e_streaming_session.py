@@ -1,0 +1,77 @@
+"""E2E: a streaming session (`--enable-streaming-session`, SGLang's multi-turn agent path) across an in_place
+publication, on real SGLang CPU servers with tiny float32 models. Turn 1 runs on weights A, B is published in place
+(no flush), turn 2 follows. Stock SGLang lends turn 2 the session slot's KV computed under A; vradix re-prefills the
+history under B. The oracle is the whole history on B as a fresh stock server answers it (`fresh_stock_outputs`'s
+method: a stock server that loaded B with an idle flush, which resets its whole cache)."""
+import pytest
+
+from vradix.testing.harness.server import CpuServer, start_servers
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
+
+SESSION_ARGS = ["--enable-streaming-session"]
+TURN1 = [(i * 7) % 400 + 20 for i in range(64)]
+TURN2 = [33, 44, 55]
+TURN3 = [66, 77]
+NEW_TOKENS = 4
+
+
+def open_streaming_session(server) -> str:
+    r = server.post("/open_session", {"capacity_of_str_len": 1 << 16, "streaming": True})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def turn(server, session_id: str, tokens) -> dict:
+    return server.generate(tokens, NEW_TOKENS, session_params={"id": session_id})
+
+
+def publish_in_place(server, model: str) -> None:
+    """What an RL trainer does: pause in place, load the new weights without a flush, continue."""
+    server.pause("in_place")
+    server.update_weights(model, "v2", flush=False)
+    server.resume()
+
+
+def session_across_publication(server, new_model: str) -> dict:
+    """Turn 1, an in_place publication, turn 2, turn 3: each turn's answer."""
+    sid = open_streaming_session(server)
+    out = {"t1": turn(server, sid, TURN1)}
+    publish_in_place(server, new_model)
+    out["t2"] = turn(server, sid, TURN2)
+    out["t3"] = turn(server, sid, TURN3)
+    assert server.post("/close_session", {"session_id": sid}).status_code == 200
+    return out
+
+
+def test_streaming_session_turn_after_publication_is_computed_under_the_new_weights(models):
+    stock, vr = start_servers(lambda: CpuServer(models[0], vradix=False, extra_args=SESSION_ARGS),
+                              lambda: CpuServer(models[0], extra_args=SESSION_ARGS))
+    try:
+        got = {"stock": session_across_publication(stock, models[1]),
+               "vradix": session_across_publication(vr, models[1])}
+        info = vr.vradix_info()
+        # the oracle: a stock server that loaded B with an idle flush answers each turn's whole history afresh
+        stock.reset(models[1], "B")
+        t1 = got["vradix"]["t1"]["output_ids"]
+        assert got["stock"]["t1"]["output_ids"] == t1  # both served turn 1 on A
+        history2 = TURN1 + t1 + TURN2
+        oracle2 = stock.generate(history2, NEW_TOKENS)["output_ids"]
+        t2 = got["vradix"]["t2"]
+        oracle3 = stock.generate(history2 + t2["output_ids"] + TURN3, NEW_TOKENS)["output_ids"]
+    finally:
+        stock.stop()
+        vr.stop()
+
+    # stock: turn 2 reuses the slot's KV computed under A (its whole committed history) under B's label
+    s2 = got["stock"]["t2"]
+    assert s2["meta_info"]["cached_tokens"] >= len(TURN1) and s2["meta_info"]["weight_version"] == "v2"
+    assert s2["output_ids"] != oracle2, "stock should have served old-weight session KV"
+    # vradix: turn 2 re-prefills the whole history under B, exactly as a fresh server on B answers it
+    assert t2["meta_info"]["cached_tokens"] == 0 and t2["output_ids"] == oracle2
+    prefix = t2["meta_info"]["prefix_cache"]
+    assert prefix["epoch"] == 1 and prefix["weight_version"] == "v2"
+    # and turn 3, in the same epoch, borrows the slot again (exact reuse), still equal to the fresh answer
+    t3 = got["vradix"]["t3"]
+    assert t3["meta_info"]["cached_tokens"] >= len(history2) and t3["output_ids"] == oracle3
+    assert info["session_slots_released"] == 1 and info["kv_ledger"]["violations_caught"] == 0

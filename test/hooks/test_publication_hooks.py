@@ -1,0 +1,542 @@
+"""The weight-update hook bodies of `vradix.hooks.publication`, called as the HookRegistry calls them, on a real
+SGLang UnifiedRadixCache (real pools, a real Req holding KV) and a real `SchedulerWeightUpdaterManager`.
+
+Stand-ins (where a real object cannot be built on CPU without a launched engine):
+- `StubScheduler` (the fixture's `SchedulerView` plus two bound methods) exposes only the attributes the hooks and
+  SGLang's own `Scheduler.flush_cache` / `Scheduler.record_weight_version_change` read; those two are SGLang's real
+  (hooked) methods, bound to it;
+- the updater is SGLang's real class, built without `__post_init__` (which needs an initialized TP process group),
+  its `flush_cache` bound to the real hooked `Scheduler.flush_cache`, its TP worker serving no model runner (a test
+  that needs one serves it: `test_weight_derived.serving_runners`);
+- each `original` plays SGLang's update body: it calls the updater's real `record_weight_version_after_update` and
+  `flush_cache_after_weight_update`, or raises after "touching weights".
+"""
+import types
+
+import pytest
+import torch
+
+from sglang.srt.managers.io_struct import (UpdateWeightFromDiskReqInput, UpdateWeightFromDiskReqOutput,
+                                           UpdateWeightsFromDistributedReqInput,
+                                           UpdateWeightsFromDistributedReqOutput, UpdateWeightsFromIPCReqInput,
+                                           UpdateWeightsFromIPCReqOutput, UpdateWeightsFromTensorReqInput,
+                                           UpdateWeightsFromTensorReqOutput)
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWeightUpdaterManager
+
+from vradix.core.admission import stamp
+from vradix.hooks import launcher, publication
+from vradix.core.state import attach
+from vradix.testing.harness.cache_fixture import SchedulerView, build_cache
+
+
+class StubScheduler(SchedulerView):
+    """The fixture's scheduler view, plus what the publication hooks and SGLang's flush / relabel bodies read (see
+    module doc)."""
+
+    def __init__(self, fx, live):
+        super().__init__(fx, running=live)
+        self.hisparse_coordinator, self.enable_overlap = None, False
+        self.flush_cache = types.MethodType(Scheduler.flush_cache, self)
+        self.record_weight_version_change = types.MethodType(Scheduler.record_weight_version_change, self)
+
+
+class Engine:
+    def __init__(self):
+        self.fx = build_cache("rust", 1, kv_tokens=1024)
+        self.state = attach(self.fx.cache)
+        req = self.fx.make_req(list(range(10, 40)))
+        stamp(self.state, req)
+        self.fx.admit(req)
+        self.fx.prefill(req)  # a running request holding KV: a flush now would be a lock-aware bump
+        self.scheduler = StubScheduler(self.fx, [req])
+        u = SchedulerWeightUpdaterManager.__new__(SchedulerWeightUpdaterManager)
+        u.scheduler, u._session, u.metrics_collector = self.scheduler, None, None
+        u.flush_cache = self.scheduler.flush_cache
+        u.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model_config=None),
+                                            weight_update_runners=lambda: [])
+        u.draft_worker = None
+        self.updater = u
+        self.touched = 0
+
+    def counters(self):
+        return self.state.epoch, self.state.publications, self.state.flushes
+
+
+@pytest.fixture
+def engine():
+    return Engine()
+
+
+def disk_request(label, **kw):
+    return UpdateWeightFromDiskReqInput(model_path="/weights/B", weight_version=label, **kw)
+
+
+def succeeding_update(engine, out_cls=UpdateWeightFromDiskReqOutput):
+    """SGLang's success path of an update call: weights loaded, version recorded, then the flush it asks for."""
+    def original(updater, recv_req):
+        engine.touched += 1
+        updater.record_weight_version_after_update(recv_req.weight_version)
+        ok, msg = updater.flush_cache_after_weight_update(recv_req, True, "Succeeded to update model weights.")
+        return out_cls(success=ok, message=msg)
+    return original
+
+
+def test_successful_update_bumps_once_although_the_flush_runs(engine):
+    epoch, pubs, flushes = engine.counters()
+    out = publication.publish_update_from_disk(succeeding_update(engine), engine.updater, disk_request("B1"))
+    assert out.success, out.message
+    assert engine.counters() == (epoch + 1, pubs + 1, flushes)  # the flush did not bump a second time
+    assert engine.state.label == "B1" and engine.state.update_scope is None
+    assert "epoch 0->1 (update_weights_from_disk" in out.message
+
+
+def test_exception_after_weights_were_touched_propagates_without_a_bump(engine):
+    before = engine.counters()
+
+    def original(updater, recv_req):
+        engine.touched += 1  # weights may have changed (e.g. the rollback reload raised)
+        raise RuntimeError("rollback reload failed")
+
+    with pytest.raises(RuntimeError, match="rollback reload failed"):
+        publication.publish_update_from_disk(original, engine.updater, disk_request("B1"))
+    assert engine.counters() == before and engine.state.update_scope is None
+
+
+def test_exception_in_the_bump_itself_propagates(engine, monkeypatch):
+    """vradix's own bump/audit failing is not reported as a failed update followed by a second, conservative bump on
+    a half-evicted tree: it stops the engine like any scheduler error."""
+    real_bump, calls = publication.bump_scheduler, []
+
+    def bump_failing_once(*a, **kw):
+        calls.append(kw["reason"])
+        if len(calls) == 1:
+            raise AssertionError("audit found a leak")
+        return real_bump(*a, **kw)
+
+    monkeypatch.setattr(publication, "bump_scheduler", bump_failing_once)
+    with pytest.raises(AssertionError, match="audit found a leak"):
+        publication.publish_update_from_disk(succeeding_update(engine), engine.updater, disk_request("B1"))
+    assert calls == ["update_weights_from_disk"]
+
+
+def test_returned_failure_after_touching_weights_bumps_once_conservatively(engine):
+    epoch, pubs, flushes = engine.counters()
+
+    def original(updater, recv_req):
+        engine.touched += 1
+        return UpdateWeightFromDiskReqOutput(success=False, message="Failed to update weights: x. Rolling back.")
+
+    out = publication.publish_update_from_disk(original, engine.updater, disk_request("B1"))
+    assert not out.success and "(conservative)" in out.message
+    assert engine.counters() == (epoch + 1, pubs + 1, flushes)
+
+
+@pytest.mark.parametrize("load_format", ["bogus", "dummy"])
+def test_load_format_refused_before_loading_does_not_bump(engine, load_format):
+    before = engine.counters()
+    out = publication.publish_update_from_disk(succeeding_update(engine), engine.updater,
+                                               disk_request("B1", load_format=load_format))
+    assert not out.success and "refused" in out.message and load_format in out.message
+    assert engine.touched == 0 and engine.counters() == before
+
+
+def tensor_bucket(engine, label, success=True):
+    def original(updater, recv_req):
+        engine.touched += 1
+        if success:
+            updater.record_weight_version_after_update(recv_req.weight_version)
+            ok, msg = updater.flush_cache_after_weight_update(recv_req, True, "Success")
+            return UpdateWeightsFromTensorReqOutput(success=ok, message=msg)
+        return UpdateWeightsFromTensorReqOutput(success=False, message="bad bucket")
+    return original, UpdateWeightsFromTensorReqInput(serialized_named_tensors=[], weight_version=label)
+
+
+def open_session(engine):
+    def begin(updater, recv_req):
+        updater._session = "open"
+        return types.SimpleNamespace(success=True, message="Success")
+    publication.open_weight_session(begin, engine.updater, None)
+
+
+def end_session(engine):
+    def end(updater, recv_req):
+        updater._session = None
+        return types.SimpleNamespace(success=True, message="Success")
+    return publication.publish_on_session_end(end, engine.updater, None)
+
+
+@pytest.mark.parametrize("buckets", [0, 1, 3])
+def test_a_session_is_one_publication_whatever_its_buckets(engine, buckets):
+    epoch, pubs, flushes = engine.counters()
+    open_session(engine)
+    for i in range(buckets):
+        original, req = tensor_bucket(engine, f"B{i}")
+        out = publication.publish_update_from_tensor(original, engine.updater, req)
+        assert out.success and f"bucket {i + 1} of a weight-update session" in out.message
+        assert engine.counters() == (epoch, pubs, flushes)  # neither the bucket nor its flush bumped
+    assert engine.state.session.buckets == buckets
+    out = end_session(engine)
+    assert engine.counters() == (epoch + 1, pubs + 1, flushes)
+    assert engine.state.session is None
+    if buckets:
+        assert engine.state.label == f"B{buckets - 1}" and f"label='B{buckets - 1}'" in out.message
+    else:
+        assert "no bucket: P2P/RDMA" in out.message
+
+
+def test_a_failed_bucket_does_not_bump_the_session_end_does(engine):
+    epoch, pubs, _ = engine.counters()
+    open_session(engine)
+    original, req = tensor_bucket(engine, "B0", success=False)
+    assert not publication.publish_update_from_tensor(original, engine.updater, req).success
+    assert engine.counters()[:2] == (epoch, pubs)
+    assert "1 failed" in end_session(engine).message and engine.counters()[:2] == (epoch + 1, pubs + 1)
+
+
+def test_a_tensor_update_without_a_session_touches_nothing_and_does_not_bump(engine):
+    before = engine.counters()
+
+    def rejected(updater, recv_req):  # SGLang 0.5.23 rejects it before touching weights
+        return UpdateWeightsFromTensorReqOutput(success=False, message="must run between begin and end")
+
+    out = publication.publish_update_from_tensor(rejected, engine.updater, tensor_bucket(engine, "B0")[1])
+    assert not out.success and engine.counters() == before
+
+
+# ---- launcher-side request checks ----------------------------------------------------------------------------------
+BAD_DISK_REQUESTS = [
+    (dict(model_path=123), "model_path=123"), (dict(model_path=""), "model_path is empty"),
+    (dict(model_path="x", load_format="bogus"), "is not a valid LoadFormat"),
+    (dict(model_path="x", load_format=5), "load_format=5"),
+    (dict(model_path="x", flush_cache="maybe"), "flush_cache='maybe'"),
+    (dict(model_path="x", recapture_cuda_graph=1), "recapture_cuda_graph=1"),
+    (dict(model_path="x", token_step=True), "token_step=True"),
+    (dict(model_path="x", weight_version=""), "invalid weight_version label"),
+]
+
+
+@pytest.mark.parametrize("fields,why", BAD_DISK_REQUESTS)
+def test_launcher_refuses_malformed_disk_updates(fields, why):
+    with pytest.raises(ValueError, match=why.replace("(", r"\(")):
+        launcher.check_disk_update_request(UpdateWeightFromDiskReqInput(**fields))
+
+
+@pytest.mark.parametrize("load_format", [None, "auto", "SAFETENSORS", "pt"])
+def test_launcher_accepts_every_load_format_sglang_knows(load_format):
+    launcher.check_disk_update_request(UpdateWeightFromDiskReqInput(model_path="x", load_format=load_format,
+                                                                    weight_version="v1", token_step=3))
+
+
+def test_distributed_buckets_in_a_session_are_one_publication(engine):
+    epoch, pubs, flushes = engine.counters()
+    open_session(engine)
+    for i in range(2):
+        req = UpdateWeightsFromDistributedReqInput(names=["w"], dtypes=["float32"], shapes=[[1]], group_name="g",
+                                                   weight_version=f"D{i}")
+        out = publication.publish_update_from_distributed(
+            succeeding_update(engine, UpdateWeightsFromDistributedReqOutput), engine.updater, req)
+        assert out.success and engine.counters() == (epoch, pubs, flushes)
+    assert "2 bucket(s), 0 failed" in end_session(engine).message
+    assert engine.counters() == (epoch + 1, pubs + 1, flushes) and engine.state.label == "D1"
+
+
+def test_an_ipc_update_without_a_session_is_one_publication(engine):
+    epoch, pubs, flushes = engine.counters()
+    req = UpdateWeightsFromIPCReqInput(zmq_handles={}, weight_version="I1")
+    out = publication.publish_update_from_ipc(succeeding_update(engine, UpdateWeightsFromIPCReqOutput),
+                                              engine.updater, req)
+    assert out.success and "epoch 0->1" in out.message
+    assert engine.counters() == (epoch + 1, pubs + 1, flushes) and engine.state.label == "I1"
+
+
+# regression (review): when the target runner loaded but a later (draft) runner failed, SGLang still flushes; the
+# lock-aware flush bumped, then the failed call bumped again conservatively — two bumps for one update call
+def test_a_failed_update_whose_flush_runs_bumps_once(engine):
+    epoch, pubs, flushes = engine.counters()
+
+    def target_loaded_draft_failed(updater, recv_req):
+        engine.touched += 1
+        ok, msg = updater.flush_cache_after_weight_update(recv_req, False, "draft runner failed")
+        return UpdateWeightFromDiskReqOutput(success=ok, message=msg)
+
+    out = publication.publish_update_from_disk(target_loaded_draft_failed, engine.updater, disk_request("B1"))
+    assert not out.success and "conservative" in out.message
+    assert engine.counters() == (epoch + 1, pubs + 1, flushes)
+
+
+class LauncherStandIn:
+    """The TokenizerManager attributes the session hooks read: `is_pause` and the pause / continue coroutines."""
+
+    def __init__(self):
+        self.is_pause = False
+
+    async def pause_generation(self, obj):
+        self.is_pause = True
+
+    async def continue_generation(self, obj):
+        self.is_pause = False
+
+
+# regression (review): a begin_weight_update that raised left the pause the session had just taken in place forever
+def test_a_begin_that_raises_does_not_leave_generation_paused():
+    import asyncio
+
+    tm = LauncherStandIn()
+
+    async def raising_begin(tm, obj):
+        raise RuntimeError("communicator failed")
+
+    with pytest.raises(RuntimeError, match="communicator failed"):
+        asyncio.run(launcher.hold_generation_for_session(raising_begin, tm, None))
+    assert not tm.is_pause
+
+
+def test_an_end_that_fails_says_generation_stays_paused():
+    import asyncio
+
+    tm = LauncherStandIn()
+
+    async def begin(tm, obj):
+        return True, "Success"
+
+    async def failing_end(tm, obj):
+        return False, "no weight-update session is open"
+
+    assert asyncio.run(launcher.hold_generation_for_session(begin, tm, None))[0] and tm.is_pause
+    ok, message = asyncio.run(launcher.release_generation_after_session(failing_end, tm, None))
+    assert not ok and "generation stays paused" in message and tm.is_pause
+
+
+# ---- weight identity (declared mode): the label is the identity; a reused declaration is refused before loading ----
+def declared_engine():
+    e = Engine()
+    e.state.identity_mode = "declared"
+    return e
+
+
+def test_declared_mode_names_each_publication_by_its_label():
+    e = declared_engine()
+    out = publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request("run-1/step-2"))
+    assert out.success and e.state.weight_id == "declared:run-1/step-2"
+    assert "weight_id=declared:run-1/step-2" in out.message
+
+
+def test_declared_mode_refuses_an_identity_an_earlier_publication_used_and_changes_nothing():
+    e = declared_engine()
+    publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request("step-2"))
+    publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request("step-3"))
+    before = (e.counters(), e.state.weight_id, e.state.label, e.touched)
+    out = publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request("step-2"))
+    assert not out.success and "already used by an earlier publication" in out.message
+    assert (e.counters(), e.state.weight_id, e.state.label, e.touched) == before
+
+
+@pytest.mark.parametrize("label", ["x" * 200, "   "])
+def test_declared_mode_refuses_an_unusable_declaration_before_loading(label):
+    e = declared_engine()
+    before = (e.counters(), e.state.weight_id, e.touched)
+    out = publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request(label))
+    assert not out.success and "invalid declared weight identity" in out.message
+    assert (e.counters(), e.state.weight_id, e.touched) == before
+
+
+def test_declared_mode_gives_a_publication_that_keeps_its_label_a_nonce():
+    e = declared_engine()
+    publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request("step-2"))
+    out = publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request(None))
+    assert out.success and e.state.epoch == 2 and e.state.weight_id.startswith("nonce:")
+
+
+def test_declared_mode_keeps_the_label_when_a_relabel_reuses_an_identity():
+    """`/update_weight_version` has no failure reply: a reused declaration leaves label, epoch and identity as
+    they were (the scheduler-side guard)."""
+    e = declared_engine()
+    publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request("step-2"))
+    publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request("step-3"))
+    before = (e.counters(), e.state.weight_id, publication.current_label())
+    e.scheduler.record_weight_version_change("step-2")
+    assert (e.counters(), e.state.weight_id, publication.current_label()) == before
+    e.scheduler.record_weight_version_change("step-4")
+    assert e.state.weight_id == "declared:step-4" and e.state.epoch == before[0][0] + 1
+
+
+# ---- weight identity (fingerprint mode): the identity is the content fingerprint of the loaded model ----
+def fingerprint_engine():
+    import torch
+    e = Engine()
+    e.state.identity_mode = "fingerprint"
+    torch.manual_seed(0)
+    e.model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    e.scheduler.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=e.model))
+    return e
+
+
+def test_fingerprint_mode_proves_equal_weights_and_tells_different_ones_apart():
+    import torch
+    e = fingerprint_engine()
+    update = succeeding_update(e)
+    publication.publish_update_from_disk(update, e.updater, disk_request("a"))
+    first = e.state.weight_id
+    assert first.startswith("fp:") and e.state.identities[e.state.epoch].identity.source == "fingerprint"
+    original = e.model[0].weight[3, 5].item()
+    with torch.no_grad():
+        e.model[0].weight[3, 5] = torch.nextafter(torch.tensor(original), torch.tensor(1.0))  # one bit: new weights
+    publication.publish_update_from_disk(update, e.updater, disk_request("b"))
+    assert e.state.weight_id != first
+    with torch.no_grad():
+        e.model[0].weight[3, 5] = original
+    publication.publish_update_from_disk(update, e.updater, disk_request("c"))
+    assert e.state.weight_id == first  # the same bytes again: the same identity, proven
+    # ... but a namespace of its own inside this process (suffixed by the epoch)
+    assert e.state.prefix_of_epoch(e.state.epoch) != e.state.prefix_of_epoch(e.state.epoch - 2)
+    assert e.state.last_publication.identity_ms > 0  # the fingerprint's cost is reported with each publication
+
+
+def test_a_prefill_publication_crosses_requests_still_sending_kv_and_rebinds_those_awaiting_bootstrap():
+    """P/D prefill role: a request whose prompt prefill computed and is still sending to decode sits only in
+    `disagg_prefill_inflight_queue` (no batch holds it). It crosses the publication: when its transfer ends, SGLang's
+    `release_kv_cache(checkpoint=True)` frees its old-weights KV instead of inserting it, and nothing stale stays in
+    the tree. A request still waiting for decode's bootstrap holds nothing and is re-bound. Before prefill's queues
+    were swept, the sent request was no holder: it inserted old-weights KV after the publication."""
+    fx = build_cache("rust", 1, kv_tokens=1024)
+    state = attach(fx.cache)
+    sending = fx.running(state, list(range(10, 40)))
+    awaiting = fx.make_req(list(range(50, 80)))
+    stamp(state, awaiting)
+    key_before = awaiting.extra_key
+    scheduler = StubScheduler(fx, [])
+    scheduler.disagg_prefill_inflight_queue = [sending]
+    scheduler.disagg_prefill_bootstrap_queue = types.SimpleNamespace(queue=[awaiting])
+    inv = publication.bump_scheduler(scheduler, reason="update_weights_from_disk", label="B")
+    assert inv.requeued_rebound == 1 and awaiting._vradix.epoch == state.epoch and awaiting.extra_key != key_before
+    assert inv.crossing_requests == 1 and sending._vradix.crossed and sending.skip_radix_cache_insert
+    fx.finish(sending)  # the transfer succeeded: SGLang releases the request's KV with checkpoint=True
+    assert state.crossing == {} and fx.cache.evictable_size() + fx.cache.protected_size() == 0
+    assert fx.idle_invariant_holds()
+
+
+def decode_request(req, poll, promised=0):
+    """SGLang's real `DecodeRequest` around `req`, with SGLang's real `FakeKVReceiver` brought to `poll` (the states a
+    mooncake receiver passes through: Bootstrapping until prefill's bootstrap, WaitingForInput once the promise is
+    sent and until prefill reports the KV sent, then Success) and the real `DecodePrefixMatch` of a `promised`-token
+    prefix from decode's cache (the request's locked prefix, as `_match_prefix_and_lock` built it)."""
+    from sglang.srt.disaggregation.base import KVPoll
+    from sglang.srt.disaggregation.decode import DecodeRequest
+    from sglang.srt.disaggregation.decode_hicache_mixin import DecodePrefixMatch
+    from sglang.srt.disaggregation.fake.conn import FakeKVReceiver
+
+    receiver = FakeKVReceiver(mgr=None, bootstrap_addr="127.0.0.1:8998", bootstrap_room=len(req.rid))
+    if poll != KVPoll.Bootstrapping:
+        receiver.init(0)
+    if poll == KVPoll.Success:
+        receiver.send_metadata([])
+    assert receiver.poll() == poll
+    match = None
+    if promised:
+        assert req.prefix_len == promised
+        match = DecodePrefixMatch(prefix_indices=torch.zeros(promised, dtype=torch.int64), l2_host_hit_length=0,
+                                  l3_storage_hit_length=0, last_device_node=req.last_node)
+    return DecodeRequest(req=req, kv_receiver=receiver, prefix_match=match)
+
+
+def pre_allocate(fx, req):
+    """What decode's pre-allocation does before it promises prefill a prefix: match and lock the prefix, take a row,
+    and allocate the slots prefill will write the rest of the prompt into (`alloc_for_decode_prealloc`)."""
+    fx.admit(req)
+    n = len(req.origin_input_ids)
+    locs = fx._alloc(req.prefix_len, n - req.prefix_len)
+    fx.req_pool.write((req.kv.req_pool_idx, slice(req.prefix_len, n)), locs.to(torch.int32))
+    req.kv.kv_allocated_len = req.kv.kv_committed_len = n
+
+
+def test_a_decode_publication_revokes_unfulfilled_promises_crosses_fulfilled_ones_and_rebinds_the_waiting():
+    """P/D decode role, at a publication (`vradix.pd.revocation`):
+    - a transfer-queue request that promised prefill a prefix of decode's cache under the old identity, and whose KV
+      prefill has not reported sent (receiver WaitingForInput), is revoked: it fails with a 503 naming the
+      publication and both identities, its receiver is aborted (prefill is told), and SGLang's failed-transfer path
+      (its generic 500, then `release_kv_cache(checkpoint=False)`) keeps that 503 and inserts nothing;
+    - a transfer-queue request whose KV prefill already sent (Success) crosses: keeps its KV, never inserts it;
+    - a transfer-queue request that promised nothing from decode's cache crosses (the handshake alone decides it);
+    - a prealloc-queue request (nothing matched or promised yet) is re-bound to the new namespace.
+    Before revocation was built, the unfulfilled promise crossed like the others and kept its old-identity prefix."""
+    from sglang.srt.disaggregation.base import KVPoll
+    from sglang.srt.disaggregation.utils import prepare_abort
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+    from sglang.srt.mem_cache import common
+
+    fx = build_cache("rust", 1, kv_tokens=1024)
+    state = attach(fx.cache)
+    fx.finish(fx.running(state, list(range(10, 40))))  # decode's cache holds a 30-token prompt under identity A
+    cached = fx.cache.evictable_size()
+    old_id = state.weight_id
+    unfulfilled, received = fx.make_req(list(range(10, 50))), fx.make_req(list(range(10, 45)))
+    unpromised, waiting = fx.make_req(list(range(100, 130))), fx.make_req(list(range(50, 80)))
+    for r in (unfulfilled, received, unpromised, waiting):
+        stamp(state, r)
+    for r in (unfulfilled, received, unpromised):
+        pre_allocate(fx, r)
+    key_before = waiting.extra_key
+    scheduler = StubScheduler(fx, [])
+    scheduler.disagg_decode_prealloc_queue = types.SimpleNamespace(
+        queue=[decode_request(waiting, KVPoll.Bootstrapping)], pending_reqs=[], retracted_queue=[])
+    transfer = [decode_request(unfulfilled, KVPoll.WaitingForInput, promised=30),
+                decode_request(received, KVPoll.Success, promised=30),
+                decode_request(unpromised, KVPoll.WaitingForInput)]
+    scheduler.disagg_decode_transfer_queue = types.SimpleNamespace(queue=transfer, gloo_group=None)
+
+    inv = publication.bump_scheduler(scheduler, reason="update_weights_from_disk", label="B")
+
+    assert inv.requeued_rebound == 1 and waiting._vradix.epoch == state.epoch and waiting.extra_key != key_before
+    for r in (unfulfilled, received, unpromised):
+        assert r._vradix.crossed and r.skip_radix_cache_insert and r._vradix.epoch == 0
+    assert received.finished_reason is None and unpromised.finished_reason is None
+    reason = unfulfilled.finished_reason
+    assert isinstance(reason, FINISH_ABORT) and reason.status_code == 503, reason
+    for part in ("promise revoked", f"epoch {state.epoch}", repr(old_id), repr(state.weight_id), "first 30 prompt"):
+        assert part in reason.message, (part, reason.message)
+    assert inv.promises_revoked == 1 and "1 unfulfilled P/D promise(s) revoked" in inv.summary()
+    assert transfer[0].kv_receiver.poll() == KVPoll.Failed  # aborted: the mooncake receiver tells prefill here
+    assert transfer[1].kv_receiver.poll() == KVPoll.Success and transfer[2].kv_receiver.poll() == KVPoll.WaitingForInput
+
+    # SGLang's pop_transferred on the Failed receiver: its generic 500 (through the installed hook), then the release
+    # without insert
+    from sglang.srt.disaggregation import decode
+    assert decode.prepare_abort is prepare_abort  # the reference pop_transferred calls is the hooked one
+    prepare_abort(unfulfilled, "Decode transfer failed ... Aborted by AbortReq.", status_code=500)
+    assert unfulfilled.finished_reason.status_code == 503 and unfulfilled.finished_reason.message == reason.message
+    common.release_kv_cache(unfulfilled, fx.cache, checkpoint=False)
+    assert fx.cache.evictable_size() + fx.cache.protected_size() <= cached  # nothing of it was inserted
+    for r in (received, unpromised):
+        fx.finish(r)  # committed and served later: crossing requests free their KV instead of inserting it
+    assert state.crossing == {} and fx.idle_invariant_holds()
+
+    # an abort of any other request stays SGLang's
+    other = fx.make_req([1, 2, 3])
+    stamp(state, other)
+    prepare_abort(other, "Aborted by AbortReq.", status_code=500)
+    assert other.finished_reason.status_code == 500 and other.finished_reason.message == "Aborted by AbortReq."
+
+def test_a_restore_that_came_up_short_is_answered_503_naming_the_lost_pages():
+    """SGLang's failed-transfer path, as `DecodeTransferQueue.pop_transferred` calls it when a decode HiCache restore
+    came up short of its promise: its generic 500 becomes a retryable 503 that says pages were lost and keeps SGLang's
+    own message; an abort without SGLang's lost-restore marker stays SGLang's."""
+    from sglang.srt.disaggregation import decode
+    from sglang.srt.disaggregation.utils import prepare_abort
+
+    from vradix.pd import lost_restore
+
+    fx = build_cache("rust", 1, kv_tokens=256)
+    state = attach(fx.cache)
+    short, other = fx.make_req(list(range(10, 40))), fx.make_req(list(range(50, 60)))
+    for r in (short, other):
+        stamp(state, r)
+    sglang_message = (f"Decode transfer failed for request rank=0 decode_req.req.rid='{short.rid}' "
+                      f"decode_req.req.bootstrap_room=7 {lost_restore.MARKER}")
+    assert decode.prepare_abort is prepare_abort  # the reference pop_transferred calls is the hooked one
+    prepare_abort(short, sglang_message, status_code=500)
+    assert short.finished_reason.status_code == 503
+    assert "came up short" in short.finished_reason.message and sglang_message in short.finished_reason.message
+    prepare_abort(other, "Decode transfer failed ... KV transfer failed", status_code=500)
+    assert other.finished_reason.status_code == 500
+    assert other.finished_reason.message == "Decode transfer failed ... KV transfer failed"

@@ -1,0 +1,166 @@
+"""The KV page ledger against SGLang's real UnifiedRadixCache and allocators (both tree cores, page sizes 1/16):
+it stays in step with writes and frees, the sample guard detects a corrupted prefix in a batch (the strict guard's
+backstop: test_backstop.py), and the post-publication audit finds a leaked page (and repairs it on request)."""
+import pytest
+import torch
+
+from vradix.core import epochs
+from vradix.ledger import guard
+from vradix.core.admission import stamp
+from vradix.ledger.guard import GuardConfig, GuardConfigError
+from vradix.kernels import FREE
+from vradix.testing.harness.cache_fixture import seq
+
+
+
+def admitted(fx, state, tokens):
+    req = fx.make_req(tokens)
+    stamp(state, req)
+    hit = fx.admit(req)
+    return req, hit
+
+
+def row_pages(fx, req, n):
+    slots = fx.req_pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
+    return torch.unique(slots // fx.page_size)
+
+
+def bump(fx, state, live=()):
+    return epochs.bump(state, fx.cache, list(live), [], reason="test", label=f"v{state.epoch + 1}")
+
+
+def audit(fx, state, live=()):
+    return guard.audit(state.guard, state.guard_stats, state.ledger, fx.cache, list(live), state.epoch)
+
+
+def test_ledger_follows_writes_frees_and_epochs(env):
+    fx, state = env
+    pe = state.ledger.page_epoch
+    assert bool((pe == FREE).all())
+    a, _ = admitted(fx, state, seq(10, 64) + [1])
+    fx.prefill(a)
+    pages_a = row_pages(fx, a, 65)
+    assert set(pe[pages_a].tolist()) == {0}
+    fx.finish(a)
+    bump(fx, state)  # frees every unlocked stale node
+    assert set(pe[pages_a].tolist()) == {FREE}
+    assert bool((pe == FREE).all())
+    b, hit = admitted(fx, state, seq(10, 64) + [2])
+    assert hit == 0
+    fx.prefill(b)
+    assert set(pe[row_pages(fx, b, 65)].tolist()) == {1}
+    fx.finish(b)
+
+
+def test_sample_guard_detects_a_corrupted_row_in_a_batch(env):
+    fx, state = env
+    reqs = []
+    for i in range(3):
+        r, _ = admitted(fx, state, seq(100 * i + 10, 40) + [i])
+        fx.prefill(r, checkpoint=False)
+        reqs.append(r)
+    rows, lens, epochs = [r.kv.req_pool_idx for r in reqs], [40] * 3, [0] * 3
+    r2t = fx.req_pool.req_to_token
+    assert guard.batch_violations(state.ledger, r2t, rows, lens, epochs).count == 0
+    state.ledger.page_epoch[int(r2t[rows[1], 33]) // fx.page_size] = 3
+    found = guard.batch_violations(state.ledger, r2t, rows, lens, epochs)
+    assert found.count >= 1 and found.first_index == 1 and found.first_pos <= 33
+    assert found.first_pos == 33 - 33 % fx.page_size  # the first position on the corrupted page
+    for r in reqs:
+        fx.finish(r)
+
+
+def test_audit_is_clean_with_a_crossing_request_and_after_its_release(env):
+    fx, state = env
+    crossing, _ = admitted(fx, state, seq(10, 80) + [1])
+    fx.prefill(crossing)
+    bump(fx, state, live=[crossing])
+    assert audit(fx, state, live=[crossing]) == 0  # its stale pages are pinned by its row, not leaked
+    fx.decode(crossing, 5)
+    fx.finish(crossing)
+    bump(fx, state)
+    assert audit(fx, state) == 0 and state.guard_stats.leaked_pages_total == 0
+    assert fx.idle_invariant_holds()
+
+
+@pytest.mark.parametrize("mode", ["report", "repair"])
+def test_audit_finds_a_leaked_page_and_repairs_it(env, mode):
+    fx, state = env
+    state.guard = GuardConfig(verify="strict", audit=mode)
+    leaked = fx.allocator.alloc(fx.page_size * 2)  # written by a forward, then forgotten by everyone
+    state.ledger.stamp_written(leaked, state.epoch)
+    r, _ = admitted(fx, state, seq(10, 30) + [1])
+    fx.prefill(r)
+    fx.finish(r)
+    bump(fx, state)
+    assert not fx.idle_invariant_holds()  # the leak is real: the allocator is short of two pages
+    assert audit(fx, state) == 2 and state.guard_stats.leaked_pages_last == 2
+    if mode == "repair":
+        assert state.guard_stats.leaked_pages_repaired == 2
+        assert fx.idle_invariant_holds()
+        assert audit(fx, state) == 0
+    else:
+        assert audit(fx, state) == 2  # still there: report mode only counts
+
+
+def test_guard_config_rejects_bad_values(monkeypatch):
+    monkeypatch.setenv("VRADIX_VERIFY", "paranoid")
+    with pytest.raises(GuardConfigError, match="VRADIX_VERIFY='paranoid'"):
+        GuardConfig.from_env()
+    monkeypatch.setenv("VRADIX_VERIFY", "sample")
+    monkeypatch.setenv("VRADIX_VERIFY_SAMPLE_EVERY", "0")
+    with pytest.raises(GuardConfigError, match="positive integer"):
+        GuardConfig.from_env()
+    monkeypatch.setenv("VRADIX_VERIFY_SAMPLE_EVERY", "4")
+    monkeypatch.setenv("VRADIX_AUDIT", "REPAIR")
+    assert GuardConfig.from_env() == GuardConfig(verify="sample", sample_every=4, audit="repair")
+
+
+def test_repair_never_frees_a_page_the_tree_holds(env):
+    """A stale node kept by a lock that is not a live request's (a session, a pin) is still the tree's: the audit
+    must not call its pages leaked, and repair must not free them under the tree."""
+    fx, state = env
+    state.guard = GuardConfig(verify="strict", audit="repair")
+    r, _ = admitted(fx, state, seq(10, 40) + [1])
+    fx.prefill(r)
+    fx.finish(r)
+    q, hit = admitted(fx, state, seq(10, 40) + [2])
+    pin = fx.cache.lock(q.last_node)  # held outside any request
+    fx.cache.unlock(q.lock)
+    q.lock = None
+    fx.req_pool.free(q)
+    bump(fx, state)  # q is gone from the live set; the pinned stale node stays in the tree
+    tree = set(fx.cache.tree_core.all_values_flatten().tolist())
+    assert len(tree) >= hit > 0
+    available = fx.allocator.available_size()
+    assert audit(fx, state) == 0 and state.guard_stats.leaked_pages_repaired == 0
+    assert fx.allocator.available_size() == available and not tree & set(free_slots(fx))
+    fx.cache.unlock(pin)
+
+
+def free_slots(fx):
+    pages = fx.allocator.free_pages.tolist()
+    return pages if fx.page_size == 1 else [p * fx.page_size + i for p in pages for i in range(fx.page_size)]
+
+
+def test_guard_only_detects_with_more_than_one_rank(env):
+    """TP/PP > 1 (faked at the config level): each rank would decide from its own ledger, so a strict violation is
+    counted but the request runs (every rank runs the same batch), and repair does not free."""
+    fx, state = env
+    state.guard = GuardConfig(verify="strict", audit="repair").for_ranks(tp_size=2)
+    assert state.guard.detect_only and GuardConfig().for_ranks(tp_size=1).detect_only is False
+    P = seq(10, 64)
+    w, _ = admitted(fx, state, P + [1])
+    fx.prefill(w)
+    fx.finish(w)
+    cached = fx.cache.tree_core.collect_full_device_indices(w.last_node, fx.cache.root_node_handle(w.extra_key))
+    state.ledger.page_epoch[int(cached[40]) // fx.page_size] = 7
+    seen, hit = admitted(fx, state, P + [3])
+    fx.prefill(seen)
+    assert hit == 64 and not seen.skip_radix_cache_insert and seen.discard_output_reason is None  # runs unchanged
+    assert state.guard_stats.violations_caught == 1 and "detected only" in state.guard_stats.last_violation
+    fx.finish(seen)
+    leaked = fx.allocator.alloc(fx.page_size)
+    state.ledger.stamp_written(leaked, state.epoch)
+    bump(fx, state)
+    assert audit(fx, state) == 1 and state.guard_stats.leaked_pages_repaired == 0  # reported, not freed

@@ -1,0 +1,102 @@
+"""Fail-closed install (issue: hardening, item 1): the entry-point module imports only the standard library, any
+failure inside `register()` stops the process with an error naming vradix, test faults announce themselves, and an
+SGLANG_PLUGINS allow-list that leaves vradix out is warned about."""
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from vradix import plugin
+from vradix.testing.harness.server import CPU_FLAGS, free_port
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+#: make one vradix step unimportable, the way a broken dependency or a packaging error would
+BLOCK_IMPORT = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "vradix.core.reclaim":
+            raise ImportError("simulated broken dependency of vradix.core.reclaim")
+sys.meta_path.insert(0, Block())
+"""
+
+
+def run_python(code: str, **env) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("VRADIX_", "SGLANG_PLUGINS"))}
+    e.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=e)
+
+
+def test_entry_point_module_imports_only_the_standard_library():
+    """...and `vradix.settings`, which is standard library only itself."""
+    out = run_python("import sys, vradix.plugin; "
+                     "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sglang', 'torch', 'triton') "
+                     "or (m.startswith('vradix.') and m != 'vradix.plugin')))")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['vradix.settings']"
+
+
+# regression: before, vradix.plugin imported the hook bodies at module load, so this import error made SGLang's
+# load_plugins() log and skip vradix, and the process went on to serve an unversioned cache
+def test_a_broken_import_inside_vradix_stops_load_plugins_with_an_error_naming_vradix():
+    out = run_python(BLOCK_IMPORT + "from sglang.srt.plugins import load_plugins\nload_plugins()\n"
+                     "print('SERVING-UNVERSIONED')")
+    assert "SERVING-UNVERSIONED" not in out.stdout
+    assert out.returncode != 0
+    assert "vradix 0.1.0 failed to install (ImportError: simulated broken dependency" in out.stderr
+    assert "refusing to serve an unversioned radix cache" in out.stderr
+
+
+def test_the_import_fault_switch_stops_a_real_launch_and_is_announced(models):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("VRADIX_")}
+    e.update({"SGLANG_USE_CPU_ENGINE": "1", "VRADIX_FAULT_IMPORT": "1"})
+    out = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", models[0],
+                          "--port", str(free_port()), *CPU_FLAGS], capture_output=True, text=True, timeout=240, env=e)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "TEST FAULT ACTIVE: VRADIX_FAULT_IMPORT='1'" in text
+    assert "vradix 0.1.0 failed to install (ImportError: VRADIX_FAULT_IMPORT" in text
+
+
+def test_disabled_installs_nothing_and_says_so(caplog):
+    out = run_python("from sglang.srt.plugins import load_plugins\nload_plugins()\n"
+                     "from sglang.srt.mem_cache import common\nprint(hasattr(common.match_kv_cache, '__wrapped__'))",
+                     VRADIX_DISABLE="1")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"
+    assert "installed but disabled by VRADIX_DISABLE" in out.stderr
+
+
+@pytest.mark.parametrize("allow,disable,warns", [("other", "", True), ("other,vradix", "", False), ("", "", False),
+                                                 ("other", "1", False)])
+def test_an_allow_list_that_excludes_vradix_is_warned_about(allow, disable, warns):
+    import io
+    buf = io.StringIO()
+    plugin._warned_excluded = False
+    env = {"SGLANG_PLUGINS": allow, "VRADIX_DISABLE": disable}
+    assert plugin.warn_if_excluded(env, buf) is warns
+    assert ("serve an UNVERSIONED radix cache" in buf.getvalue()) is warns
+    plugin._warned_excluded = False
+
+
+def test_the_startup_check_runs_at_interpreter_start_once():
+    """The .pth the wheel ships (and `make setup` places) runs the check in every process of the environment."""
+    out = run_python("pass", SGLANG_PLUGINS="other")
+    assert out.stderr.count("excludes it: SGLang engines started from this environment") == 1, out.stderr
+    assert run_python("pass", SGLANG_PLUGINS="vradix").stderr == ""
+
+
+def test_the_wheel_ships_the_entry_point_and_the_startup_check(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path), ROOT], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "VRADIX_BUILD_CUDA": "0"})
+    assert out.returncode == 0, out.stderr
+    (whl,) = tmp_path.glob("sglang_vradix-*.whl")
+    with zipfile.ZipFile(whl) as z:
+        names = z.namelist()
+        assert "vradix-plugin-check.pth" in names
+        eps = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "[sglang.srt.plugins]" in eps and "vradix = vradix.plugin:register" in eps

@@ -1,0 +1,41 @@
+"""The wheel ships every CPU aid's plugin metadata: each `*.dist-info` folder under `python/vradix` is matched by a
+`package_data` glob of setup.py (a wheel install without one cannot start that kind of CPU server)."""
+import ast
+import fnmatch
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PKG = ROOT / "python" / "vradix"
+
+
+def package_data() -> dict:
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "package_data":
+            return ast.literal_eval(node.value)
+    raise AssertionError("setup.py has no package_data")
+
+
+def shipped(path: pathlib.Path, data: dict) -> bool:
+    for package, globs in data.items():
+        base = ROOT / "python" / package.replace(".", "/")
+        if base in path.parents:
+            rel = path.relative_to(base).as_posix()
+            if any(fnmatch.fnmatch(rel, g) for g in globs):
+                return True
+    return False
+
+
+def test_every_cpu_aid_metadata_file_is_in_package_data():
+    data = package_data()
+    files = [f for d in PKG.rglob("*.dist-info") for f in d.iterdir() if f.is_file()]
+    assert len(files) >= 8, files  # four aids, METADATA + entry_points.txt each
+    missing = [str(f.relative_to(ROOT)) for f in files if not shipped(f, data)]
+    assert not missing, f"not in setup.py package_data: {missing}"
+
+
+def test_the_check_sees_a_missing_glob():
+    data = package_data()
+    pd_meta = next(PKG.rglob("pd_plugin/*.dist-info/METADATA"))
+    without = {k: [g for g in v if not g.startswith("pd_plugin/")] for k, v in data.items()}
+    assert shipped(pd_meta, data) and not shipped(pd_meta, without)

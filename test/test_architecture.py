@@ -1,0 +1,147 @@
+"""The package's shape (docs/architecture.md): which package may import which, and no import circles.
+
+Every `import`/`from ... import` of a vradix module inside `python/vradix` is read with `ast`, including imports
+inside functions (a lazy import is still a dependency). A package may import only the layers below it; the root
+vocabulary (`request`, `namespace`, `identity`, `settings`, `predicate`) is below everything; `testing` may import
+anything and nothing of the product imports it (the demo is a tool). A new module must be given a layer here."""
+import ast
+import pathlib
+
+import pytest
+
+PKG = pathlib.Path(__file__).resolve().parents[1] / "python" / "vradix"
+
+#: layer -> the layers it may import (besides itself)
+ALLOWED = {
+    "vocabulary": {"kernels"},
+    "kernels": set(),
+    "ledger": {"vocabulary", "kernels"},
+    "core": {"vocabulary", "kernels", "ledger"},
+    "closed_world": {"vocabulary"},
+    "l3": {"vocabulary", "kernels", "ledger", "core"},
+    "pd": {"vocabulary", "kernels", "ledger", "core"},
+    "observability": {"vocabulary", "kernels", "ledger", "core"},
+    "scheduler": {"vocabulary", "kernels", "ledger", "core", "closed_world", "l3", "pd", "observability"},
+    "hooks": {"vocabulary", "kernels", "ledger", "core", "closed_world", "l3", "pd", "observability", "scheduler"},
+    "plugin": {"vocabulary", "hooks"},
+    "tools": {"vocabulary"},
+    "demo": {"vocabulary", "tools", "testing"},
+    "testing": {"vocabulary", "kernels", "ledger", "core", "closed_world", "l3", "pd", "observability", "scheduler",
+                "hooks", "plugin", "tools"},
+}
+ROOT_MODULES = {"__init__": "vocabulary", "request": "vocabulary", "namespace": "vocabulary", "identity": "vocabulary",
+                "settings": "vocabulary", "predicate": "vocabulary", "plugin": "plugin", "client": "tools",
+                "publish": "tools", "inspector": "tools", "demo": "demo", "_C": "kernels"}
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if module == "vradix._C":
+        return "kernels"
+    if len(parts) == 1:
+        return "vocabulary"
+    if parts[1] in ALLOWED:
+        return parts[1]
+    if parts[1] in ROOT_MODULES:
+        return ROOT_MODULES[parts[1]]
+    raise AssertionError(f"{module} has no layer in test_architecture.py")
+
+
+def imports_of(path: pathlib.Path, module: str):
+    """(imported vradix module, line, top level?) for every import in the file."""
+    tree = ast.parse(path.read_text())
+    top = {id(n) for n in tree.body}
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            names = [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name == "vradix" or name.startswith("vradix."):
+                yield name, node.lineno, id(node) in top
+
+
+def modules():
+    return {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def resolve(name: str, known) -> str:
+    """`from vradix.core import state` names both `vradix.core` and `vradix.core.state`: keep the modules."""
+    if name == "vradix._C":  # the compiled CUDA extension, built by setup.py
+        return name
+    while name not in known and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def test_every_import_goes_down_the_layers():
+    known = modules()
+    bad = []
+    for module, path in known.items():
+        mine = layer_of(module)
+        for name, line, _ in imports_of(path, module):
+            target = resolve(name, known)
+            theirs = layer_of(target)
+            if theirs != mine and theirs not in ALLOWED[mine]:
+                bad.append(f"{path.relative_to(PKG.parent)}:{line}: {mine} imports {target} ({theirs})")
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_no_import_circles():
+    known = modules()
+    graph = {m: {resolve(n, known) for n, _, top in imports_of(p, m) if top} - {m} for m, p in known.items()}
+    # a package's __init__ importing its own submodules is how a package is built, not a circle
+    graph = {m: {t for t in ts if not m.startswith(t + ".") or known[t].name != "__init__.py"} for m, ts in graph.items()}
+    seen, stack, circles = set(), [], []
+
+    def visit(m):
+        if m in stack:
+            circles.append(" -> ".join(stack[stack.index(m):] + [m]))
+            return
+        if m in seen:
+            return
+        seen.add(m)
+        stack.append(m)
+        for t in sorted(graph.get(m, ())):
+            visit(t)
+        stack.pop()
+
+    for m in sorted(graph):
+        visit(m)
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_only_the_hooks_package_names_hook_targets():
+    """A hook target (an `sglang.srt...` path registered with HookRegistry) is written only in `vradix.hooks`."""
+    from vradix.hooks import HOOKS
+
+    targets = {t for t, _, _ in HOOKS}
+    bad = []
+    for module, path in modules().items():
+        if layer_of(module) == "hooks":
+            continue
+        text = path.read_text()
+        bad += [f"{module}: {t}" for t in targets if f'"{t}"' in text]
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("bad_import", ["from vradix.hooks import publication", "import vradix.testing.harness.server"])
+def test_the_layer_check_sees_an_upward_import(tmp_path, bad_import):
+    """The check itself can fail: an upward import written into a core module is reported."""
+    path = PKG / "core" / "state.py"
+    fake = tmp_path / "state.py"
+    fake.write_text(path.read_text() + "\n" + bad_import + "\n")
+    known = modules()
+    layers = {layer_of(resolve(n, known)) for n, _, _ in imports_of(fake, "vradix.core.state")}
+    assert layers - ALLOWED["core"] - {"core"} == {bad_import.split()[1].split(".")[1]}
