@@ -145,3 +145,29 @@ def test_the_layer_check_sees_an_upward_import(tmp_path, bad_import):
     known = modules()
     layers = {layer_of(resolve(n, known)) for n, _, _ in imports_of(fake, "vradix.core.state")}
     assert layers - ALLOWED["core"] - {"core"} == {bad_import.split()[1].split(".")[1]}
+
+
+#: test/<folder> -> what its tests exercise: a vradix package, or one of the groups that span packages
+TEST_FOLDERS = {"core": "vradix.core", "ledger": "vradix.ledger", "kernels": "vradix.kernels", "l3": "vradix.l3",
+                "pd": "vradix.pd", "closed_world": "vradix.closed_world", "hooks": "vradix.hooks",
+                "observability": "vradix.observability", "testing": "vradix.testing",
+                "e2e": "real servers, every package at once", "benchmark": "benchmark/",
+                "packaging": "setup.py, scripts/, docs/"}
+#: test files at the top of test/ -> the root module they test
+ROOT_TESTS = {"test_architecture.py": "the layout itself", "test_identity.py": "vradix.identity",
+              "test_plugin.py": "vradix.plugin", "test_predicate.py": "vradix.predicate",
+              "test_request_state.py": "vradix.request", "test_settings.py": "vradix.settings"}
+
+
+def test_every_test_file_lives_under_the_package_it_tests():
+    tests = PKG.parents[1] / "test"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == TEST_FOLDERS.keys(), "test folders without a package here, or listed and gone"
+    for folder, what in TEST_FOLDERS.items():
+        if what.startswith("vradix."):
+            assert (PKG / folder / "__init__.py").exists(), f"test/{folder} mirrors no package"
+    top = {p.name for p in tests.glob("test_*.py")}
+    assert top <= ROOT_TESTS.keys(), f"test files at the top of test/ that test no root module: {top - ROOT_TESTS.keys()}"
+    for name, module in ROOT_TESTS.items():
+        if module.startswith("vradix.") and (tests / name).exists():
+            assert (PKG / (module.split(".")[1] + ".py")).exists(), f"{name} names {module}, which does not exist"

@@ -11,7 +11,7 @@ import pytest
 from vradix import plugin
 from vradix.testing.harness.server import CPU_FLAGS, free_port
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 #: make one vradix step unimportable, the way a broken dependency or a packaging error would
 BLOCK_IMPORT = """
