@@ -56,8 +56,9 @@ def test_replacement_wheel_is_upstream_byte_for_byte_plus_the_plugin(wheels):
     assert len(copied) > 5000 and all(new[n] == data for n, data in copied.items())
     plugin_files = {n: d for n, d in pl.items() if not n.startswith(f"sglang_vradix-{__version__}.dist-info/")}
     assert "vradix-plugin-check.pth" in plugin_files and all(new[n] == d for n, d in plugin_files.items())
-    # the CPU aids' plugin metadata ships too (a HiCache or VLM CPU server run from a wheel install needs it)
+    # the CPU aids' plugin metadata ships too (a HiCache, P/D, hybrid or VLM CPU server run from a wheel install needs it)
     assert {"vradix/testing/cpu_aids/plugin/vradix_cpu_aids-0.dist-info/entry_points.txt",
+            "vradix/testing/cpu_aids/pd_plugin/vradix_cpu_aids_pd-0.dist-info/entry_points.txt",
             "vradix/testing/cpu_aids/vlm/plugin/vradix_vlm_aids-0.dist-info/entry_points.txt",
             "vradix/testing/cpu_aids/hybrid_plugin/vradix_hybrid_cpu_aids-0.dist-info/entry_points.txt"} \
         <= set(plugin_files)
