@@ -21,16 +21,16 @@ test-fast: setup  ## everything except the E2E server tests
 	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e" test $(PYTEST_ARGS)
 
 bench: setup  ## publication cost on the real UnifiedRadixCache (prints a table)
-	$(PY) benchmark/bench_publication.py
+	$(PY) benchmark/cache/bench_publication.py
 
 bench-kernels: setup  ## KV page-epoch kernels (torch reference on CPU; all implementations on CUDA)
-	$(PY) benchmark/bench_kernels.py
+	$(PY) benchmark/kernels/bench_kernels.py
 
 csrc: setup  ## compile csrc/ into vradix._C for sm_90 (build/csrc-sm90; compile check on CPU machines)
 	PY=$(PY) bash scripts/build_csrc.sh
 
 bench-rl: setup  ## RL rollout benchmark, four publication modes on CPU servers (table + JSON + PNG, ~10 min)
-	$(PY) benchmark/bench_rl_rollout.py
+	$(PY) benchmark/rl_rollout
 
 wheel: setup  ## dist/: the plugin wheel and the replacement sglang-0.5.23+vradix wheel (docs/packaging.md)
 	$(PY) scripts/build_wheels.py

@@ -1,12 +1,12 @@
 """RL rollout benchmark: four publication strategies on the same seeded RL traffic, on a real SGLang server.
 
-Entry point: benchmark/bench_rl_rollout.py. The data path, one module per step: workload (seeded tasks) -> schedule
-(the publisher) -> client (rollout workers, the trace) -> shadow_cache (stale reuse) and ideal (the yardstick)
--> report (rows, tables, targets, PNG); __main__ is the CLI.
+Entry point: `python benchmark/rl_rollout` (the folder; `__main__` is the CLI). The data path, one module per step:
+workload (seeded tasks) -> schedule (the publisher) -> client (rollout workers, the trace) -> shadow_cache (stale
+reuse) and ideal (the yardstick) -> report (rows, tables, targets, PNG).
 
-    python benchmark/bench_rl_rollout.py                       # CPU: starts its own servers on tiny models
-    python benchmark/bench_rl_rollout.py --publish-every-requests 16,64,256 --prompts 64 --sessions 64   # a sweep
-    python benchmark/bench_rl_rollout.py --url http://HOST:PORT --mode in_place+vradix --weights CKPT_A,CKPT_B
+    python benchmark/rl_rollout                                # CPU: starts its own servers on tiny models
+    python benchmark/rl_rollout --publish-every-requests 16,64,256 --prompts 64 --sessions 64   # a sweep
+    python benchmark/rl_rollout --url http://HOST:PORT --mode in_place+vradix --weights CKPT_A,CKPT_B
 
 Workloads (seeded; every mode gets the same requests in the same order and the same publication schedule):
   grpo   P prompts that share a system prompt of S tokens, n samples per prompt, response lengths drawn from a

@@ -1,4 +1,6 @@
-"""The CLI: parse arguments, start local CPU servers (or use --url), run every (schedule, mode, workload), report."""
+"""The CLI: parse arguments, start local CPU servers (or use --url), run every (schedule, mode, workload), report.
+
+Run as `python benchmark/rl_rollout [args]` (the folder), or `python -m rl_rollout` with `benchmark/` on the path."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +12,15 @@ import sys
 import tempfile
 import time
 from typing import Dict, List, Sequence
+
+if __name__ == "__main__" and not __package__:
+    # Run as a folder, this file has no package and Python put the folder itself first on sys.path, where its
+    # modules (`trace`, `client`, ...) would shadow top-level ones: rerun it as the package's module from the parent.
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [os.path.dirname(_here)] + [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+    import runpy
+    runpy.run_module("rl_rollout", run_name="__main__", alter_sys=True)
+    sys.exit(0)
 
 from vradix.testing.harness.http import ServerClient
 
@@ -109,7 +120,7 @@ def _counts(s: str) -> List[int]:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="bench_rl_rollout.py", description=rl_rollout.__doc__,
+    p = argparse.ArgumentParser(prog="benchmark/rl_rollout", description=rl_rollout.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="drive an existing server (one --mode per server; see above)")
     p.add_argument("--mode", "--modes", dest="modes", type=_list(MODE_NAMES), default=list(MODE_NAMES))

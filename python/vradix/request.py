@@ -41,7 +41,7 @@ class ReqState:
     #: on a P/D decode role, once the handshake accepted prefill's KV: (decode_prefix_len, prefill's weight_id)
     pd_handoff: Optional[Tuple[int, str]] = None
     #: on a P/D decode role, from the commit that stamped the received KV in the ledger until the request's first
-    #: prebuilt batch checks its whole prompt KV once (`hooks.forward.backstop_prebuilt_batch`)
+    #: prebuilt batch checks its whole prompt KV once (`hooks.ledger.backstop_prebuilt_batch`)
     pd_first_read_pending: bool = False
     #: while the request holds a retraction backup: the ledger epoch of each backed-up position (`vradix.core.retraction`)
     backup_epochs: Optional[object] = None

@@ -1,4 +1,4 @@
-"""The RL rollout benchmark (benchmark/bench_rl_rollout.py, package benchmark/rl_rollout/): its stale-reuse and
+"""The RL rollout benchmark (the package benchmark/rl_rollout/, run as a folder): its stale-reuse and
 ideal-work accounting on hand-built responses, its mode/server checks, and an E2E smoke run of all four modes on
 real CPU servers so the script cannot rot."""
 import json
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "benchmark", "bench_rl_rollout.py")
+SCRIPT = os.path.join(ROOT, "benchmark", "rl_rollout")
 sys.path.insert(0, os.path.join(ROOT, "benchmark"))
 
 from rl_rollout.__main__ import parse_args, sized_to_schedule  # noqa: E402

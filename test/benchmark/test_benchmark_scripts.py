@@ -18,8 +18,8 @@ def run_script(*argv, timeout=600):
 
 
 def test_bench_publication_prints_both_tables():
-    out = run_script("benchmark/bench_publication.py", "--sizes", "500", "--repeats", "1", "--cores", "rust,python",
-                     "--steady-requests", "20", "--steady-runs", "1")
+    out = run_script("benchmark/cache/bench_publication.py", "--sizes", "500", "--repeats", "1",
+                     "--cores", "rust,python", "--steady-requests", "20", "--steady-runs", "1")
     assert "# publication cost" in out and "# steady state" in out
     assert "| rust | 500 |" in out and "| python | 500 |" in out
 
@@ -29,7 +29,7 @@ def test_bench_publication_prints_both_tables():
 @pytest.mark.timeout(400)
 def test_bench_steady_state_smoke_prints_the_table():
     """Starts one stock and one vradix CPU server (concurrently); greedy outputs must match (the script checks)."""
-    out = run_script("benchmark/bench_steady_state.py", "--smoke", timeout=380)
+    out = run_script("benchmark/server/bench_steady_state.py", "--smoke", timeout=380)
     row = re.search(r"^\| lpm \| [\d.]+ \| [\d.]+ \| [+-][\d.]+% \| .* \| True \| (\d+) \| (\d+) \|$", out, re.M)
     assert row, out
     verified, host_reads = map(int, row.groups())
@@ -37,7 +37,7 @@ def test_bench_steady_state_smoke_prints_the_table():
 
 
 def test_bench_fingerprint_smoke_prints_the_table():
-    out = run_script("benchmark/bench_fingerprint.py", "--smoke")
+    out = run_script("benchmark/kernels/bench_fingerprint.py", "--smoke")
     assert re.search(r"^what +impl +device +bytes +time s +GB/s +s/GB", out, re.M)
     assert re.search(r"^weight 1 MiB +torch +cpu +1048576 ", out, re.M)
     assert re.search(r"^tiny llama \(module\) +torch +cpu +\d+ ", out, re.M)
@@ -49,24 +49,25 @@ def test_bench_fingerprint_smoke_prints_the_table():
 def test_bench_hicache_smoke_prints_three_tables():
     """Starts nine real CPU servers in two waves (about 4 minutes on 2 cores), on the paths test_e2e_hicache covers
     already, so it is a long profile: `make test-long`."""
-    out = run_script("benchmark/bench_hicache.py", "--smoke", timeout=1100)
+    out = run_script("benchmark/server/bench_hicache.py", "--smoke", timeout=1100)
     assert "# 1. in_place publication with L2 populated" in out and "\n| 1 | " in out
     assert "| nonce (default) | False | 2 | 1200 |" in out and "| declared run1-step5 | True | 2 | 1200 |" in out
     assert "| stock | 2 |" in out and "| vradix (nonce) | 2 |" in out
 
 
-@pytest.mark.parametrize("script", ["benchmark/bench_kernels.py", "benchmark/bench_fingerprint.py",
-                                    "benchmark/bench_hicache.py", "benchmark/tie_check.py",
-                                    "benchmark/soak_publications.py", "benchmark/bench_rl_rollout.py",
-                                    "benchmark/bench_steady_state.py",
+@pytest.mark.parametrize("script", ["benchmark/kernels/bench_kernels.py", "benchmark/kernels/bench_fingerprint.py",
+                                    "benchmark/server/bench_hicache.py", "benchmark/server/tie_check.py",
+                                    "benchmark/server/soak_publications.py", "benchmark/rl_rollout",
+                                    "benchmark/server/bench_steady_state.py",
                                     "scripts/hook_table.py"])
 def test_every_script_answers_help(script):
     assert "usage:" in run_script(script, "--help", timeout=300)
 
 
 def test_bench_inspector_prints_the_table():
-    out = run_script("benchmark/bench_inspector.py", "--cached-tokens", "4000", "--systems", "8", "--system-len", "64",
-                     "--suffix-len", "32", "--live", "4", "--iterations", "40", "--poll-every", "5")
+    out = run_script("benchmark/cache/bench_inspector.py", "--cached-tokens", "4000", "--systems", "8",
+                     "--system-len", "64", "--suffix-len", "32", "--live", "4", "--iterations", "40",
+                     "--poll-every", "5")
     for core in ("rust", "python"):
         assert re.search(rf"^\| {core} \| no polling \| \d+ \|", out, re.M), out
         assert re.search(rf"^\| {core} \| polled every 5 \| \d+ \| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|$",
@@ -83,7 +84,8 @@ def test_gpu_check_pd_command_lines_parse_with_sglangs_own_parser():
 
     from vradix.hooks.launcher import FLAG, add_identity_flag
 
-    spec = importlib.util.spec_from_file_location("gpu_check_pd", os.path.join(ROOT, "benchmark", "gpu_check_pd.py"))
+    path = os.path.join(ROOT, "benchmark", "gpu_check", "gpu_check_pd.py")
+    spec = importlib.util.spec_from_file_location("gpu_check_pd", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     parser = argparse.ArgumentParser()

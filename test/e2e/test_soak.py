@@ -1,4 +1,4 @@
-"""The publication soak (`benchmark/soak_publications.py`), short: 30 publications under concurrent load with
+"""The publication soak (`benchmark/server/soak_publications.py`), short: 30 publications under concurrent load with
 shared prefixes; every response that did not cross a publication must equal the oracle of its label's weights."""
 import importlib.util
 import os
@@ -10,7 +10,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.timeout(1200)]  # a
 
 
 def load_soak():
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "soak_publications.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "server", "soak_publications.py")
     spec = importlib.util.spec_from_file_location("soak_publications", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses resolve their module through sys.modules

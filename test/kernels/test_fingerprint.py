@@ -235,7 +235,7 @@ def test_digesting_never_synchronises_until_the_one_host_read():
 # ---- a real model ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
-    pytest.importorskip("transformers")  # present in the project's venv; benchmark/gpu_check.sh may run without it
+    pytest.importorskip("transformers")  # in the project's venv; benchmark/gpu_check/gpu_check.sh may run without it
     from vradix.testing.models.llama import generate
     d = tmp_path_factory.mktemp("fingerprint_models")
     return (generate(str(d / "A"), seed=1, dtype="float32", init_range=0.2),

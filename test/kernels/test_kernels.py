@@ -1,8 +1,8 @@
 """The four KV page-epoch kernels: every available implementation equals the torch reference.
 
 On CPU that is Triton under TRITON_INTERPRET=1 (set here, before any Triton kernel is defined) against the torch
-reference; on a CUDA machine (benchmark/gpu_check.sh) the CUDA extension and Triton on the GPU join in. A few known
-answers pin the reference itself.
+reference; on a CUDA machine (benchmark/gpu_check/gpu_check.sh) the CUDA extension and Triton on the GPU join in. A
+few known answers pin the reference itself.
 """
 import os
 

@@ -133,7 +133,7 @@ def stamp_received_kv(tree_cache, req, st, received: tuple[int, int]) -> None:
     """At a committed transfer (the handshake verified prefill's identity equals the one `req` is bound to): its
     received positions were written under `req`'s bound epoch (the first provenance entry's, whose identity the
     handshake compared), so the ledger says so; the request's first prebuilt batch then checks its whole prompt KV
-    once (`hooks.forward.backstop_prebuilt_batch`). (Host-staged receiving, which lands the KV in device pages
+    once (`hooks.ledger.backstop_prebuilt_batch`). (Host-staged receiving, which lands the KV in device pages
     later, keeps the ledger off: `hooks.startup.ledger_blind_spots`.)"""
     state = state_of(tree_cache)
     if state is None or state.ledger is None:

@@ -9,7 +9,7 @@ Verify guard (`VRADIX_VERIFY=off|sample|strict`, default `strict`):
   crossed; `allowed_epochs`). One gather/compare over the whole batch and one host read
   (`kernels.rows_outside_epochs`). A violating request fails with a clear error (vradix, the epochs, the count of
   bad positions) through SGLang's own "forward ran on KV that must not be used" path: its output is discarded,
-  it finishes aborted, and it inserts nothing (`hooks.forward.fail_stale_reads`). `violations_caught` counts it.
+  it finishes aborted, and it inserts nothing (`hooks.ledger.fail_stale_reads`). `violations_caught` counts it.
   The backstop sees only what the ledger records (see `vradix.ledger.device`): state outside the KV pool (a recurrent
   state slot, an embedding cache, weight-derived buffers) and KV written by paths that bypass the ledger (the
   engines where the ledger is off) are not checked.

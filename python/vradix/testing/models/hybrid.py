@@ -7,7 +7,7 @@ conv) state per cached prefix, which is what the hybrid CPU aids (`vradix.testin
 engine compute. Different seeds give different weights with the same architecture (weight sets A and B for
 `update_weights_from_disk`); a larger `--init-range` makes the logits peaky so greedy argmax is stable. The SSM's
 `A_log`, `D` and `dt_bias` are perturbed (`0.3·randn`) so the recurrence matters to the output. The tokenizer is
-`tiny_model`'s: token i is the word "t<i>".
+`models.llama`'s: token i is the word "t<i>".
 
 `config.json` is written in the form both HF transformers and SGLang 0.5.23 read (`SGLANG_CONFIG_FIXES`):
 - `layers_block_type` uses `mamba/attention/mlp` (HF writes `linear_attention/full_attention`, which SGLang's

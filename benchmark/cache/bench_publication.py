@@ -1,6 +1,6 @@
 """Publication cost on SGLang's real UnifiedRadixCache (CPU), vradix vs stock, and steady-state hook overhead.
 
-    python benchmark/bench_publication.py [--sizes 10000,100000,1000000] [--repeats 5] [--cores rust,python]
+    python benchmark/cache/bench_publication.py [--sizes 10000,100000,1000000] [--repeats 5] [--cores rust,python]
 
 Table 1 (per tree core, per cached size): the cache is filled with GRPO-shaped traffic (groups of 8 sequences of
 256 tokens sharing a 128-token prompt, so ~9 nodes per 1k tokens), 1% of the sequences are held locked by live

@@ -1,7 +1,7 @@
 """Steady-state serving throughput on real SGLang CPU servers: vradix (defaults: KV page ledger, strict guard) against
 stock SGLang (`VRADIX_DISABLE=1`), same seeded traffic, no publications.
 
-    python benchmark/bench_steady_state.py [--policies lpm,fcfs] [--rounds 5] [--requests 96] [--smoke]
+    python benchmark/server/bench_steady_state.py [--policies lpm,fcfs] [--rounds 5] [--requests 96] [--smoke]
 
 For each scheduling policy, one vradix and one stock server run side by side on a tiny float32 Llama (same weights).
 Each round sends the same seeded GRPO-shaped traffic to both, one after the other, the order alternating by round:

@@ -8,7 +8,7 @@ plus that figure extrapolated to 16 GB and 140 GB of weights (8B and 70B paramet
 On CPU only the torch reference is timed: Triton runs on CPU only under the interpreter, which is a test aid, not an
 implementation. On CUDA the CUDA extension, Triton and the torch reference are timed when available.
 
-    python benchmark/bench_fingerprint.py [--mib 256] [--cpu-mib 256] [--repeats 3] [--smoke] [--json out.json]
+    python benchmark/kernels/bench_fingerprint.py [--mib 256] [--cpu-mib 256] [--repeats 3] [--smoke] [--json out.json]
 """
 from __future__ import annotations
 

@@ -2,11 +2,12 @@
 # One prepared GPU check for the KV page-epoch kernels (run on a CUDA machine, e.g. through the device tool):
 #   1. build vradix._C in place for the local GPU (sm_90 by default) with that machine's CUDA torch;
 #   2. run the kernel tests on CUDA: the CUDA extension, Triton and the torch reference must agree;
-#   3. run benchmark/bench_kernels.py (bandwidth vs peak, verify vs attention);
-#   4. the same for the weight fingerprint: test/kernels/test_fingerprint.py on CUDA, then benchmark/bench_fingerprint.py.
+#   3. run benchmark/kernels/bench_kernels.py (bandwidth vs peak, verify vs attention);
+#   4. the same for the weight fingerprint: test/kernels/test_fingerprint.py on CUDA, then
+#      benchmark/kernels/bench_fingerprint.py.
 # Needs only torch + triton + nvcc + pytest (no sglang). Writes logs to ${OUT:-build/gpu_check}.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT="${OUT:-build/gpu_check}"; mkdir -p "$OUT"
 PY="${PY:-python3}"
 export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" TRITON_INTERPRET=0 PYTHONPATH="$PWD/python"
@@ -20,7 +21,7 @@ export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" TRITON_INTERPRET=0 PY
   echo "[gpu_check] extension built in $(( $(date +%s) - START )) s"
   "$PY" -c "from vradix import kernels; import torch; print('[gpu_check] cuda ext:', kernels.cuda_ext() is not None, 'impl for cuda tensors:', kernels.impl_for(torch.zeros(1, device='cuda')))"
   "$PY" -m pytest --noconftest -q -p no:cacheprovider test/kernels/test_kernels.py
-  "$PY" benchmark/bench_kernels.py --json "$OUT/bench_kernels.json"
+  "$PY" benchmark/kernels/bench_kernels.py --json "$OUT/bench_kernels.json"
   "$PY" -m pytest --noconftest -q -p no:cacheprovider test/kernels/test_fingerprint.py
-  "$PY" benchmark/bench_fingerprint.py --mib 4096 --cpu-mib 64 --json "$OUT/bench_fingerprint.json"
+  "$PY" benchmark/kernels/bench_fingerprint.py --mib 4096 --cpu-mib 64 --json "$OUT/bench_fingerprint.json"
 } 2>&1 | tee "$OUT/gpu_check.log"

@@ -1,11 +1,11 @@
 """Greedy near-ties of the publication soak's prompt pool: does a prompt's greedy output depend on batching?
 
-    python benchmark/tie_check.py [--prompts 15 | --all] [--weights A] [--trials 6] [--others 3]
+    python benchmark/server/tie_check.py [--prompts 15 | --all] [--weights A] [--trials 6] [--others 3]
 
-Generates the soak's tiny model (`MODELS` of `benchmark/soak_publications.py`: same seeds and parameters) and builds
-the soak's prompt pool with the soak's own `prompt_pool` and default `--suffixes` (160 prompts). Starts ONE fresh
-*stock* SGLang CPU server (vradix disabled) on the chosen weights and, for every chosen prompt, generates greedily with
-the soak's default `--max-new-tokens`:
+Generates the soak's tiny model (`MODELS` of `benchmark/server/soak_publications.py`: same seeds and parameters)
+and builds the soak's prompt pool with the soak's own `prompt_pool` and default `--suffixes` (160 prompts). Starts ONE
+fresh *stock* SGLang CPU server (vradix disabled) on the chosen weights and, for every chosen prompt, generates
+greedily with the soak's default `--max-new-tokens`:
   - solo: `--trials` times alone (one request in the engine);
   - batched: `--trials` times together with `--others` other prompts of the pool, all sent at once (a barrier
     releases the threads together), as the soak's concurrent load does. The other prompts are drawn per trial with
@@ -36,7 +36,7 @@ from vradix.testing.models.llama import generate
 
 
 def load_soak():
-    """`benchmark/soak_publications.py` as a module (loaded as `test/e2e/test_soak.py` loads it)."""
+    """`benchmark/server/soak_publications.py` as a module (loaded as `test/e2e/test_soak.py` loads it)."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "soak_publications.py")
     spec = importlib.util.spec_from_file_location("soak_publications", path)
     mod = importlib.util.module_from_spec(spec)

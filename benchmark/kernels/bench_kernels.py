@@ -5,7 +5,7 @@ batch shapes, and prints effective bandwidth against the device's peak (the spec
 a measured device-to-device copy). It also times `verify` on a full prefill batch against that batch's causal
 attention (SDPA, bf16) and prints the ratio. On CPU it runs the torch reference only and says so.
 
-    python benchmark/bench_kernels.py [--sizes 1e4,1e5,1e6,1e7] [--repeats 20] [--json out.json]
+    python benchmark/kernels/bench_kernels.py [--sizes 1e4,1e5,1e6,1e7] [--repeats 20] [--json out.json]
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ for the scheduler: each iteration admits, prefills and finishes one request agai
 prefixes, a full hit table, live lock holders and a crossing request after a publication), and in the polled run
 also answers one inspector query every `--poll-every` iterations. It prints one table row per core and mode.
 
-    PYTHONPATH=python .venv/bin/python benchmark/bench_inspector.py            # ~1-2 min on 2 CPU cores
+    PYTHONPATH=python .venv/bin/python benchmark/cache/bench_inspector.py            # ~1-2 min on 2 CPU cores
 """
 from __future__ import annotations
 

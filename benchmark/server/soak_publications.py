@@ -1,6 +1,6 @@
 """Publication soak: many publications on a real CPU server under a concurrent request load with shared prefixes.
 
-    python benchmark/soak_publications.py --publications 1000 [--concurrency 4] [--requests-between 4]
+    python benchmark/server/soak_publications.py --publications 1000 [--concurrency 4] [--requests-between 4]
 
 Two tiny float32 models A and B (peaky logits) are generated; the vradix server starts on A and every publication
 alternates the weights (`pause_generation(in_place)` -> `update_weights_from_disk` without flush -> `continue`; every

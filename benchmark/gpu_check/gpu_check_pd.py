@@ -1,6 +1,6 @@
 """One prepared GPU check for P/D disaggregation: what the CPU test suite cannot run (see docs/pd.md, "GPU check").
 
-    python benchmark/gpu_check_pd.py [--out DIR] [--transfer-backend mooncake] [--dry-run]
+    python benchmark/gpu_check/gpu_check_pd.py [--out DIR] [--transfer-backend mooncake] [--dry-run]
 
 Two parts, each a real prefill/decode pair with vradix on both roles behind the real P/D router, on CUDA:
 1. **hybrid** (one GPU): a tiny Mamba2+attention NemotronH (`vradix.testing.models.hybrid`, bf16) with SGLang's
@@ -32,7 +32,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import requests
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 
 from vradix.testing.harness.http import ServerClient  # noqa: E402
 from vradix.testing.harness.pd import Router, RoutedPair  # noqa: E402

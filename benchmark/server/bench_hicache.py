@@ -1,6 +1,6 @@
 """HiCache (L2 host pool, L3 `file` store) with weight identities, on real SGLang CPU servers.
 
-    python benchmark/bench_hicache.py [--prompts 8] [--publications 4] [--flood 6] [--smoke]
+    python benchmark/server/bench_hicache.py [--prompts 8] [--publications 4] [--flood 6] [--smoke]
 
 Three tables:
 1. **Publication with L2 populated** (vradix, nonce identity): before each publication the server serves the prompts
@@ -23,7 +23,7 @@ Three tables:
 Measured on servers rather than at cache level: a publication with L2 populated then includes everything the engine
 does at that point (the overlap drain, HiCache's write-through queue and controller threads, the L3 backend
 attached), and the restart tables need real processes sharing a store. The fingerprint's own cost (hashing every
-weight at startup and at each publication) is measured by `benchmark/bench_fingerprint.py`.
+weight at startup and at each publication) is measured by `benchmark/kernels/bench_fingerprint.py`.
 
 Servers start in two concurrent waves (start-up dominates on CPU): the writers and the fresh B server, then the
 readers; the publication table runs last, alone, on the vradix reader of B.
