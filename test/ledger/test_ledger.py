@@ -7,7 +7,8 @@ import torch
 from vradix.core import epochs
 from vradix.ledger import guard
 from vradix.core.admission import stamp
-from vradix.ledger.guard import GuardConfig, GuardConfigError
+from vradix.ledger.guard import GuardConfig
+from vradix.settings import SettingsError
 from vradix.kernels import FREE
 from vradix.testing.harness.cache_fixture import seq
 
@@ -105,11 +106,11 @@ def test_audit_finds_a_leaked_page_and_repairs_it(env, mode):
 
 def test_guard_config_rejects_bad_values(monkeypatch):
     monkeypatch.setenv("VRADIX_VERIFY", "paranoid")
-    with pytest.raises(GuardConfigError, match="VRADIX_VERIFY='paranoid'"):
+    with pytest.raises(SettingsError, match="VRADIX_VERIFY='paranoid'"):
         GuardConfig.from_env()
     monkeypatch.setenv("VRADIX_VERIFY", "sample")
     monkeypatch.setenv("VRADIX_VERIFY_SAMPLE_EVERY", "0")
-    with pytest.raises(GuardConfigError, match="positive integer"):
+    with pytest.raises(SettingsError, match="positive integer"):
         GuardConfig.from_env()
     monkeypatch.setenv("VRADIX_VERIFY_SAMPLE_EVERY", "4")
     monkeypatch.setenv("VRADIX_AUDIT", "REPAIR")

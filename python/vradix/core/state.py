@@ -255,8 +255,8 @@ def attach(tree_cache, with_ledger: bool = True, weight_identity: Optional[ident
            identity_mode: str = "nonce", scope: Optional[str] = None) -> EpochState:
     """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0 under `weight_identity` (a fresh nonce when
     None), with a KV page ledger on its allocator unless `with_ledger` is False; on a P/D role every namespace starts
-    with its `scope` (`vradix.pd.layout`). Raises `GuardConfigError` for an
-    invalid VRADIX_VERIFY / VRADIX_AUDIT setting, `DedupConfigError` for an invalid VRADIX_PREFILL_DEDUP."""
+    with its `scope` (`vradix.pd.layout`). Raises `settings.SettingsError` for an
+    invalid VRADIX_VERIFY / VRADIX_AUDIT / VRADIX_VERIFY_SAMPLE_EVERY / VRADIX_PREFILL_DEDUP setting."""
     state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardConfig.from_env(),
                        identity_mode=identity_mode, dedup_enabled=dedup.enabled_from_env(), scope=scope)
     state.bind_identity(0, weight_identity or identity.nonce())
