@@ -32,7 +32,6 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 

@@ -186,7 +186,7 @@ def _walk(state, cache, *, max_nodes=None, max_visits=None, need_tokens=None) ->
         finally:
             core.evict_device_end(ComponentType.FULL)
     freed = tracker[ComponentType.FULL]
-    state.stale_tokens_freed_total += freed
+    state.freed.tokens_total += freed
     q.pending_tokens = max(0, q.pending_tokens - freed)
     if q.pending_tokens == 0 or exhausted:
         q.pending_tokens = 0

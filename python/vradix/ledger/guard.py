@@ -170,6 +170,23 @@ def record_violation(stats: GuardStats, what: str) -> None:
     logger.error("vradix verify guard: %s", what)
 
 
+#: what a violation's record says when the engine only detects (`GuardConfig.detect_only`)
+DETECTED_ONLY = "detected only (more than one TP/PP rank)"
+
+
+def reads_to_fail(ledger: PageLedger, config: GuardConfig, stats: GuardStats, req_to_token: torch.Tensor,
+                  reads: list[PrefixRead], current: int) -> list[tuple[object, str]]:
+    """The strict check of a batch's prefix reads (`check_prefix_reads`): every violation is recorded, and the
+    (request, message) of each one that must fail is returned; none when the engine only detects."""
+    failing = []
+    for read, n in check_prefix_reads(ledger, stats, req_to_token, reads):
+        what = violation_message(ledger, req_to_token, read, n, current)
+        record_violation(stats, f"{what}; {DETECTED_ONLY if config.detect_only else 'failing the request'}")
+        if not config.detect_only:
+            failing.append((read.req, what))
+    return failing
+
+
 # ---- sample: one fused check per prefill batch -----------------------------------------------------------------------
 def should_sample_batch(config: GuardConfig, stats: GuardStats) -> bool:
     if config.verify != "sample":
