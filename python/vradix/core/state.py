@@ -156,11 +156,12 @@ class SessionRecord:
 class EpochState:
     """The versioned-cache state of one engine (one scheduler process).
 
-    Its own fields are the epoch's: written by the bump, the admission and the release (`vradix.core.epochs`,
-    `vradix.core.admission`, `vradix.scheduler.publication`). Each step that keeps state of its own keeps it in its
-    record here (`guard`, `lora`, `dedup`, `freed`, `storage`, `sessions`, and the step-owned `deferred` and
-    `prefix_hits`), written only by that step. The metrics handle is not state: it lives on the scheduler
-    (`vradix.observability.metrics`)."""
+    Its own fields are the epoch's and its publications': set by `attach` and the startup hook, then written by the
+    publication path (`vradix.core.epochs`, `vradix.scheduler.publication`, `hooks.publication`, the idle flush in
+    `hooks.reclaim`) and, for `forged_keys_rejected`, the admission hook. Each step that keeps state of its
+    own keeps it in its record here (`guard`, `lora`, `dedup`, `freed`, `storage`, `sessions`, and the step-owned
+    `deferred` and `prefix_hits`), written only by the steps the record's docstring names. The metrics handle is not
+    state: it lives on the scheduler (`vradix.observability.metrics`)."""
 
     tree_core: str
     epoch: int = 0
