@@ -61,7 +61,7 @@ def env(request):
     fx = build_cache(core, ps, kv_tokens=2048)
     assert fx.tree_core_name == {"rust": "RustUnifiedTreeCore", "python": "UnifiedTreeCore"}[core]
     state = attach(fx.cache)
-    assert state.ledger is not None and state.guard.verify == "strict"  # vradix's defaults
+    assert state.ledger is not None and state.guard.config.verify == "strict"  # vradix's defaults
     return fx, state
 
 

@@ -1,9 +1,10 @@
 """The package's shape (docs/architecture.md): which package may import which, and no import circles.
 
 Every `import`/`from ... import` of a vradix module inside `python/vradix` is read with `ast`, including imports
-inside functions (a lazy import is still a dependency). A package may import only the layers below it; the root
-vocabulary (`request`, `namespace`, `identity`, `settings`, `predicate`) is below everything; `testing` may import
-anything and nothing of the product imports it (the demo is a tool). A new module must be given a layer here."""
+inside functions (a lazy import is still a dependency). A package may import only the layers below it; `settings`
+(standard library only) is below everything and imports no vradix module; the root vocabulary (`request`,
+`namespace`, `identity`, `predicate`) is above it and the kernels; `testing` may import anything and nothing of the
+product imports it (the demo is a tool). A new module must be given a layer here."""
 import ast
 import pathlib
 
@@ -13,24 +14,26 @@ PKG = pathlib.Path(__file__).resolve().parents[1] / "python" / "vradix"
 
 #: layer -> the layers it may import (besides itself)
 ALLOWED = {
-    "vocabulary": {"kernels"},
-    "kernels": set(),
-    "ledger": {"vocabulary", "kernels"},
-    "core": {"vocabulary", "kernels", "ledger"},
-    "closed_world": {"vocabulary"},
-    "l3": {"vocabulary", "kernels", "ledger", "core"},
-    "pd": {"vocabulary", "kernels", "ledger", "core"},
-    "observability": {"vocabulary", "kernels", "ledger", "core"},
-    "scheduler": {"vocabulary", "kernels", "ledger", "core", "closed_world", "l3", "pd", "observability"},
-    "hooks": {"vocabulary", "kernels", "ledger", "core", "closed_world", "l3", "pd", "observability", "scheduler"},
-    "plugin": {"vocabulary", "hooks"},
-    "tools": {"vocabulary"},
-    "demo": {"vocabulary", "tools", "testing"},
-    "testing": {"vocabulary", "kernels", "ledger", "core", "closed_world", "l3", "pd", "observability", "scheduler",
-                "hooks", "plugin", "tools"},
+    "settings": set(),
+    "vocabulary": {"settings", "kernels"},
+    "kernels": {"settings"},
+    "ledger": {"settings", "vocabulary", "kernels"},
+    "core": {"settings", "vocabulary", "kernels", "ledger"},
+    "closed_world": {"settings", "vocabulary"},
+    "l3": {"settings", "vocabulary", "kernels", "ledger", "core"},
+    "pd": {"settings", "vocabulary", "kernels", "ledger", "core"},
+    "observability": {"settings", "vocabulary", "kernels", "ledger", "core"},
+    "scheduler": {"settings", "vocabulary", "kernels", "ledger", "core", "closed_world", "l3", "pd", "observability"},
+    "hooks": {"settings", "vocabulary", "kernels", "ledger", "core", "closed_world", "l3", "pd", "observability",
+              "scheduler"},
+    "plugin": {"settings", "vocabulary", "hooks"},
+    "tools": {"settings", "vocabulary"},
+    "demo": {"settings", "vocabulary", "tools", "testing"},
+    "testing": {"settings", "vocabulary", "kernels", "ledger", "core", "closed_world", "l3", "pd", "observability",
+                "scheduler", "hooks", "plugin", "tools"},
 }
 ROOT_MODULES = {"__init__": "vocabulary", "request": "vocabulary", "namespace": "vocabulary", "identity": "vocabulary",
-                "settings": "vocabulary", "predicate": "vocabulary", "plugin": "plugin", "client": "tools",
+                "settings": "settings", "predicate": "vocabulary", "plugin": "plugin", "client": "tools",
                 "publish": "tools", "inspector": "tools", "demo": "demo", "_C": "kernels"}
 
 

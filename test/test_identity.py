@@ -12,7 +12,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.utils import get_storage_hash_str
 from sglang.srt.server_args import prepare_server_args
 
-from vradix import identity, namespace
+from vradix import identity, namespace, settings
 from vradix.core.admission import stamp
 from vradix.core.epochs import bump
 from vradix.core.state import attach
@@ -91,7 +91,7 @@ def test_bad_declared_identities_are_refused(text, why):
 
 
 def test_bad_identity_mode_is_refused():
-    with pytest.raises(identity.IdentityConfigError, match="expected one of nonce, fingerprint, declared"):
+    with pytest.raises(settings.SettingsError, match="expected one of nonce, fingerprint, declared"):
         identity.mode_from_env({identity.ENV: "sometimes"})
     assert identity.mode_from_env({}) == "nonce"
 

@@ -58,7 +58,7 @@ def test_an_unstamped_request_reaching_a_match_is_refused(env):
 # regression: the sample guard's log indexed the filtered list's position into the full batch, naming the wrong request
 def test_the_sample_guard_names_the_request_whose_row_is_corrupt(env, caplog):
     fx, state = env
-    state.guard = GuardConfig(verify="sample", sample_every=1)
+    state.guard.config = GuardConfig(verify="sample", sample_every=1)
     warm = fx.make_req(seq(10, 40) + [9])
     stamp(state, warm)
     fx.admit(warm)
@@ -78,8 +78,8 @@ def test_the_sample_guard_names_the_request_whose_row_is_corrupt(env, caplog):
     batch = SimpleNamespace(tree_cache=fx.cache, reqs=reqs, req_to_token_pool=fx.req_pool)
     with caplog.at_level(logging.ERROR, logger="vradix"):
         sample_verify_prefill_batch(None, batch)
-    assert state.guard_stats.violations_caught == 1
-    assert f"request {reqs[1].rid} position 5" in state.guard_stats.last_violation
+    assert state.guard.stats.violations_caught == 1
+    assert f"request {reqs[1].rid} position 5" in state.guard.stats.last_violation
     request.of(reqs[0]).crossed = False
     for r in reqs:
         fx.finish(r)

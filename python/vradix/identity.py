@@ -21,12 +21,13 @@ Invariants:
 """
 from __future__ import annotations
 
-import os
 import secrets
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-MODES = ("nonce", "fingerprint", "declared")
+from vradix import settings
+
+MODES = settings.IDENTITY_MODES
 ENV = "VRADIX_WEIGHT_IDENTITY"
 #: longest accepted declared identity (it is part of every cache key of its epoch)
 MAX_DECLARED_CHARS = 128
@@ -37,10 +38,6 @@ UNDECLARED_LABEL = "default"
 
 class InvalidIdentityError(ValueError):
     """A declared weight identity that vradix refuses (nothing changes)."""
-
-
-class IdentityConfigError(ValueError):
-    """An invalid `VRADIX_WEIGHT_IDENTITY` / `--vradix-weight-identity` setting."""
 
 
 @dataclass(frozen=True)
@@ -55,12 +52,9 @@ class WeightIdentity:
         return {"weight_id": self.weight_id, "source": self.source}
 
 
-def mode_from_env(environ: Mapping[str, str] = os.environ) -> str:
-    """The engine's identity mode. Raises IdentityConfigError for an unknown value."""
-    mode = environ.get(ENV, "nonce").strip().lower() or "nonce"
-    if mode not in MODES:
-        raise IdentityConfigError(f"{ENV}={environ.get(ENV)!r}: expected one of {', '.join(MODES)}")
-    return mode
+def mode_from_env(environ: Optional[Mapping[str, str]] = None) -> str:
+    """The engine's identity mode (VRADIX_WEIGHT_IDENTITY). Raises `settings.SettingsError` for an unknown value."""
+    return settings.value(ENV, environ)
 
 
 def nonce() -> WeightIdentity:

@@ -28,15 +28,13 @@ import os
 import pkgutil
 import sys
 
-from vradix import __version__
-from vradix.settings import RAY_CHAINED_SETUP_HOOK_ENV
+from vradix import __version__, settings
+from vradix.settings import FAULT_SWITCHES, RAY_CHAINED_SETUP_HOOK_ENV
 
 logger = logging.getLogger("vradix")
 
 SUPPORTED_SGLANG = "0.5.23"
 ENTRY_POINT_NAME = "vradix"
-#: test-only switches; each one logs at startup that a fault is active
-FAULT_SWITCHES = ("VRADIX_FAULT_MISSING_HOOK", "VRADIX_FAULT_IMPORT", "VRADIX_FAULT_NO_NAMESPACE")
 
 #: how many hooks `register()` installed in this process (None: it did not install)
 _installed_hooks = None
@@ -46,8 +44,9 @@ class VradixInstallError(SystemExit):
     """vradix could not install; the engine must not serve an unversioned radix cache."""
 
 
-def disabled(environ=os.environ) -> bool:
-    return environ.get("VRADIX_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
+def disabled(environ=None) -> bool:
+    """Whether VRADIX_DISABLE opts out (in `environ`, the process environment when None)."""
+    return settings.value("VRADIX_DISABLE", environ)
 
 
 def register() -> None:
@@ -78,24 +77,22 @@ class failing_closed:
 
 
 def _install() -> int:
-    if os.environ.get("VRADIX_FAULT_IMPORT"):
-        raise ImportError(f"VRADIX_FAULT_IMPORT={os.environ['VRADIX_FAULT_IMPORT']!r}: injected import failure")
+    fault = settings.value("VRADIX_FAULT_IMPORT")
+    if fault:
+        raise ImportError(f"VRADIX_FAULT_IMPORT={fault!r}: injected import failure")
     from importlib.metadata import version as dist_version
 
-    from vradix.ledger.guard import GuardConfig, GuardConfigError
-    from vradix.hooks import DEFERRED_MODULES, HOOKS
-    from vradix.core.dedup import DedupConfigError, enabled_from_env
-
     sglang_version = dist_version("sglang")
-    if not supported_sglang(sglang_version) and os.environ.get("VRADIX_ALLOW_UNTESTED_SGLANG") != "1":
+    if not supported_sglang(sglang_version) and not settings.value("VRADIX_ALLOW_UNTESTED_SGLANG"):
         raise VradixInstallError(
             f"vradix {__version__} supports sglang=={SUPPORTED_SGLANG}, found {sglang_version}; refusing to start "
             "(set VRADIX_DISABLE=1 for stock behaviour)")
-    try:
-        GuardConfig.from_env()
-        enabled_from_env()
-    except (GuardConfigError, DedupConfigError) as e:
+    try:  # before the hooks are imported: one of their modules reads a setting at import
+        settings.load()
+    except settings.SettingsError as e:
         raise VradixInstallError(f"vradix {__version__}: {e}") from None
+    from vradix.hooks import DEFERRED_MODULES, HOOKS
+
     hooks = [(_fault_injected(target), kind, hook) for target, kind, hook in HOOKS]
     for module in DEFERRED_MODULES:
         group = [h for h in hooks if h[0].startswith(module + ".")]
@@ -170,7 +167,7 @@ def load_in_ray_scheduler_worker() -> None:
                 "too, for stock behaviour)")
     except VradixInstallError as e:
         raise RuntimeError(str(e)) from None
-    chained = os.environ.get(RAY_CHAINED_SETUP_HOOK_ENV)
+    chained = settings.value(RAY_CHAINED_SETUP_HOOK_ENV)
     if chained:
         from ray._private.runtime_env.setup_hook import load_and_execute_setup_hook
 
@@ -201,7 +198,7 @@ def is_installed(target: str, hook) -> bool:
 
 def warn_active_faults() -> None:
     for name in FAULT_SWITCHES:
-        if os.environ.get(name):
+        if os.environ.get(name):  # the raw text, whatever the switch makes of it
             logger.warning("vradix: TEST FAULT ACTIVE: %s=%r (a test-only switch; never set it in production)",
                            name, os.environ[name])
 
@@ -209,7 +206,7 @@ def warn_active_faults() -> None:
 def _fault_injected(target: str) -> str:
     """Fault injection for the fail-closed test: VRADIX_FAULT_MISSING_HOOK=<suffix> renames that target to one that
     does not exist, as a different sglang version would."""
-    fault = os.environ.get("VRADIX_FAULT_MISSING_HOOK")
+    fault = settings.value("VRADIX_FAULT_MISSING_HOOK")
     return target + "_missing_in_this_sglang" if fault and target.endswith(fault) else target
 
 

@@ -50,7 +50,7 @@ def test_two_live_requests_sharing_a_rid_both_free_their_stale_paths_at_release(
     fx.finish(a)
     fx.finish(b)
     assert not state.crossing
-    assert state.stale_tokens_freed_at_release >= 2 * (40 // fx.page_size * fx.page_size)
+    assert state.freed.tokens_at_release >= 2 * (40 // fx.page_size * fx.page_size)
     assert pool_is_full(fx), fx.accounting()  # neither stale path was left to LRU
 
 
@@ -88,7 +88,7 @@ def test_adapter_node_set_prunes_in_amortised_constant_time(core, monkeypatch):
         fx.admit(r)
         fx.prefill(r)
         fx.finish(r)
-    entry = state.adapter_nodes["X"]
+    entry = state.lora.adapter_nodes["X"]
     assert len(entry.nodes) == inserts
     assert len(checks) <= 4 * inserts, f"{len(checks)} liveness checks for {inserts} inserts"
     assert entry.prunes <= (inserts // 8).bit_length() + 1  # the threshold doubles: 8, 16, 32, ...
@@ -167,7 +167,7 @@ def test_long_released_path_is_walked_with_one_path_query(env, monkeypatch):
     fx.finish(r)
     assert len(queries) == 1, f"{len(queries)} path queries to free one released path"
     monkeypatch.undo()
-    assert state.stale_tokens_freed_at_release >= len(P)
+    assert state.freed.tokens_at_release >= len(P)
     assert pool_is_full(fx), fx.accounting()
 
 

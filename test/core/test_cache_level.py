@@ -29,7 +29,7 @@ def check(fx, live=()):
         if r.kv.holds_kv:
             owned.update(fx.req_pool.req_to_token[r.kv.req_pool_idx, : r.kv.kv_committed_len].tolist())
     assert not owned & set(free), "a slot is both free and owned by a live request"
-    stats = state_of(fx.cache).guard_stats
+    stats = state_of(fx.cache).guard.stats
     assert stats.violations_caught == 0, stats.last_violation  # the strict ledger guard never fires on correct use
 
 
@@ -125,7 +125,7 @@ def test_crossing_request_keeps_its_kv_and_frees_stale_path_at_release(env):
         check(fx, [r])
     fx.finish(r)
     assert fx.cache.protected_size() == 0  # the crossing request inserted nothing; its stale path is gone
-    assert state.stale_tokens_freed_at_release == protected and not state.crossing
+    assert state.freed.tokens_at_release == protected and not state.crossing
     assert run_to_end(fx, state, P + [9]) == 48 // fx.page_size * fx.page_size  # other's new-epoch KV is shared
     check(fx)
 
@@ -213,7 +213,7 @@ def test_user_extra_key_and_lora_isolation_unchanged(env):
     r = new_req(fx, state, P, extra_key="tenantA", lora_id="adapter-1")
     # epoch prefix, then the adapter's content tag (a process-local nonce here: no adapter was loaded for this
     # lora_id), and the LoRA id stays the suffix
-    tag = namespace.adapter_tag(state.adapter_ids["adapter-1"])
+    tag = namespace.adapter_tag(state.lora.adapter_ids["adapter-1"])
     assert r.extra_key == state.prefix_of_epoch(state.epoch) + tag + "tenantAadapter-1"
     check(fx)
 

@@ -179,14 +179,14 @@ def test_a_publication_mid_reclaim_and_a_crossing_release_keep_the_accounting_ex
     assert q.active and 0 < q.pending_tokens
     b = fx.running(state, seq(70_000, 40) + [2])  # epoch-1 KV, locked by b
     insert(fx, state, seq(80_000, 40))  # epoch-1 KV, unlocked
-    freed_at_second, tree_at_second = (state.stale_tokens_freed_total,
+    freed_at_second, tree_at_second = (state.freed.tokens_total,
                                        fx.cache.evictable_size() + fx.cache.protected_size())
     bump(fx, state, live=[a, b])  # epoch 2 while epoch 0 is partly reclaimed: epoch 1 joins the pending KV
     assert q.active and q.watermark is None and q.pending_tokens == fx.cache.evictable_size()
     reclaim_slice(fx.scheduler_view(running=[a, b]))
-    freed_before = state.stale_tokens_freed_total
+    freed_before = state.freed.tokens_total
     fx.finish(a)  # a crossing request released while its epoch's stale KV is pending
-    assert state.stale_tokens_freed_total >= freed_before
+    assert state.freed.tokens_total >= freed_before
     assert q.pending_tokens <= fx.cache.evictable_size()
     fresh = fx.running(state, seq(60_000, 40) + [5])
     fx.finish(fresh)
@@ -202,7 +202,7 @@ def test_a_publication_mid_reclaim_and_a_crossing_release_keep_the_accounting_ex
     common.evict_from_tree_cache(fx.cache, fx.total)
     assert pool_is_whole(fx), fx.accounting()
     # every token of epochs 0 and 1 was freed once and counted once
-    assert state.stale_tokens_freed_total == freed_at_second + tree_at_second
+    assert state.freed.tokens_total == freed_at_second + tree_at_second
 
 
 # ---- the audit after a publication -----------------------------------------------------------------------------------
@@ -213,8 +213,8 @@ def test_the_audit_does_not_count_pages_awaiting_the_deferred_reclaim_as_leaks(c
     state = attach(fx.cache)
     holder = fill(fx, state, 4)
     bump_scheduler(fx.scheduler_view(running=[holder]), reason="test")
-    assert state.deferred.pending_tokens > 0 and state.guard_stats.audits == 1
-    assert state.guard_stats.leaked_pages_total == 0
+    assert state.deferred.pending_tokens > 0 and state.guard.stats.audits == 1
+    assert state.guard.stats.leaked_pages_total == 0
 
 
 def test_node_ids_only_grow():

@@ -79,7 +79,7 @@ def check(fx, state, live=()):
     codes = fx.host_codes()
     stale = {h: c for h, c in codes.items() if epoch_of_code(c) != state.epoch}
     assert not stale, f"{len(stale)} host slots hold KV of older epochs (current {state.epoch})"
-    assert state.guard_stats.violations_caught == 0, state.guard_stats.last_violation  # the strict ledger guard
+    assert state.guard.stats.violations_caught == 0, state.guard.stats.last_violation  # the strict ledger guard
     fx.cache.sanity_check()
 
 
@@ -115,7 +115,7 @@ def test_stale_host_copies_are_unmatchable_and_freed_at_a_publication(core_ps, p
 
     inv = bump(fx, state, [crossing])
     assert inv.host_tokens_freed == used > 0, inv
-    assert state.stale_host_tokens_freed_total == used
+    assert state.freed.host_tokens_total == used
     assert state.as_dict(0)["stale_host_tokens_freed_last"] == used
     assert fx.host_figures()["used"] == 0  # host-only stale nodes and host copies of held stale nodes, all freed
     check(fx, state, [crossing])
@@ -149,7 +149,7 @@ def test_a_crossing_release_frees_its_stale_path_from_device_and_host(core_ps, p
     # the stale path is freed at the release, not demoted to host (and not backed up first under write-back)
     assert fx.cache.evictable_size() == 0 and fx.cache.protected_size() == 0, fx.accounting()
     assert fx.host_figures()["used"] == 0
-    assert state.stale_tokens_freed_at_release >= 96
+    assert state.freed.tokens_at_release >= 96
     check(fx, state)
     check_drained(fx)
 

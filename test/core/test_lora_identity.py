@@ -140,7 +140,7 @@ def test_a_lora_request_refused_for_a_forged_key_stays_out_of_the_base_namespace
     base = fx.make_req([5, 6, 7])
     stamp_request(None, sched, base)
     assert req.extra_key != base.extra_key, "the refused LoRA request was bound to the base model's namespace"
-    assert namespace.adapter_tag(state.adapter_ids["X-1"]) in req.extra_key
+    assert namespace.adapter_tag(state.lora.adapter_ids["X-1"]) in req.extra_key
 
 
 # ---- P/D: an adapter reloaded on one role before the other -------------------------------------------------------

@@ -384,7 +384,7 @@ class VersionedCacheMachine(RuleBasedStateMachine):
     # ---- invariants -----------------------------------------------------------------------------------------------
     @invariant()
     def audit_finds_no_leak(self):
-        assert self.state.guard_stats.leaked_pages_total == 0, "the post-publication audit found a leaked page"
+        assert self.state.guard.stats.leaked_pages_total == 0, "the post-publication audit found a leaked page"
 
     @invariant()
     def accounting_balances(self):

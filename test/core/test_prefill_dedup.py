@@ -3,6 +3,7 @@ SGLang requests matched against the real UnifiedRadixCache. The E2E check (a ser
 once) is `test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix`."""
 import pytest
 
+from vradix import settings
 from vradix.core import admission, epochs, dedup
 from vradix.core.state import attach
 from vradix.testing.harness.cache_fixture import build_cache
@@ -70,7 +71,7 @@ def test_other_namespaces_and_requests_that_will_not_insert_hold_nobody_back(fx)
 
 def test_a_bad_setting_is_refused(monkeypatch):
     monkeypatch.setenv("VRADIX_PREFILL_DEDUP", "maybe")
-    with pytest.raises(dedup.DedupConfigError, match="VRADIX_PREFILL_DEDUP='maybe'"):
+    with pytest.raises(settings.SettingsError, match="VRADIX_PREFILL_DEDUP='maybe'"):
         dedup.enabled_from_env()
     monkeypatch.setenv("VRADIX_PREFILL_DEDUP", "OFF")
     assert dedup.enabled_from_env() is False

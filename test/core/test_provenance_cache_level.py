@@ -81,7 +81,7 @@ def test_reloading_adapter_frees_only_its_own_entries(env):
     # unload X (SGLang waits until no request uses it), then load X again: SGLang mints a new lora_id
     freed = lora.free_adapter_entries(state, fx.cache, "X-load1")
     assert freed >= 49 - fx.page_size and fx.cache.evictable_size() == cached_before - freed
-    assert "X-load1" not in state.adapter_nodes
+    assert "X-load1" not in state.lora.adapter_nodes
     check(fx)
     assert run_to_end(fx, state, P + [6], lora_id="X-load2") == 0  # new X: no stale KV of the old X
     assert run_to_end(fx, state, P + [7], lora_id="Y") == full  # other adapter untouched

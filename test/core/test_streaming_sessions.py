@@ -121,7 +121,7 @@ def test_turn_after_publication_never_borrows_the_old_slot_record(env):
     assert lent_prefix_violations(fx, state, t3, hit) == 0  # exact reuse within the epoch: all of it epoch 1
     finish_turn(fx, t3)
     idle_check(fx)
-    assert state.guard_stats.violations_caught == 0
+    assert state.guard.stats.violations_caught == 0
 
 
 def request_epochs(req) -> list:
@@ -139,7 +139,7 @@ def test_bump_with_an_idle_slot_leaks_no_token_and_no_row(env):
     inv = bump(fx, state)
     idle_check(fx)
     assert fx.allocator.available_size() == fx.total and len(fx.req_pool.free_slots) == fx.req_pool.size
-    assert inv.session_slots_released == 1 and state.session_slots_released == 1
+    assert inv.session_slots_released == 1 and state.sessions.slots_released == 1
 
 
 def test_turn_running_across_a_publication_keeps_its_kv_and_its_slot_is_never_lent_again(env):
@@ -162,15 +162,15 @@ def test_turn_running_across_a_publication_keeps_its_kv_and_its_slot_is_never_le
 
     t3, hit = start_turn(fx, state, session, next_input(t2, [98]))
     assert hit == 0 and request_epochs(t3) == [1]  # the mixed record was not lent: a full re-prefill
-    assert inv.session_slots_released == 0 and state.session_slots_released == 1  # released at the lend, not before
-    assert state.stale_session_slots == {}
+    assert inv.session_slots_released == 0 and state.sessions.slots_released == 1  # released at the lend, not before
+    assert state.sessions.stale_slots == {}
     assert fx.cache.evictable_size() == 0  # the stale prompt the old slot's lock kept was freed with it
     finish_turn(fx, t3)
     idle_check(fx)
     fx.cache.release_session(session.session_id)  # close: everything is back
     assert fx.allocator.available_size() + fx.cache.evictable_size() == fx.total
     assert len(fx.req_pool.free_slots) == fx.req_pool.size
-    assert state.guard_stats.violations_caught == 0
+    assert state.guard.stats.violations_caught == 0
 
 
 def test_queued_turn_gives_back_the_record_a_scheduling_pass_lent_it(env):

@@ -149,23 +149,23 @@ def test_adapter_load_insert_and_unload_hooks(core, page_size, tmp_path):
     P = list(range(700, 748))
     load = LoadLoRAAdapterReqInput(lora_name="X", lora_path=path, lora_id="X-1")
     lora_hooks.identify_loaded_adapter(LoRAUpdateOutput(success=False, error_message="bad"), scheduler, load)
-    assert state.lora_events == 0 and not state.adapter_ids  # a failed load minted no namespace
+    assert state.lora.events == 0 and not state.lora.adapter_ids  # a failed load minted no namespace
     lora_hooks.identify_loaded_adapter(LoRAUpdateOutput(success=True), scheduler, load)
-    assert state.lora_events == 1 and state.adapter_ids == {"X-1": lora.content_identity(adapter)}
+    assert state.lora.events == 1 and state.lora.adapter_ids == {"X-1": lora.content_identity(adapter)}
     for lora_id, last in (("X-1", 1), ("X-1", 2), (None, 3)):
         r = fx.make_req(P + [last], lora_id=lora_id)
         stamp(state, r)
         fx.admit(r)
         fx.prefill(r)
         fx.finish(r)  # checkpoint_into_tree runs remember_adapter_insert (installed by load_plugins)
-    assert state.adapter_nodes["X-1"].nodes
+    assert state.lora.adapter_nodes["X-1"].nodes
     cached = fx.cache.evictable_size()
     unload = UnloadLoRAAdapterReqInput(lora_name="X", lora_id="X-1")
     lora_hooks.free_unloaded_adapter(LoRAUpdateOutput(success=False), scheduler, unload)
     assert fx.cache.evictable_size() == cached  # a failed unload frees nothing
     lora_hooks.free_unloaded_adapter(LoRAUpdateOutput(success=True), scheduler, unload)
-    assert state.lora_events == 2 and "X-1" not in state.adapter_nodes and "X-1" not in state.adapter_ids
-    assert 0 < state.lora_tokens_freed == cached - fx.cache.evictable_size()
+    assert state.lora.events == 2 and "X-1" not in state.lora.adapter_nodes and "X-1" not in state.lora.adapter_ids
+    assert 0 < state.lora.tokens_freed == cached - fx.cache.evictable_size()
     base = fx.make_req(P + [4])
     stamp(state, base)
     assert fx.admit(base) == len(P) // page_size * page_size  # the base model's entries are untouched

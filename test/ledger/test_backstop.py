@@ -60,7 +60,7 @@ def test_a_corrupted_tree_entry_fails_the_request_at_the_forward_and_inserts_not
     assert hit == 64
     fx.prefill(bad)
     assert_failed_by_backstop(bad, fx.page_size, 64, "epoch 0", "[7]")
-    assert state.guard_stats.violations_caught == 1 and "failing the request" in state.guard_stats.last_violation
+    assert state.guard.stats.violations_caught == 1 and "failing the request" in state.guard.stats.last_violation
     fx.finish(bad)
     assert isinstance(bad.finished_reason, FINISH_ABORT)
     assert cached_tokens(fx) == before, "the failed request inserted KV computed over the corrupt prefix"
@@ -106,7 +106,7 @@ def test_a_crossing_request_reads_its_own_older_kv_but_nothing_older_than_its_ep
     epochs.bump(state, fx.cache, [r], [], reason="test", label="v1")
     assert state_of_req(r).crossed
     fx.prefill(r, upto=80)  # second chunk under epoch 1, reading its own epoch-0 chunk
-    assert r.discard_output_reason is None and state.guard_stats.violations_caught == 0
+    assert r.discard_output_reason is None and state.guard.stats.violations_caught == 0
     row = fx.req_pool.req_to_token[r.kv.req_pool_idx]
     assert set(kernels.reference.row_epochs(state.ledger.page_epoch, fx.req_pool.req_to_token, r.kv.req_pool_idx,
                                             80, fx.page_size).tolist()) == {0, 1}
@@ -135,14 +135,14 @@ def test_one_gather_per_batch_and_detection_only_with_more_than_one_rank(env, mo
     monkeypatch.setattr(kernels, "rows_outside_epochs", lambda *a: calls.append(a) or real(*a))
     batch = ForwardWrite(out_cache_loc=torch.empty(0, dtype=torch.int64), forward_mode=ForwardMode.EXTEND,
                          reqs=reqs, prefix_lens=[r.prefix_len for r in reqs])
-    state.guard = GuardConfig(verify="strict").for_ranks(tp_size=2)
+    state.guard.config = GuardConfig(verify="strict").for_ranks(tp_size=2)
     backstop_extend_batch(fx.scheduler_view(), batch)
-    assert len(calls) == 1 and state.guard_stats.verify_host_reads == 1 and state.guard_stats.prefixes_verified == 2
-    assert state.guard_stats.violations_caught == 2 and "detected only" in state.guard_stats.last_violation
+    assert len(calls) == 1 and state.guard.stats.verify_host_reads == 1 and state.guard.stats.prefixes_verified == 2
+    assert state.guard.stats.violations_caught == 2 and "detected only" in state.guard.stats.last_violation
     assert all(r.discard_output_reason is None for r in reqs)
-    state.guard = GuardConfig(verify="strict")
+    state.guard.config = GuardConfig(verify="strict")
     backstop_extend_batch(fx.scheduler_view(), batch)
-    assert len(calls) == 2 and state.guard_stats.violations_caught == 4
+    assert len(calls) == 2 and state.guard.stats.violations_caught == 4
     assert [r.discard_output_reason is not None for r in reqs] == [True, True, False]
     decode = ForwardWrite(out_cache_loc=torch.empty(0, dtype=torch.int64), forward_mode=ForwardMode.DECODE,
                           reqs=reqs, prefix_lens=None)

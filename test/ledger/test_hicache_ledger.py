@@ -120,8 +120,8 @@ def test_load_back_carries_the_epoch_of_the_host_copy_and_the_strict_guard_verif
     assert epochs_of(ledger, written) == {FREE}
 
     req, loaded = admit_with_load_back(fx, state, P + [2])
-    assert loaded == len(P) and state.guard_stats.violations_caught == 0
-    assert state.guard_stats.prefixes_verified == 1  # the host copies it loads, checked before loading
+    assert loaded == len(P) and state.guard.stats.violations_caught == 0
+    assert state.guard.stats.prefixes_verified == 1  # the host copies it loads, checked before loading
     kit._finish_pending_loads(cache)
     slots = cache.tree_core.collect_full_device_indices(node, cache.root_node_handle(state.prefix_of_epoch(0)))
     assert epochs_of(ledger, slots) == {0}, "load-back wrote device KV the ledger does not know"
@@ -132,7 +132,7 @@ def test_load_back_carries_the_epoch_of_the_host_copy_and_the_strict_guard_verif
     stamp(state, again)
     assert fx.admit(again) == len(P)
     fx.prefill(again)
-    assert state.guard_stats.prefixes_verified == 2 and state.guard_stats.violations_caught == 0
+    assert state.guard.stats.prefixes_verified == 2 and state.guard.stats.violations_caught == 0
     assert again.discard_output_reason is None
     fx.finish(again)
     # ... and the same pages are not accepted for a request of the next epoch
@@ -151,7 +151,7 @@ def test_a_host_copy_of_an_older_epoch_is_not_loaded_for_a_newer_request(env, mo
 
     req, loaded = admit_with_load_back(fx, state, P + [2])
     assert loaded == 0, "a host copy written under epoch 0 was loaded for an epoch-1 request"
-    assert state.guard_stats.violations_caught == 1 and "instead of loading" in state.guard_stats.last_violation
+    assert state.guard.stats.violations_caught == 1 and "instead of loading" in state.guard.stats.last_violation
     assert req.skip_radix_cache_insert
     assert not fx.cache.cache_controller.load_queue and fx.cache.tree_core.is_full_device_evicted(node)
 
@@ -165,8 +165,8 @@ def test_a_corrupted_page_is_still_caught_after_a_round_trip_through_host(env):
     demote(fx, node)
 
     req, loaded = admit_with_load_back(fx, state, P + [2])
-    assert loaded == 0 and state.guard_stats.violations_caught == 1
-    assert f"first at position {40 - 40 % fx.page_size}" in state.guard_stats.last_violation
+    assert loaded == 0 and state.guard.stats.violations_caught == 1
+    assert f"first at position {40 - 40 % fx.page_size}" in state.guard.stats.last_violation
 
 
 @pytest.mark.parametrize("ps", [1, 16])
@@ -188,8 +188,8 @@ def test_pages_prefetched_from_storage_carry_their_key_epoch_through_load_back(p
     cache.prefetch_from_storage(handle, cache.root_node_handle(), array("q", P), extra_key=state.prefix_of_epoch(0))
     kit._run_prefetch_to_completion(cache, handle)
     req, loaded = admit_with_load_back(fx, state, P + [2])
-    assert loaded == len(P) and state.guard_stats.prefixes_verified == 1
-    assert state.guard_stats.violations_caught == 0
+    assert loaded == len(P) and state.guard.stats.prefixes_verified == 1
+    assert state.guard.stats.violations_caught == 0
     kit._finish_pending_loads(cache)
     slots = cache.tree_core.collect_full_device_indices(req.last_node, cache.root_node_handle(req.extra_key))
     assert len(slots) == len(P) and epochs_of(state.ledger, slots) == {0}

@@ -7,7 +7,8 @@ import torch
 from vradix.core import epochs
 from vradix.ledger import guard
 from vradix.core.admission import stamp
-from vradix.ledger.guard import GuardConfig, GuardConfigError
+from vradix.ledger.guard import GuardConfig
+from vradix.settings import SettingsError
 from vradix.kernels import FREE
 from vradix.testing.harness.cache_fixture import seq
 
@@ -30,7 +31,7 @@ def bump(fx, state, live=()):
 
 
 def audit(fx, state, live=()):
-    return guard.audit(state.guard, state.guard_stats, state.ledger, fx.cache, list(live), state.epoch)
+    return guard.audit(state.guard.config, state.guard.stats, state.ledger, fx.cache, list(live), state.epoch)
 
 
 def test_ledger_follows_writes_frees_and_epochs(env):
@@ -79,14 +80,14 @@ def test_audit_is_clean_with_a_crossing_request_and_after_its_release(env):
     fx.decode(crossing, 5)
     fx.finish(crossing)
     bump(fx, state)
-    assert audit(fx, state) == 0 and state.guard_stats.leaked_pages_total == 0
+    assert audit(fx, state) == 0 and state.guard.stats.leaked_pages_total == 0
     assert fx.idle_invariant_holds()
 
 
 @pytest.mark.parametrize("mode", ["report", "repair"])
 def test_audit_finds_a_leaked_page_and_repairs_it(env, mode):
     fx, state = env
-    state.guard = GuardConfig(verify="strict", audit=mode)
+    state.guard.config = GuardConfig(verify="strict", audit=mode)
     leaked = fx.allocator.alloc(fx.page_size * 2)  # written by a forward, then forgotten by everyone
     state.ledger.stamp_written(leaked, state.epoch)
     r, _ = admitted(fx, state, seq(10, 30) + [1])
@@ -94,9 +95,9 @@ def test_audit_finds_a_leaked_page_and_repairs_it(env, mode):
     fx.finish(r)
     bump(fx, state)
     assert not fx.idle_invariant_holds()  # the leak is real: the allocator is short of two pages
-    assert audit(fx, state) == 2 and state.guard_stats.leaked_pages_last == 2
+    assert audit(fx, state) == 2 and state.guard.stats.leaked_pages_last == 2
     if mode == "repair":
-        assert state.guard_stats.leaked_pages_repaired == 2
+        assert state.guard.stats.leaked_pages_repaired == 2
         assert fx.idle_invariant_holds()
         assert audit(fx, state) == 0
     else:
@@ -105,11 +106,11 @@ def test_audit_finds_a_leaked_page_and_repairs_it(env, mode):
 
 def test_guard_config_rejects_bad_values(monkeypatch):
     monkeypatch.setenv("VRADIX_VERIFY", "paranoid")
-    with pytest.raises(GuardConfigError, match="VRADIX_VERIFY='paranoid'"):
+    with pytest.raises(SettingsError, match="VRADIX_VERIFY='paranoid'"):
         GuardConfig.from_env()
     monkeypatch.setenv("VRADIX_VERIFY", "sample")
     monkeypatch.setenv("VRADIX_VERIFY_SAMPLE_EVERY", "0")
-    with pytest.raises(GuardConfigError, match="positive integer"):
+    with pytest.raises(SettingsError, match="positive integer"):
         GuardConfig.from_env()
     monkeypatch.setenv("VRADIX_VERIFY_SAMPLE_EVERY", "4")
     monkeypatch.setenv("VRADIX_AUDIT", "REPAIR")
@@ -120,7 +121,7 @@ def test_repair_never_frees_a_page_the_tree_holds(env):
     """A stale node kept by a lock that is not a live request's (a session, a pin) is still the tree's: the audit
     must not call its pages leaked, and repair must not free them under the tree."""
     fx, state = env
-    state.guard = GuardConfig(verify="strict", audit="repair")
+    state.guard.config = GuardConfig(verify="strict", audit="repair")
     r, _ = admitted(fx, state, seq(10, 40) + [1])
     fx.prefill(r)
     fx.finish(r)
@@ -133,7 +134,7 @@ def test_repair_never_frees_a_page_the_tree_holds(env):
     tree = set(fx.cache.tree_core.all_values_flatten().tolist())
     assert len(tree) >= hit > 0
     available = fx.allocator.available_size()
-    assert audit(fx, state) == 0 and state.guard_stats.leaked_pages_repaired == 0
+    assert audit(fx, state) == 0 and state.guard.stats.leaked_pages_repaired == 0
     assert fx.allocator.available_size() == available and not tree & set(free_slots(fx))
     fx.cache.unlock(pin)
 
@@ -147,8 +148,8 @@ def test_guard_only_detects_with_more_than_one_rank(env):
     """TP/PP > 1 (faked at the config level): each rank would decide from its own ledger, so a strict violation is
     counted but the request runs (every rank runs the same batch), and repair does not free."""
     fx, state = env
-    state.guard = GuardConfig(verify="strict", audit="repair").for_ranks(tp_size=2)
-    assert state.guard.detect_only and GuardConfig().for_ranks(tp_size=1).detect_only is False
+    state.guard.config = GuardConfig(verify="strict", audit="repair").for_ranks(tp_size=2)
+    assert state.guard.config.detect_only and GuardConfig().for_ranks(tp_size=1).detect_only is False
     P = seq(10, 64)
     w, _ = admitted(fx, state, P + [1])
     fx.prefill(w)
@@ -158,9 +159,9 @@ def test_guard_only_detects_with_more_than_one_rank(env):
     seen, hit = admitted(fx, state, P + [3])
     fx.prefill(seen)
     assert hit == 64 and not seen.skip_radix_cache_insert and seen.discard_output_reason is None  # runs unchanged
-    assert state.guard_stats.violations_caught == 1 and "detected only" in state.guard_stats.last_violation
+    assert state.guard.stats.violations_caught == 1 and "detected only" in state.guard.stats.last_violation
     fx.finish(seen)
     leaked = fx.allocator.alloc(fx.page_size)
     state.ledger.stamp_written(leaked, state.epoch)
     bump(fx, state)
-    assert audit(fx, state) == 1 and state.guard_stats.leaked_pages_repaired == 0  # reported, not freed
+    assert audit(fx, state) == 1 and state.guard.stats.leaked_pages_repaired == 0  # reported, not freed

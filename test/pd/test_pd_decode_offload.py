@@ -114,7 +114,7 @@ def test_every_page_decode_offloads_is_in_the_manifest_under_its_identity(offloa
     assert len(pages) == 3  # positions [8, 20): past prefill's page-aligned prompt, up to the last computed token
     owners = manifest.read(store)
     assert {h: owners.get(h) for h in pages} == {h: {state.weight_id} for h in pages}  # all attributed, to A
-    assert state.storage_pages_backed_up == {state.weight_id: 3}
+    assert state.storage.pages_backed_up == {state.weight_id: 3}
     finish(manager, r)
     poll(manager)
     assert fx.allocator.available_size() == fx.total

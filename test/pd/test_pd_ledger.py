@@ -117,12 +117,12 @@ def test_a_received_transfer_is_stamped_at_commit_and_passes_its_first_prebuilt_
     assert req.finished_reason is None and list(req.output_ids) == [5]
     assert row_epochs(fx, state, req, 0, len(PROMPT)) == {state.epoch}
     batch = prebuilt(fx, [req])
-    before = state.guard_stats.batches_verified
+    before = state.guard.stats.batches_verified
     SchedulerDisaggregationDecodeMixin._verify_kv_checksums(sched, batch)
-    assert state.guard_stats.batches_verified == before + 1 and state.guard_stats.prefixes_verified >= 1
-    assert batch.reqs == [req] and req.finished_reason is None and state.guard_stats.violations_caught == 0
+    assert state.guard.stats.batches_verified == before + 1 and state.guard.stats.prefixes_verified >= 1
+    assert batch.reqs == [req] and req.finished_reason is None and state.guard.stats.violations_caught == 0
     SchedulerDisaggregationDecodeMixin._verify_kv_checksums(sched, prebuilt(fx, [req]))  # a resumed request: once
-    assert state.guard_stats.batches_verified == before + 1
+    assert state.guard.stats.batches_verified == before + 1
 
 
 @pytest.mark.parametrize("where", ["decode prefix, older epoch", "received, freed page"])
@@ -145,7 +145,7 @@ def test_stale_kv_in_front_of_a_decode_requests_first_read_fails_it_and_inserts_
     assert isinstance(reason, FINISH_ABORT), "decode ran on KV the ledger says other weights wrote"
     assert reason.message.startswith("vradix KV backstop") and "of 52 prefix KV positions" in reason.message
     assert ("[-5]" if where.startswith("decode") else "[-1]") in reason.message, reason.message
-    assert batch.reqs == [] and sched.streamed == [req] and state.guard_stats.violations_caught == 1
+    assert batch.reqs == [] and sched.streamed == [req] and state.guard.stats.violations_caught == 1
     assert not req.kv.holds_kv and cached_tokens(fx) <= before, "the failed request inserted KV"
 
 

@@ -12,9 +12,7 @@ Invariants:
 """
 from __future__ import annotations
 
-import os
-
-from vradix import namespace, request
+from vradix import namespace, request, settings
 from vradix.core import lora, provenance, retraction
 from vradix.core.state import EpochState
 
@@ -57,6 +55,6 @@ def rebind_if_unheld(state: EpochState, req) -> bool:
 def _bind(state: EpochState, req, st: request.ReqState) -> None:
     st.epoch = state.epoch
     provenance.record_bind(st, state)
-    if os.environ.get("VRADIX_FAULT_NO_NAMESPACE") == "1":
+    if settings.value("VRADIX_FAULT_NO_NAMESPACE"):
         return  # test-only fault: the namespace is lost, so only the KV page ledger's guard stands between
     req.extra_key = namespace.stamped(state.prefix_of_epoch(state.epoch), st.user_key, st.adapter)

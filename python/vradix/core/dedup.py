@@ -31,27 +31,19 @@ Invariants:
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
 from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
-MODES = ("on", "off")
-
-
-class DedupConfigError(ValueError):
-    """A VRADIX_PREFILL_DEDUP setting vradix does not understand."""
+from vradix import settings
 
 
 def enabled_from_env() -> bool:
-    mode = os.environ.get("VRADIX_PREFILL_DEDUP", "on").strip().lower()
-    if mode not in MODES:
-        raise DedupConfigError(f"VRADIX_PREFILL_DEDUP={mode!r}: expected one of {', '.join(MODES)}")
-    return mode == "on"
+    """Whether VRADIX_PREFILL_DEDUP turns it on. Raises `settings.SettingsError` for an unusable value."""
+    return settings.value("VRADIX_PREFILL_DEDUP") == "on"
 
 
 @dataclass

@@ -36,16 +36,17 @@ Invariants:
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
+from vradix import settings
 from vradix.core.reclaim import batched_frees, free_stale_leaf
 
 #: nodes one scheduler iteration frees at most (~20 us each on the Rust TreeCore, plus one allocator free per slice)
-SLICE_NODES = int(os.environ.get("VRADIX_RECLAIM_SLICE_NODES", "16"))
+#: (VRADIX_RECLAIM_SLICE_NODES, read at import: an unusable value fails the import with `settings.SettingsError`)
+SLICE_NODES = settings.value("VRADIX_RECLAIM_SLICE_NODES")
 #: eviction candidates one iteration looks at at most (fresh ones are skipped: under LFU or priority policies the
 #: stale nodes need not come first in SGLang's eviction order)
 SLICE_VISITS = 2 * SLICE_NODES + 32
@@ -185,7 +186,7 @@ def _walk(state, cache, *, max_nodes=None, max_visits=None, need_tokens=None) ->
         finally:
             core.evict_device_end(ComponentType.FULL)
     freed = tracker[ComponentType.FULL]
-    state.stale_tokens_freed_total += freed
+    state.freed.tokens_total += freed
     q.pending_tokens = max(0, q.pending_tokens - freed)
     if q.pending_tokens == 0 or exhausted:
         q.pending_tokens = 0

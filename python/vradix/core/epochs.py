@@ -94,21 +94,20 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
                 mark_crossing(state, req)  # its KV is off the device: it pins no slot and no node
     for req in queued_reqs:
         inv.requeued_rebound += admission.rebind_if_unheld(state, req)
-    host_before = host_tier.available(cache)
-    host_tier.settle_transfers(cache)
-    # the reset drops session slots without freeing their rows: only once every slot was released above
-    if holders == 0 and not sessions.slots_of(cache) and cache.protected_size() == 0 and reclaim.resettable(cache):
-        inv.tokens_freed = reclaim.free_all_by_reset(cache)
-        deferred_reclaim.cancel(state)
-    elif deferred_reclaim.supported(cache):
-        inv.tokens_deferred = deferred_reclaim.defer(state, cache)
-    else:
-        inv.tokens_freed = reclaim.free_all_unlocked(cache)
-        host_tier.free_stale_host(cache)
-    state.stale_tokens_freed_total += inv.tokens_freed
-    if host_before is not None:
-        inv.host_tokens_freed = host_tier.available(cache) - host_before
-        state.stale_host_tokens_freed_total += inv.host_tokens_freed
+    with host_tier.counting_freed(cache) as host:
+        host_tier.settle_transfers(cache)
+        # the reset drops session slots without freeing their rows: only once every slot was released above
+        if holders == 0 and not sessions.slots_of(cache) and cache.protected_size() == 0 and reclaim.resettable(cache):
+            inv.tokens_freed = reclaim.free_all_by_reset(cache)
+            deferred_reclaim.cancel(state)
+        elif deferred_reclaim.supported(cache):
+            inv.tokens_deferred = deferred_reclaim.defer(state, cache)
+        else:
+            inv.tokens_freed = reclaim.free_all_unlocked(cache)
+            host_tier.free_stale_host(cache)
+    state.freed.tokens_total += inv.tokens_freed
+    inv.host_tokens_freed = host.tokens
+    state.freed.count_host(host.tokens)
     inv.crossing_requests = len(state.crossing)
     inv.tokens_pinned = reclaim.stale_tokens_pinned(cache, holder_nodes(state))
     inv.latency_ms = (time.perf_counter() - t0) * 1e3
@@ -155,12 +154,11 @@ def on_release(state: EpochState, cache, req, released_node) -> int:
     """
     freed = 0
     if state.crossing.pop(id(req), None) is not None:
-        host_before = host_tier.available(cache)
-        freed = reclaim.free_released_path(cache, released_node)
-        state.stale_tokens_freed_total += freed
-        state.stale_tokens_freed_at_release += freed
-        if host_before is not None:
-            state.stale_host_tokens_freed_total += host_tier.available(cache) - host_before
+        with host_tier.counting_freed(cache) as host:
+            freed = reclaim.free_released_path(cache, released_node)
+        state.freed.tokens_total += freed
+        state.freed.tokens_at_release += freed
+        state.freed.count_host(host.tokens)
     st = request.of(req)
     if st is not None and st.crossed and not req.finished() and not retraction.holds_backup(req):
         req.skip_radix_cache_insert = st.skip_insert_before

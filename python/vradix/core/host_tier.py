@@ -27,6 +27,7 @@ were freed at the bump. Once everything drains, the host pool is whole again: `a
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Optional
 
 
@@ -45,6 +46,23 @@ def host_pool(cache):
 def available(cache) -> Optional[int]:
     """Free host-pool tokens, or None without a host tier."""
     return host_pool(cache).available_size() if enabled(cache) else None
+
+
+@dataclass
+class HostFreed:
+    """The host-pool tokens a `counting_freed` block gave back: set when the block ends; None without a host tier."""
+
+    tokens: Optional[int] = None
+
+
+@contextmanager
+def counting_freed(cache):
+    """Count the host-pool tokens the block gives back (free tokens after minus before; the block allocates none)."""
+    before = available(cache)
+    freed = HostFreed()
+    yield freed
+    if before is not None:
+        freed.tokens = available(cache) - before
 
 
 def settle_transfers(cache) -> None:

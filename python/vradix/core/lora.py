@@ -21,8 +21,8 @@ once per `lora_id`, and every key that leaves the process carries it: the namesp
 (`namespace.adapter_tag`, which seeds its L3 page hashes) and the P/D handshake (`vradix.pd.handshake`).
 
 Invariants:
-- `EpochState.adapter_ids[lora_id]` is the content identity of the adapter loaded as `lora_id` in this process, or a
-  process-local nonce when vradix could not read that adapter (never shared across processes: fail closed);
+- `EpochState.lora.adapter_ids[lora_id]` is the content identity of the adapter loaded as `lora_id` in this process,
+  or a process-local nonce when vradix could not read that adapter (never shared across processes: fail closed);
 - an entry is replaced at every successful load of its `lora_id` and dropped at its unload;
 - equal adapter files (equal tensors as loaded, equal config) give equal identities in every process.
 """
@@ -78,18 +78,18 @@ def remember_adapter_node(state: EpochState, cache, req) -> None:
     lock = getattr(req, "lock", None)
     if lora_id is None or lock is None or lock.node is None or cache.is_root(lock.node):
         return
-    state.adapter_nodes.setdefault(lora_id, AdapterNodes()).add(cache, lock.node)
+    state.lora.adapter_nodes.setdefault(lora_id, AdapterNodes()).add(cache, lock.node)
 
 
 def free_adapter_entries(state: EpochState, cache, lora_id: Optional[str]) -> int:
     """Free the unlocked cached entries of adapter `lora_id`. Returns tokens freed."""
-    entry = state.adapter_nodes.pop(lora_id, None)
+    entry = state.lora.adapter_nodes.pop(lora_id, None)
     freed = 0
     with reclaim.batched_frees(cache.token_to_kv_pool_allocator):
         for node in sorted(entry.nodes if entry is not None else (), reverse=True):
             if _alive(cache, node):
                 freed += reclaim.free_released_path(cache, node)
-    state.stale_tokens_freed_total += freed
+    state.freed.tokens_total += freed
     return freed
 
 
@@ -141,7 +141,7 @@ def identify_adapter(state: EpochState, scheduler, lora_id: Optional[str]) -> Op
     time this process sees it; a process-local nonce when the scheduler holds no such adapter."""
     if lora_id is None:
         return None
-    known = state.adapter_ids.get(lora_id)
+    known = state.lora.adapter_ids.get(lora_id)
     if known is None:
         adapter = loaded_adapter(scheduler, lora_id)
         if adapter is None:
@@ -150,7 +150,7 @@ def identify_adapter(state: EpochState, scheduler, lora_id: Optional[str]) -> Op
                            "process-local identity %s (no L3 reuse, and a P/D peer refuses their KV)", lora_id, known)
         else:
             known = content_identity(adapter)
-        state.adapter_ids[lora_id] = known
+        state.lora.adapter_ids[lora_id] = known
     return known
 
 
@@ -159,7 +159,7 @@ def adapter_identity_of(state: EpochState, lora_id: Optional[str]) -> Optional[s
     vradix was never shown) a process-local nonce, kept for the `lora_id` so its requests still share KV here."""
     if lora_id is None:
         return None
-    return state.adapter_ids.setdefault(lora_id, unknown_adapter_identity())
+    return state.lora.adapter_ids.setdefault(lora_id, unknown_adapter_identity())
 
 
 def unknown_adapter_identity() -> str:
@@ -168,10 +168,10 @@ def unknown_adapter_identity() -> str:
 
 def reidentify_loaded_adapter(state: EpochState, scheduler, lora_id: str) -> str:
     """After a successful load of `lora_id`: (re)compute its identity from what was just loaded."""
-    state.adapter_ids.pop(lora_id, None)
+    state.lora.adapter_ids.pop(lora_id, None)
     return identify_adapter(state, scheduler, lora_id)
 
 
 def forget_adapter(state: EpochState, lora_id: Optional[str]) -> None:
     """At unload: the `lora_id` no longer names loaded content."""
-    state.adapter_ids.pop(lora_id, None)
+    state.lora.adapter_ids.pop(lora_id, None)

@@ -13,7 +13,7 @@ Invariant kept here: a slot's record is lent only to a turn of the epoch that wr
   tree lock freed, nothing leaked), before the bump decides how to reclaim, so the tree reset shortcut never drops a
   slot it does not free;
 - a slot a running turn borrows stays with that turn, which crosses the publication like any KV holder (it keeps its
-  KV, never inserts it); the slot is remembered as stale (`EpochState.stale_session_slots`) and released at the
+  KV, never inserts it); the slot is remembered as stale (`EpochState.sessions.stale_slots`) and released at the
   session's next lend (`release_before_lend`), wherever its record came back from (finish or retract), so no later
   turn reuses it.
 A turn that finds no slot takes SGLang's normal path: a tree match in its own namespace, then a full prefill of its
@@ -38,7 +38,7 @@ def settle_at_bump(state: EpochState, cache, live: Iterable, queued: Iterable) -
     released."""
     slots = slots_of(cache)
     if not slots:
-        state.stale_session_slots.clear()
+        state.sessions.stale_slots.clear()
         return 0
     session = cache.session
     for req in queued:
@@ -49,8 +49,8 @@ def settle_at_bump(state: EpochState, cache, live: Iterable, queued: Iterable) -
     idle = [sid for sid in slots if sid not in stale]
     for sid in idle:
         cache.release_session(sid)
-    state.stale_session_slots = stale
-    state.session_slots_released += len(idle)
+    state.sessions.stale_slots = stale
+    state.sessions.slots_released += len(idle)
     return len(idle)
 
 
@@ -58,21 +58,21 @@ def release_before_lend(state: EpochState, cache, req) -> bool:
     """Before SGLang lends a slot's record to `req`: release the slot when a crossing turn wrote it (stale), and free
     the stale tree path its lock kept. Returns True when a slot was released."""
     sid = getattr(getattr(req, "session", None), "session_id", None)
-    stale = state.stale_session_slots.get(sid) if sid is not None else None
+    stale = state.sessions.stale_slots.get(sid) if sid is not None else None
     if stale is None:
         return False
     if slots_of(cache).get(sid) is not stale:
-        del state.stale_session_slots[sid]  # SGLang already released it (the session closed, or a turn aborted)
+        del state.sessions.stale_slots[sid]  # SGLang already released it (the session closed, or a turn aborted)
         return False
     if stale.kv is req.kv:
         return False  # the crossing turn itself: it keeps its own KV until it releases it
-    del state.stale_session_slots[sid]
+    del state.sessions.stale_slots[sid]
     node = stale.lock.node if stale.lock is not None else None
     evictable_before = cache.evictable_size()
     cache.release_session(sid)
     freed = reclaim.free_released_path(cache, node)
-    state.stale_tokens_freed_total += freed
-    state.stale_tokens_freed_at_release += freed
+    state.freed.tokens_total += freed
+    state.freed.tokens_at_release += freed
     deferred_reclaim.note_release(state, evictable_before, cache.evictable_size())
-    state.session_slots_released += 1
+    state.sessions.slots_released += 1
     return True

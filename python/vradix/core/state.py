@@ -79,18 +79,95 @@ class EpochIdentity:
 
 
 @dataclass
+class GuardRecord:
+    """The KV page ledger's verify guard and audit. `config` is written only at startup (`hooks.startup`: from the
+    settings, narrowed to detection only on a multi-rank engine); `stats` only by the guard's checks and the audit
+    (`vradix.ledger.guard`, run by `hooks.ledger`, `hooks.admission` and `scheduler.publication`)."""
+
+    config: GuardConfig = field(default_factory=GuardConfig)
+    stats: GuardStats = field(default_factory=GuardStats)
+
+
+@dataclass
+class LoraRecord:
+    """LoRA adapters and the KV their requests inserted. Written only by the LoRA step (`vradix.core.lora`, and
+    `hooks.lora`, which counts the load/unload events it scopes to each adapter's own namespace)."""
+
+    #: adapter loads/unloads seen
+    events: int = 0
+    #: lora_id -> `lora.AdapterNodes`, the tree nodes its requests inserted (freed when the adapter is unloaded)
+    adapter_nodes: Dict[str, Any] = field(default_factory=dict)
+    tokens_freed: int = 0
+    #: lora_id -> the content identity of the adapter loaded under it (`vradix.core.lora.identify_adapter`), which
+    #: every LoRA request's namespace and P/D handshake carry
+    adapter_ids: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class DedupRecord:
+    """Prefill dedup (`vradix.core.dedup`): `enabled` is written only by `attach` (from the settings); `stats` and
+    `current` only by the prefill step (`hooks.prefill`)."""
+
+    #: hold back a request whose uncached prefix another request is computing
+    enabled: bool = True
+    stats: dedup.DedupStats = field(default_factory=dedup.DedupStats)
+    #: the prefill scheduling pass in progress (None between passes)
+    current: Optional[dedup.Pass] = None
+
+
+@dataclass
+class FreedCounters:
+    """Stale KV given back so far (server info `stale_tokens_freed_*`, `stale_host_tokens_freed_total`). Written only
+    by the steps that free stale KV: the bump and the release (`vradix.core.epochs`), the deferred reclaim, the LoRA
+    unload, the streaming-session release and the idle flush (`hooks.reclaim`); each only adds."""
+
+    tokens_total: int = 0
+    #: the part of `tokens_total` freed when a crossing request (or a stale session slot) released it
+    tokens_at_release: int = 0
+    #: HiCache host-pool tokens of older epochs given back (bumps and crossing releases)
+    host_tokens_total: int = 0
+
+    def count_host(self, tokens: Optional[int]) -> None:
+        """Add host tokens freed (None: no host tier, nothing to count)."""
+        if tokens is not None:
+            self.host_tokens_total += tokens
+
+
+@dataclass
+class StorageCounters:
+    """HiCache L3 backups. Written only by the storage step (`hooks.storage.record_storage_backup`)."""
+
+    #: weight_id -> HiCache L3 pages this process backed up under it
+    pages_backed_up: Dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class SessionRecord:
+    """Streaming-session slots a bump left stale. Written only by `vradix.core.sessions`."""
+
+    #: session id -> the streaming-session slot a turn was running on at the last bump (its record mixes epochs):
+    #: released before it could be lent again
+    stale_slots: Dict[str, Any] = field(default_factory=dict)
+    #: streaming-session slots released because a publication made their record stale
+    slots_released: int = 0
+
+
+@dataclass
 class EpochState:
-    """The versioned-cache state of one engine (one scheduler process)."""
+    """The versioned-cache state of one engine (one scheduler process).
+
+    Its own fields are the epoch's and its publications': set by `attach` and the startup hook, then written by the
+    publication path (`vradix.core.epochs`, `vradix.scheduler.publication`, `hooks.publication`, the idle flush in
+    `hooks.reclaim`) and, for `forged_keys_rejected`, the admission hook. Each step that keeps state of its
+    own keeps it in its record here (`guard`, `lora`, `dedup`, `freed`, `storage`, `sessions`, and the step-owned
+    `deferred` and `prefix_hits`), written only by the steps the record's docstring names. The metrics handle is not
+    state: it lives on the scheduler (`vradix.observability.metrics`)."""
 
     tree_core: str
     epoch: int = 0
     label: Optional[str] = None
     publications: int = 0
     flushes: int = 0
-    stale_tokens_freed_total: int = 0
-    stale_tokens_freed_at_release: int = 0
-    #: HiCache host-pool tokens of older epochs given back (bumps and crossing releases)
-    stale_host_tokens_freed_total: int = 0
     forged_keys_rejected: int = 0
     #: id(req) -> live request that holds a lock on KV of an older epoch (freed when it releases); keyed by identity
     #: because user rids need not be unique
@@ -102,20 +179,8 @@ class EpochState:
     session: Optional["WeightSession"] = None
     #: device-side record of which epoch wrote each KV page (None for allocators vradix cannot observe)
     ledger: Optional[PageLedger] = None
-    guard: GuardConfig = field(default_factory=GuardConfig)
-    guard_stats: GuardStats = field(default_factory=GuardStats)
     #: the last bump that was a publication (not a lock-aware flush)
     last_publication: Optional[Invalidation] = None
-    #: LoRA adapter loads/unloads seen (each scoped to its adapter's own namespace)
-    lora_events: int = 0
-    #: lora_id -> `lora.AdapterNodes`, the tree nodes its requests inserted (freed when the adapter is unloaded)
-    adapter_nodes: Dict[str, Any] = field(default_factory=dict)
-    lora_tokens_freed: int = 0
-    #: lora_id -> the content identity of the adapter loaded under it (`vradix.core.lora.identify_adapter`), which every
-    #: LoRA request's namespace and P/D handshake carry
-    adapter_ids: Dict[str, str] = field(default_factory=dict)
-    #: `observability.metrics.Metrics` when SGLang runs with --enable-metrics, else None
-    metrics: Any = None
     #: how each epoch's weight identity is chosen (`vradix.identity.MODES`)
     identity_mode: str = "nonce"
     #: a P/D role's scope (role + KV layout, `vradix.pd.layout.scope_of`), the start of every namespace it stamps, so
@@ -123,25 +188,21 @@ class EpochState:
     scope: Optional[str] = None
     #: epoch -> its identity and namespace prefix, for every epoch this engine has served (one entry per bump)
     identities: Dict[int, EpochIdentity] = field(default_factory=dict)
-    #: hold back a request whose uncached prefix another request is computing (`vradix.core.dedup`)
-    dedup_enabled: bool = True
-    dedup_stats: dedup.DedupStats = field(default_factory=dedup.DedupStats)
-    #: the prefill scheduling pass in progress (None between passes)
-    dedup_pass: Optional[dedup.Pass] = None
     _epoch_by_prefix: Dict[str, int] = field(default_factory=dict)
-    #: the unlocked stale KV a bump left in the tree, reclaimed after it (`vradix.core.deferred_reclaim`)
-    deferred: DeferredReclaim = field(default_factory=DeferredReclaim)
     #: epoch -> the label it carried when it ended (the current epoch's is `label`)
     epoch_labels: Dict[int, Optional[str]] = field(default_factory=dict)
-    #: the cached prefixes admitted requests reused, for the cache inspector (`vradix.observability.snapshot`)
+    guard: GuardRecord = field(default_factory=GuardRecord)
+    lora: LoraRecord = field(default_factory=LoraRecord)
+    dedup: DedupRecord = field(default_factory=DedupRecord)
+    freed: FreedCounters = field(default_factory=FreedCounters)
+    storage: StorageCounters = field(default_factory=StorageCounters)
+    sessions: SessionRecord = field(default_factory=SessionRecord)
+    #: the unlocked stale KV a bump left in the tree, reclaimed after it (written only by
+    #: `vradix.core.deferred_reclaim`)
+    deferred: DeferredReclaim = field(default_factory=DeferredReclaim)
+    #: the cached prefixes admitted requests reused, for the cache inspector (`vradix.observability.snapshot`; written
+    #: only by `vradix.core.prefix_hits`, at admission)
     prefix_hits: PrefixHits = field(default_factory=PrefixHits)
-    #: weight_id -> HiCache L3 pages this process backed up under it (`hooks.storage.record_storage_backup`)
-    storage_pages_backed_up: Dict[str, int] = field(default_factory=dict)
-    #: session id -> the streaming-session slot a turn was running on at the last bump (its record mixes epochs):
-    #: released before it could be lent again (`vradix.core.sessions`)
-    stale_session_slots: Dict[str, Any] = field(default_factory=dict)
-    #: streaming-session slots released because a publication made their record stale
-    session_slots_released: int = 0
 
     def bind_identity(self, epoch: int, ident: identity.WeightIdentity) -> str:
         """Record `ident` as epoch `epoch`'s identity and return its namespace prefix: the bare `weight_id` the
@@ -188,30 +249,30 @@ class EpochState:
             "lock_aware_flushes": self.flushes,
             "crossing_requests": len(self.crossing),
             "stale_tokens_pinned": pinned_tokens,
-            "stale_tokens_freed_total": self.stale_tokens_freed_total,
-            "stale_tokens_freed_at_release": self.stale_tokens_freed_at_release,
+            "stale_tokens_freed_total": self.freed.tokens_total,
+            "stale_tokens_freed_at_release": self.freed.tokens_at_release,
             "stale_tokens_freed_last": last.tokens_freed if last else 0,
             "stale_tokens_pending": self.deferred.pending_tokens,
             "stale_reclaim": self.deferred.as_dict(),
-            "stale_host_tokens_freed_total": self.stale_host_tokens_freed_total,
+            "stale_host_tokens_freed_total": self.freed.host_tokens_total,
             "stale_host_tokens_freed_last": last.host_tokens_freed if last else None,
             "last_publication_latency_ms": (round(self.last_publication.latency_ms, 3)
                                             if self.last_publication else None),
             "last_invalidation": last.summary() if last else None,
             "forged_keys_rejected": self.forged_keys_rejected,
-            "session_slots_released": self.session_slots_released,
+            "session_slots_released": self.sessions.slots_released,
             "last_invalidation_detail": last.as_dict() if last else None,
             "last_publication": self.last_publication.as_dict() if self.last_publication else None,
-            "lora_adapter_events": self.lora_events,
-            "lora_stale_tokens_freed": self.lora_tokens_freed,
+            "lora_adapter_events": self.lora.events,
+            "lora_stale_tokens_freed": self.lora.tokens_freed,
             "kv_ledger": self.ledger_dict(),
             "weight_session": self.session.as_dict() if self.session is not None else None,
-            "prefill_dedup": self.dedup_stats.as_dict(self.dedup_enabled),
+            "prefill_dedup": self.dedup.stats.as_dict(self.dedup.enabled),
         }
 
     def ledger_dict(self) -> dict:
         """The KV page ledger's guard and audit counters."""
-        g, st = self.guard, self.guard_stats
+        g, st = self.guard.config, self.guard.stats
         return {
             "enabled": self.ledger is not None,
             "kernels": kernels.impl_for(self.ledger.page_epoch) if self.ledger is not None else None,
@@ -255,10 +316,10 @@ def attach(tree_cache, with_ledger: bool = True, weight_identity: Optional[ident
            identity_mode: str = "nonce", scope: Optional[str] = None) -> EpochState:
     """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0 under `weight_identity` (a fresh nonce when
     None), with a KV page ledger on its allocator unless `with_ledger` is False; on a P/D role every namespace starts
-    with its `scope` (`vradix.pd.layout`). Raises `GuardConfigError` for an
-    invalid VRADIX_VERIFY / VRADIX_AUDIT setting, `DedupConfigError` for an invalid VRADIX_PREFILL_DEDUP."""
-    state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardConfig.from_env(),
-                       identity_mode=identity_mode, dedup_enabled=dedup.enabled_from_env(), scope=scope)
+    with its `scope` (`vradix.pd.layout`). Raises `settings.SettingsError` for an
+    invalid VRADIX_VERIFY / VRADIX_AUDIT / VRADIX_VERIFY_SAMPLE_EVERY / VRADIX_PREFILL_DEDUP setting."""
+    state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardRecord(GuardConfig.from_env()),
+                       identity_mode=identity_mode, dedup=DedupRecord(enabled=dedup.enabled_from_env()), scope=scope)
     state.bind_identity(0, weight_identity or identity.nonce())
     if with_ledger:
         state.ledger = kv_ledger.attach(tree_cache.token_to_kv_pool_allocator)
@@ -305,3 +366,8 @@ def treeless_of(tree_cache) -> Optional[TreelessState]:
 def state_of(tree_cache) -> Optional[EpochState]:
     """The vradix state of a tree cache, or None when vradix is not versioning it."""
     return getattr(tree_cache, "_vradix", None)
+
+
+def state_of_scheduler(scheduler) -> Optional[EpochState]:
+    """The vradix state of `scheduler`'s tree cache, or None (no scheduler, or vradix is not versioning its cache)."""
+    return state_of(scheduler.tree_cache) if scheduler is not None else None

@@ -54,7 +54,7 @@ def sample_verify_prefill_batch(_result, batch, *args, **kwargs):
     """AFTER mem_cache.allocation.alloc_for_extend (sample guard): one fused check of the batch's reused prefixes,
     rows already written. Requests that crossed a publication hold older KV by contract and are not checked."""
     state = state_of(batch.tree_cache) if batch.tree_cache is not None else None
-    if state is None or state.ledger is None or not guard.should_sample_batch(state.guard, state.guard_stats):
+    if state is None or state.ledger is None or not guard.should_sample_batch(state.guard.config, state.guard.stats):
         return
     reusing = [(r, request.require(r)) for r in batch.reqs if r.prefix_len > 0]
     picked = [(r, st) for r, st in reusing if not st.crossed]
@@ -64,9 +64,9 @@ def sample_verify_prefill_batch(_result, batch, *args, **kwargs):
     lens = [r.prefix_len for r, _ in picked]
     epochs = [st.epoch for _, st in picked]
     found = guard.batch_violations(state.ledger, batch.req_to_token_pool.req_to_token, rows, lens, epochs)
-    state.guard_stats.batches_verified += 1
+    state.guard.stats.batches_verified += 1
     if found.count:
-        guard.record_violation(state.guard_stats, (
+        guard.record_violation(state.guard.stats, (
             f"prefill batch: {found.count} reused prefix positions not written under their request's epoch (first: "
             f"request {picked[found.first_index][0].rid} position {found.first_pos}) — detected after the fact "
             "(sample mode)"))
@@ -78,7 +78,7 @@ def verify_load_back(original, cache, params, *args, **kwargs):
     loaded: the request recomputes that span, as after a load-back SGLang declines, and is barred from inserting."""
     state = state_of(cache)
     req = params.req
-    if (state is None or state.ledger is None or state.guard.verify != "strict" or req is None
+    if (state is None or state.ledger is None or state.guard.config.verify != "strict" or req is None
             or params.host_hit_length <= 0):
         return original(cache, params, *args, **kwargs)
     host = ledger_of(host_ledger.kv_host_pool(cache))
@@ -87,15 +87,15 @@ def verify_load_back(original, cache, params, *args, **kwargs):
         return original(cache, params, *args, **kwargs)
     expected = request.require(req).epoch
     found = guard.matched_prefix_violations(host, slots.to(host.device), expected)
-    state.guard_stats.prefixes_verified += 1
+    state.guard.stats.prefixes_verified += 1
     if found.count == 0:
         return original(cache, params, *args, **kwargs)
-    guard.record_violation(state.guard_stats, (
+    guard.record_violation(state.guard.stats, (
         f"request {req.rid}: {found.count} of {slots.numel()} host-cached positions to load back were not written "
         f"under epoch {expected} (first at position {req.prefix_len + found.first_pos}); "
-        + ("detected only (more than one TP/PP rank)" if state.guard.detect_only
+        + (guard.DETECTED_ONLY if state.guard.config.detect_only
            else "recomputing them instead of loading")))
-    if state.guard.detect_only:
+    if state.guard.config.detect_only:
         return original(cache, params, *args, **kwargs)
     req.skip_radix_cache_insert = True
     return 0, req.last_node

@@ -15,19 +15,15 @@ def backstop_extend_batch(scheduler, batch, *args, **kwargs):
     (`guard.check_prefix_reads`). A violating request fails (`fail_stale_reads`); with more than one TP/PP rank the
     violation is only counted and logged, so every rank runs the same batch."""
     state = state_of(scheduler.tree_cache)
-    if (state is None or state.ledger is None or state.guard.verify != "strict" or batch is None
+    if (state is None or state.ledger is None or state.guard.config.verify != "strict" or batch is None
             or not batch.forward_mode.is_extend() or getattr(batch, "split_index", 0)):
         return
     reads = guard.prefix_reads(batch, state.epoch)
     if not reads:
         return
-    req_to_token = scheduler.req_to_token_pool.req_to_token
-    for read, n in guard.check_prefix_reads(state.ledger, state.guard_stats, req_to_token, reads):
-        what = guard.violation_message(state.ledger, req_to_token, read, n, state.epoch)
-        guard.record_violation(state.guard_stats, what + ("; detected only (more than one TP/PP rank)"
-                                                         if state.guard.detect_only else "; failing the request"))
-        if not state.guard.detect_only:
-            fail_stale_reads(scheduler, read.req, what)
+    for req, what in guard.reads_to_fail(state.ledger, state.guard.config, state.guard.stats,
+                                         scheduler.req_to_token_pool.req_to_token, reads, state.epoch):
+        fail_stale_reads(scheduler, req, what)
 
 
 def backstop_prebuilt_batch(_result, scheduler, batch, *args, **kwargs):
@@ -39,19 +35,13 @@ def backstop_prebuilt_batch(_result, scheduler, batch, *args, **kwargs):
     way SGLang fails a prebuilt request whose received KV is corrupt, and is dropped from the batch
     (`fail_prebuilt_reads`). With more than one rank it is only counted and logged."""
     state = state_of(scheduler.tree_cache)
-    if state is None or state.ledger is None or state.guard.verify != "strict" or batch is None:
+    if state is None or state.ledger is None or state.guard.config.verify != "strict" or batch is None:
         return
     reads = guard.first_decode_reads(batch, state.epoch)
     if not reads:
         return
-    req_to_token = scheduler.req_to_token_pool.req_to_token
-    bad = []
-    for read, n in guard.check_prefix_reads(state.ledger, state.guard_stats, req_to_token, reads):
-        what = guard.violation_message(state.ledger, req_to_token, read, n, state.epoch)
-        guard.record_violation(state.guard_stats, what + ("; detected only (more than one TP/PP rank)"
-                                                         if state.guard.detect_only else "; failing the request"))
-        if not state.guard.detect_only:
-            bad.append((read.req, what))
+    bad = guard.reads_to_fail(state.ledger, state.guard.config, state.guard.stats,
+                              scheduler.req_to_token_pool.req_to_token, reads, state.epoch)
     if bad:
         fail_prebuilt_reads(scheduler, batch, bad)
 

@@ -12,14 +12,14 @@ def track_prefill_pass(original, scheduler, *args, **kwargs):
     computed (launched batches, the continuing chunk) as its pending set. SGLang's own in-batch threshold (tokens,
     at least a page) decides what sharing is worth a wait."""
     state = state_of(scheduler.tree_cache)
-    if state is None or not state.dedup_enabled or not dedup.applies_to(scheduler.tree_cache):
+    if state is None or not state.dedup.enabled or not dedup.applies_to(scheduler.tree_cache):
         return original(scheduler, *args, **kwargs)
     threshold = max(IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD, scheduler.page_size, 1)
-    state.dedup_pass = dedup.begin_pass(scheduler, threshold)
+    state.dedup.current = dedup.begin_pass(scheduler, threshold)
     try:
         return original(scheduler, *args, **kwargs)
     finally:
-        state.dedup_pass = None
+        state.dedup.current = None
 
 
 def hold_back_duplicate_prefill(original, adder, req, *args, **kwargs):
@@ -27,10 +27,10 @@ def hold_back_duplicate_prefill(original, adder, req, *args, **kwargs):
     for this pass (CONTINUE without admitting it, as SGLang's loop skips a request); an admitted one joins the pass's
     pending set."""
     state = state_of(adder.tree_cache)
-    p = state.dedup_pass if state is not None else None
+    p = state.dedup.current if state is not None else None
     if p is None:
         return original(adder, req, *args, **kwargs)
-    if dedup.should_hold_back(p, req, state.dedup_stats):
+    if dedup.should_hold_back(p, req, state.dedup.stats):
         return AddReqResult.CONTINUE
     result = original(adder, req, *args, **kwargs)
     if adder.can_run_list and adder.can_run_list[-1] is req:

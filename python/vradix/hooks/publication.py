@@ -5,7 +5,7 @@ import logging
 
 from vradix.closed_world import post_load
 from vradix.core import overlap
-from vradix.core.state import UpdateScope, WeightSession, state_of, treeless_of
+from vradix.core.state import UpdateScope, WeightSession, state_of, state_of_scheduler, treeless_of
 from vradix.scheduler.publication import bump_scheduler, current_label, publish_without_tree, refuse_reused_declaration
 
 logger = logging.getLogger("vradix")
@@ -17,7 +17,7 @@ def publish_after_version_record(original, updater, weight_version, *args, **kwa
     per update call; inside one it only applies the label (the session's end bumps, once)."""
     result = original(updater, weight_version, *args, **kwargs)
     scheduler = updater.scheduler
-    state = state_of(scheduler.tree_cache) if scheduler is not None else None
+    state = state_of_scheduler(scheduler)
     if state is not None and state.session is None:
         scope = state.update_scope
         inv = bump_scheduler(scheduler, reason=scope.source if scope else "weight update", label=current_label())
@@ -81,7 +81,7 @@ def _update_handler(source: str, output_type_name: str, needs_session: bool, ref
     def around_update(original, updater, recv_req, *args, **kwargs):
         scheduler = updater.scheduler
         overlap.drain_inflight_batch(scheduler)
-        state = state_of(scheduler.tree_cache) if scheduler is not None else None
+        state = state_of_scheduler(scheduler)
         if state is None:
             if scheduler is None or treeless_of(scheduler.tree_cache) is None:
                 return original(updater, recv_req, *args, **kwargs)
@@ -269,7 +269,7 @@ def open_weight_session(original, updater, recv_req, *args, **kwargs):
             logger.error("vradix: begin_weight_update refused: %s", refused.message)
             return refused
     out = original(updater, recv_req, *args, **kwargs)
-    state = state_of(scheduler.tree_cache) if scheduler is not None else None
+    state = state_of_scheduler(scheduler)
     if state is not None and out.success:
         state.session = WeightSession()
     treeless = treeless_of(scheduler.tree_cache) if scheduler is not None else None
@@ -283,7 +283,7 @@ def publish_on_session_end(original, updater, recv_req, *args, **kwargs):
     a bucket applied, whatever the number of buckets (none: a P2P/RDMA write)."""
     out = original(updater, recv_req, *args, **kwargs)
     scheduler = updater.scheduler
-    state = state_of(scheduler.tree_cache) if scheduler is not None else None
+    state = state_of_scheduler(scheduler)
     treeless = treeless_of(scheduler.tree_cache) if scheduler is not None and state is None else None
     if treeless is not None and out.success and treeless.session_open:
         treeless.session_open = False

@@ -45,17 +45,15 @@ def lock_aware_flush(original, scheduler, *args, **kwargs):
         return True
     if scheduler.is_fully_idle(ignore_waiting=scheduler._engine_paused):
         cached = scheduler.tree_cache.evictable_size() + scheduler.tree_cache.protected_size()
-        host_before = host_tier.available(scheduler.tree_cache)
-        ok = original(scheduler, *args, **kwargs)
+        with host_tier.counting_freed(scheduler.tree_cache) as host:
+            ok = original(scheduler, *args, **kwargs)
         if ok:
             deferred_reclaim.cancel(state)
             state.flushes += 1
-            state.stale_tokens_freed_total += cached
+            state.freed.tokens_total += cached
             state.last = Invalidation(state.epoch, state.epoch, state.label, "flush (idle reset)", tokens_freed=cached,
-                                      mm_embeddings_cleared=mm_embeddings.clear_all())
-            if host_before is not None:
-                state.last.host_tokens_freed = host_tier.available(scheduler.tree_cache) - host_before
-                state.stale_host_tokens_freed_total += state.last.host_tokens_freed
+                                      mm_embeddings_cleared=mm_embeddings.clear_all(), host_tokens_freed=host.tokens)
+            state.freed.count_host(host.tokens)
             metrics.export_metrics(scheduler)
         return ok
     if scope is not None:

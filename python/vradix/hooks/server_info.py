@@ -4,13 +4,13 @@ from __future__ import annotations
 from vradix import __version__
 from vradix.core import host_tier, mm_embeddings
 from vradix.observability import metrics
-from vradix.core.state import state_of, treeless_of
+from vradix.core.state import state_of, state_of_scheduler, treeless_of
 
 
 def report_flush(result, wrapper, *args, **kwargs):
     """AFTER SchedulerFlushWrapper.handle: say what the flush did."""
     scheduler = getattr(wrapper._flush_cache, "__self__", None)
-    state = state_of(scheduler.tree_cache) if scheduler is not None else None
+    state = state_of_scheduler(scheduler)
     if result is not None and result.success and state is not None and state.last is not None:
         result.message = state.last.summary()
     return result
@@ -32,8 +32,9 @@ def report_server_info(result, internal_state, *args, **kwargs):
         block["chunked_prefill_in_progress"] = scheduler.chunked_req is not None
         block["pool"] = pool_accounting(scheduler)
         block["mm_embedding_cache"] = mm_embeddings.stats()
-        if state.metrics is not None:
-            state.metrics.export(block)
+        gauges = metrics.metrics_of(scheduler)
+        if gauges is not None:
+            gauges.export(block)
     result.internal_state["vradix"] = block
     return result
 

@@ -47,14 +47,15 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
                    identity_mode=mode, scope=scope)
     if state.ledger is not None and getattr(scheduler, "enable_hierarchical_cache", False):
         host_ledger.attach(cache, state.ledger)
-    state.guard = state.guard.for_ranks(getattr(scheduler, "tp_size", 1), getattr(scheduler, "pp_size", 1))
+    state.guard.config = state.guard.config.for_ranks(getattr(scheduler, "tp_size", 1),
+                                                      getattr(scheduler, "pp_size", 1))
     state.label = current_label()
-    state.metrics = metrics.metrics_for(scheduler)
+    metrics.attach(scheduler)
     metrics.export_metrics(scheduler)
     logger.info("vradix %s active: epoch-namespaced radix cache (%s, tree core %s), epoch %d, weight_id %s (%s)%s; "
                 "KV page ledger %s (verify=%s, audit=%s)", __version__, type(cache).__name__, state.tree_core,
                 state.epoch, state.weight_id, mode, f", role-local scope {scope}" if scope else "",
-                "on" if state.ledger is not None else "off", state.guard.verify, state.guard.audit)
+                "on" if state.ledger is not None else "off", state.guard.config.verify, state.guard.config.audit)
 
 
 def role_scope(scheduler) -> Optional[str]:

@@ -14,6 +14,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from vradix import settings
 from vradix.kernels import reference
 from vradix.kernels.reference import FREE, NO_VIOLATION
 
@@ -57,7 +58,7 @@ def available(impl: str, device: torch.device) -> bool:
 
 
 def impl_for(t: torch.Tensor, impl: Optional[str] = None) -> str:
-    impl = impl or os.environ.get("VRADIX_KERNELS", "auto")
+    impl = impl or settings.value("VRADIX_KERNELS")
     if impl != "auto":
         if not available(impl, t.device):
             raise RuntimeError(f"vradix kernel implementation {impl!r} is not available for {t.device} tensors")

@@ -25,28 +25,22 @@ unlocked stale node, and a locked one is in its holder's row) — leaks. They ar
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
 
-from vradix import kernels, request
+from vradix import kernels, request, settings
 from vradix.ledger.device import PageLedger
 from vradix.request import ReqState
 
 logger = logging.getLogger("vradix")
 
-VERIFY_MODES = ("off", "sample", "strict")
-AUDIT_MODES = ("off", "report", "repair")
-
-
-class GuardConfigError(ValueError):
-    """A VRADIX_VERIFY / VRADIX_AUDIT setting that vradix does not understand."""
-
-
 @dataclass
 class GuardConfig:
+    """The guard's and the audit's modes: VRADIX_VERIFY, VRADIX_VERIFY_SAMPLE_EVERY, VRADIX_AUDIT (`vradix.settings`),
+    narrowed to detection only on a multi-rank engine (`for_ranks`)."""
+
     verify: str = "strict"
     sample_every: int = 16
     audit: str = "report"
@@ -57,16 +51,9 @@ class GuardConfig:
 
     @classmethod
     def from_env(cls) -> "GuardConfig":
-        verify = os.environ.get("VRADIX_VERIFY", "strict").strip().lower()
-        audit = os.environ.get("VRADIX_AUDIT", "report").strip().lower()
-        every = os.environ.get("VRADIX_VERIFY_SAMPLE_EVERY", "16").strip()
-        if verify not in VERIFY_MODES:
-            raise GuardConfigError(f"VRADIX_VERIFY={verify!r}: expected one of {', '.join(VERIFY_MODES)}")
-        if audit not in AUDIT_MODES:
-            raise GuardConfigError(f"VRADIX_AUDIT={audit!r}: expected one of {', '.join(AUDIT_MODES)}")
-        if not every.isdigit() or int(every) < 1:
-            raise GuardConfigError(f"VRADIX_VERIFY_SAMPLE_EVERY={every!r}: expected a positive integer")
-        return cls(verify=verify, sample_every=int(every), audit=audit)
+        """The modes the environment sets. Raises `settings.SettingsError` for an unusable one."""
+        return cls(verify=settings.value("VRADIX_VERIFY"), sample_every=settings.value("VRADIX_VERIFY_SAMPLE_EVERY"),
+                   audit=settings.value("VRADIX_AUDIT"))
 
     def for_ranks(self, tp_size: int, pp_size: int = 1) -> "GuardConfig":
         """This config for an engine of `tp_size` x `pp_size` ranks: detection only when there is more than one."""
@@ -181,6 +168,23 @@ def record_violation(stats: GuardStats, what: str) -> None:
     stats.violations_caught += 1
     stats.last_violation = what
     logger.error("vradix verify guard: %s", what)
+
+
+#: what a violation's record says when the engine only detects (`GuardConfig.detect_only`)
+DETECTED_ONLY = "detected only (more than one TP/PP rank)"
+
+
+def reads_to_fail(ledger: PageLedger, config: GuardConfig, stats: GuardStats, req_to_token: torch.Tensor,
+                  reads: list[PrefixRead], current: int) -> list[tuple[object, str]]:
+    """The strict check of a batch's prefix reads (`check_prefix_reads`): every violation is recorded, and the
+    (request, message) of each one that must fail is returned; none when the engine only detects."""
+    failing = []
+    for read, n in check_prefix_reads(ledger, stats, req_to_token, reads):
+        what = violation_message(ledger, req_to_token, read, n, current)
+        record_violation(stats, f"{what}; {DETECTED_ONLY if config.detect_only else 'failing the request'}")
+        if not config.detect_only:
+            failing.append((read.req, what))
+    return failing
 
 
 # ---- sample: one fused check per prefill batch -----------------------------------------------------------------------

@@ -51,12 +51,23 @@ def metrics_for(scheduler) -> Optional[Metrics]:
     return Metrics(dict(getattr(collector, "labels", {}) or {}))
 
 
+def attach(scheduler) -> None:
+    """Give `scheduler` its gauges (`metrics_for`). The handle is kept on the scheduler, apart from the engine's
+    versioned-cache state: it is an output of that state, never part of it."""
+    scheduler._vradix_metrics = metrics_for(scheduler)
+
+
+def metrics_of(scheduler) -> Optional[Metrics]:
+    """The gauges `attach` gave `scheduler`, or None (no --enable-metrics, or vradix is not versioning its cache)."""
+    return getattr(scheduler, "_vradix_metrics", None)
+
+
 def export_metrics(scheduler) -> None:
     """Refresh the gauges from the engine state (after every invalidation and on every server-info read)."""
-    state = state_of(scheduler.tree_cache)
-    if state is None or state.metrics is None:
+    gauges = metrics_of(scheduler)
+    if gauges is None or state_of(scheduler.tree_cache) is None:
         return
-    state.metrics.export(state_block(scheduler))
+    gauges.export(state_block(scheduler))
 
 
 def state_block(scheduler) -> dict:

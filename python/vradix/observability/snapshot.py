@@ -299,4 +299,4 @@ def storage_view(state: EpochState, cache) -> Optional[dict]:
         return None
     backend = cache.cache_controller.storage_backend
     return {"backend": type(getattr(backend, "_backend", backend)).__name__,
-            "pages_backed_up_by_weight_id": dict(state.storage_pages_backed_up)}
+            "pages_backed_up_by_weight_id": dict(state.storage.pages_backed_up)}

@@ -45,7 +45,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
         logger.info("vradix: %d storage prefetch(es) revoked, %d lookup(s) re-issued under the new namespace",
                     revoked, reissued)
     if state.ledger is not None:
-        guard.audit(state.guard, state.guard_stats, state.ledger, scheduler.tree_cache, live, state.epoch)
+        guard.audit(state.guard.config, state.guard.stats, state.ledger, scheduler.tree_cache, live, state.epoch)
     logger.info(inv.summary() + " in %.3f ms; %d multimodal embedding(s), %d position grid(s) cleared",
                 inv.latency_ms, inv.mm_embeddings_cleared, inv.position_grids_cleared)
     metrics.export_metrics(scheduler)
