@@ -180,10 +180,21 @@ class PdPair(RoutedPair):
 
     def publish_in_place(self, model_path: str, version: str) -> None:
         """The RL publication on a P/D pair: pause both roles in place, update both (no flush), continue both."""
-        roles = (self.prefill, self.decode)
-        for server in roles:
-            server.pause("in_place")
-        for server in roles:
-            server.update_weights(model_path, version)
-        for server in roles:
+        self.pause("in_place")
+        self.update_and_resume(model_path, version)
+
+    def pause(self, mode: str = "in_place") -> None:
+        """Pause both roles directly, prefill first (the first half of `publish_in_place`; the router forwards no
+        control call)."""
+        for server in (self.prefill, self.decode):
+            server.pause(mode)
+
+    def resume(self) -> None:
+        for server in (self.prefill, self.decode):
             server.resume()
+
+    def update_and_resume(self, model_path: str, version: str) -> None:
+        """The rest of `publish_in_place` on a paused pair: update both roles (no flush), then continue both."""
+        for server in (self.prefill, self.decode):
+            server.update_weights(model_path, version)
+        self.resume()
