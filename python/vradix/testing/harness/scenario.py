@@ -49,12 +49,6 @@ class StreamingRequest:
             self.started.set()
 
     @property
-    def tokens(self) -> int:
-        """Output tokens streamed so far."""
-        final = self.final
-        return final["meta_info"]["completion_tokens"] if final else 0
-
-    @property
     def done(self) -> bool:
         """Whether the stream ended: its last chunk (a finish reason) arrived, or it failed."""
         return not self._thread.is_alive() or self.error is not None or bool(
