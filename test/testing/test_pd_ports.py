@@ -1,7 +1,7 @@
 """The P/D kit recovers when another process takes a port it chose before binding it: prefill's bootstrap port
 (prefill binds it during start-up, then serves HTTP without that listener when it was taken) and the router's HTTP
-port (the router exits). Before: the pair's requests failed against a bootstrap port another process held, and a
-router that lost its port failed the pair's start."""
+port (the router exits). Before: prefill was relaunched on the same taken bootstrap port until its attempts ran out,
+and a router that lost its port failed the pair's start."""
 import socket
 
 import pytest
