@@ -24,7 +24,7 @@ import requests
 from vradix.pd import layout
 from vradix.testing.harness import pd
 from vradix.testing.harness.reliability import wait_until
-from vradix.testing.harness.scenario import StreamingRequest
+from vradix.testing.harness.scenario import StreamingRequest, crossed_update, pause_holding
 from vradix.testing.harness.server import CpuServer, ServerDied
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -218,6 +218,33 @@ def check_served_whole_or_refused(r: requests.Response, oracle, ids: dict) -> No
         assert body["output_ids"] == oracle[ids[prompt_ids.pop()]], body
 
 
+def publication_with_requests_decoding(pair, models):
+    """One attempt: both roles on A, DECODING decoding on decode, requests sent around an in-place publication of B.
+    Returns (a_id, b_id, the around responses, the decoding requests' final meta_info), or None when a decoding
+    request finished before the publication (SGLang's `weight_versions` of it show one version): the attempt is void,
+    since what the test proves needs every one of them crossing it."""
+    for server in (pair.prefill, pair.decode):
+        server.update_weights(models[0], "A")
+    a_id = weight_id(pair.decode)
+    with cf.ThreadPoolExecutor(4) as pool:
+        around = []
+
+        def send_around_and_pause():
+            around.extend(pool.submit(generate_raw, pair) for _ in range(4))
+            pair.pause("in_place")
+
+        # the first request decodes while the others still prefill, and can finish first: checked at the pause
+        decoding = pause_holding(pair.decode, lambda: [StreamingRequest(pair.url, p, DECODE_TOKENS) for p in DECODING],
+                                 pause=send_around_and_pause, resume=pair.resume, what="the decoding requests")
+        pair.update_and_resume(models[1], "B")
+        b_id = weight_id(pair.decode)
+        responses = [f.result() for f in around]
+    metas = [s.result()["meta_info"] for s in decoding]
+    if not all(crossed_update(meta) for meta in metas):
+        return None
+    return a_id, b_id, responses, metas
+
+
 @needs_pd
 @pytest.mark.timeout(600)
 def test_in_place_publication_on_both_roles_with_requests_in_flight(vradix_pair, models, oracle):
@@ -226,21 +253,14 @@ def test_in_place_publication_on_both_roles_with_requests_in_flight(vradix_pair,
     one identity or refused by the handshake, never a silent mix. Requests after it answer what a fresh server on B
     does, a repeat from decode's cache too, and nothing stale stays pinned on either role."""
     pair = vradix_pair
-    for server in (pair.prefill, pair.decode):
-        server.update_weights(models[0], "A")
-    a_id = weight_id(pair.decode)
-    decoding = [StreamingRequest(pair.url, p, DECODE_TOKENS) for p in DECODING]
-    for s in decoding:
-        assert s.started.wait(120) and s.error is None, s.error
-    with cf.ThreadPoolExecutor(4) as pool:
-        around = [pool.submit(generate_raw, pair) for _ in range(4)]
-        pair.publish_in_place(models[1], "B")
-        b_id = weight_id(pair.decode)
-        assert b_id != a_id and weight_id(pair.prefill) == b_id
-        for f in around:
-            check_served_whole_or_refused(f.result(), oracle, {a_id: "A", b_id: "B"})
-    for s in decoding:
-        meta = s.result()["meta_info"]
+    deadline = time.monotonic() + 300
+    while (attempt := publication_with_requests_decoding(pair, models)) is None:
+        assert time.monotonic() < deadline, "a decoding request finished before every publication"
+    a_id, b_id, around, metas = attempt
+    assert b_id != a_id and weight_id(pair.prefill) == b_id
+    for r in around:
+        check_served_whole_or_refused(r, oracle, {a_id: "A", b_id: "B"})
+    for meta in metas:
         assert meta["completion_tokens"] == DECODE_TOKENS and meta["num_retractions"] == 0, meta
         assert [w for role, w in roles_and_ids_of(meta) if role == "decode"] == [a_id, b_id], meta["pd_spans"]
         assert [v["weight_id"] for v in meta["kv_weight_versions"]] == [a_id, b_id], meta["kv_weight_versions"]

@@ -19,7 +19,7 @@ import pytest
 from vradix.testing.harness import pd
 from vradix.testing.harness.hybrid_oracle import EXTENDED, EXTENDED_AGAIN, NEW_TOKENS, PREFIX, SHORT, SIBLING
 from vradix.testing.harness.reliability import wait_until
-from vradix.testing.harness.scenario import StreamingRequest
+from vradix.testing.harness.scenario import StreamingRequest, pause_holding
 
 MISSING = pd.missing_requirements()
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900),
@@ -80,9 +80,9 @@ def test_a_hybrid_request_crossing_a_publication_on_both_roles_publishes_none_of
     pair = hybrid_pair
     a_id = weight_id(pair.decode)
     ask(pair, EXTENDED)  # decode's tree holds EXTENDED's state under A: a stale hit of len(EXTENDED) after B
-    crossing = StreamingRequest(pair.url, SHORT, CROSSING_TOKENS)
-    assert crossing.started.wait(120) and crossing.error is None, crossing.error
-    pair.publish_in_place(hybrid_models[1], "B")
+    (crossing,) = pause_holding(pair.decode, lambda: [StreamingRequest(pair.url, SHORT, CROSSING_TOKENS)],
+                                pause=lambda: pair.pause("in_place"), resume=pair.resume, what="the crossing request")
+    pair.update_and_resume(hybrid_models[1], "B")
     b_id = weight_id(pair.decode)
     assert b_id != a_id and weight_id(pair.prefill) == b_id
 

@@ -15,7 +15,7 @@ import requests
 import vradix
 from vradix.client import EngineHandle, PublishError, publish
 from vradix.predicate import UnsafeDeployment
-from vradix.testing.harness.scenario import LONG_PROMPT, PROBE, StreamingRequest
+from vradix.testing.harness.scenario import LONG_PROMPT, PROBE, StreamingRequest, pause_holding, pause_took_effect
 from vradix.testing.harness.server import CpuServer, servers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -49,8 +49,41 @@ def wait_for_progress(stream: StreamingRequest, tokens: int, timeout: float = 12
         time.sleep(0.05)
 
 
-def publish_in_place(s, model, version):
-    assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+class StreamFinishedFirst(RuntimeError):
+    """The publish client paused the engine after the request meant to be in flight had finished."""
+
+
+def publish_holding(url, start, *args, deadline_s: float = 300.0, **kwargs):
+    """`publish(url, *args, **kwargs)` with the streaming request `start()` running when the client's pause took
+    effect: its engine handle checks that right after the pause. An attempt where the request finished first fails
+    before any update (the client raises, the engine stays paused): the engine is continued, the request drained, and
+    a new attempt starts, until `deadline_s`. Returns (the request, the client's results)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        stream = start()
+        stream.wait_decoding()
+
+        class Holding(EngineHandle):
+            def post_ok(self, path, payload=None):
+                r = super().post_ok(path, payload)
+                if path == "/pause_generation":
+                    pause_took_effect(self)
+                    if stream.done:
+                        raise StreamFinishedFirst("the streaming request finished before the pause")
+                return r
+
+        try:
+            return stream, publish(url, *args, engine_factory=Holding, **kwargs)
+        except PublishError as e:
+            if not isinstance(e.__cause__, StreamFinishedFirst):
+                raise
+        assert requests.post(url + "/continue_generation", timeout=60).status_code == 200
+        stream.result()
+        assert time.monotonic() < deadline, "the streaming request finished before every pause of the publish client"
+
+
+def update_and_continue(s, model, version):
+    """The rest of an in-place publication on a paused server: update without a flush, continue."""
     upd = s.post("/update_weights_from_disk", {"model_path": model, "flush_cache": False,
                                                "weight_version": version}).json()
     assert upd["success"], upd
@@ -66,12 +99,14 @@ def test_provenance_in_meta_info_across_two_publications(server, models):
     assert "kv_weight_versions" not in first  # never crossed a publication
     assert s.generate(PROBE, 4)["meta_info"]["prefix_cache"]["cached_tokens"] == 200
 
-    stream = StreamingRequest(s.url, LONG_PROMPT, 300)
-    assert stream.started.wait(120)
-    msg = publish_in_place(s, models[1], "v2")
+    (stream,) = pause_holding(s, lambda: [StreamingRequest(s.url, LONG_PROMPT, 300)])
+    msg = update_and_continue(s, models[1], "v2")
     assert f"epoch {e0}->{e0 + 1}" in msg and "freed" in msg and "stale tokens pinned by 1 crossing" in msg
     wait_for_progress(stream, 5)  # some KV computed under v2 before the next publication
-    publish_in_place(s, models[0], "v3")
+    assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    pause_took_effect(s)  # the request must cross this publication too: 295 of its tokens were left 5 tokens ago
+    assert not stream.done, "the streaming request finished before the second publication"
+    update_and_continue(s, models[0], "v3")
     final = stream.result()["meta_info"]
     assert final["num_retractions"] == 0 and final["completion_tokens"] == 300
 
@@ -124,9 +159,7 @@ def test_server_info_metrics_and_flush_report(server):
     assert float(epoch_line.rsplit(" ", 1)[1]) == v["epoch"]
     assert "sglang:vradix_stale_tokens_pinned{" in metrics and "sglang:vradix_publications{" in metrics
 
-    stream = StreamingRequest(s.url, LONG_PROMPT, 100)
-    assert stream.started.wait(120)
-    assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    (stream,) = pause_holding(s, lambda: [StreamingRequest(s.url, LONG_PROMPT, 100)])
     r = s.post("/flush_cache")
     assert r.status_code == 200
     assert f"vradix: epoch {v['epoch']}->{v['epoch'] + 1} (lock-aware flush" in r.text
@@ -149,9 +182,7 @@ def test_cache_inspector_after_a_publication_and_refused_without_vradix(server, 
     top = requests.get(s.url + "/vradix/cache?limit=1&head=4", timeout=60).json()["top_prefixes"]["items"][0]
     assert top["hits"] >= 2 and top["head_tokens"] == PROBE[:4] and top["lock_count"] == 0
     e0 = s.vradix_info()["epoch"]
-    stream = StreamingRequest(s.url, LONG_PROMPT, 200)
-    assert stream.started.wait(120)
-    assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    (stream,) = pause_holding(s, lambda: [StreamingRequest(s.url, LONG_PROMPT, 200)])
     upd = s.post("/update_weights_from_disk", {"model_path": models[1], "flush_cache": False,
                                                "weight_version": "v-inspect"}).json()
     assert upd["success"], upd
@@ -179,9 +210,7 @@ def test_cache_inspector_after_a_publication_and_refused_without_vradix(server, 
 def test_publish_client_on_vradix_engine_in_place_and_fail_closed(server, models):
     s = server
     before = s.vradix_info()["epoch"]
-    stream = StreamingRequest(s.url, LONG_PROMPT, 200)
-    assert stream.started.wait(120)
-    (res,) = publish(s.url, models[1], "c1")
+    stream, (res,) = publish_holding(s.url, lambda: StreamingRequest(s.url, LONG_PROMPT, 200), models[1], "c1")
     assert res.verified and res.vradix and res.state == "running"
     assert res.plan.pause_mode == "in_place" and not res.plan.flush
     assert res.epochs_before == [before] and res.epochs_after == [before + 1] and res.label_after == "c1"
@@ -217,9 +246,8 @@ def test_publish_client_on_stock_engine_retracts_flushes_and_verifies_with_a_pro
     assert s.vradix_info() is None
     with pytest.raises(UnsafeDeployment, match="in_place pause on an engine without vradix"):
         publish(s.url, models[1], "s0", pause_mode="in_place")  # rejected before touching the engine
-    stream = StreamingRequest(s.url, LONG_PROMPT, 200)
-    assert stream.started.wait(120)
-    (res,) = publish(s.url, models[1], "s1", seed=7)
+    stream, (res,) = publish_holding(s.url, lambda: StreamingRequest(s.url, LONG_PROMPT, 200), models[1], "s1",
+                                     seed=7)
     assert res.verified and not res.vradix and res.state == "running"
     assert (res.plan.pause_mode, res.plan.radix_enabled, res.plan.flush) == ("retract", True, True)
     assert res.probe_cached_before > 0  # the probe was really cached before the publication...

@@ -11,13 +11,15 @@ any step stops the scheduler and fails the test. After each scenario:
 - the engine keeps serving (the probes themselves).
 """
 import concurrent.futures as cf
+import itertools
+import time
 
 import pytest
 import requests
 
 from vradix.testing.harness.hicache_store import hicache_server
 from vradix.testing.harness.reliability import STRICT_CHECK_ENV, oracles, publish, strict_idle_check, wait_until
-from vradix.testing.harness.scenario import PREFIX, PROBE, StreamingRequest
+from vradix.testing.harness.scenario import PREFIX, PROBE, StreamingRequest, pause_holding, pause_took_effect
 from vradix.testing.harness.server import CpuServer
 from vradix.testing.models.llama import generate
 
@@ -68,6 +70,12 @@ class Engine:
     def pause(self):
         assert self.s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
 
+    def pause_holding(self, *streams):
+        """Start the streaming requests `streams` ((prompt, tokens, extra) each) and pause in place once every one
+        is decoding; returns them, each still running when the pause took effect (`scenario.pause_holding`)."""
+        return pause_holding(self.s, lambda: [StreamingRequest(self.s.url, p, n, **extra) for p, n, extra in streams],
+                             resume=self.resume)
+
     def resume(self):
         assert self.s.post("/continue_generation").status_code == 200
 
@@ -93,7 +101,8 @@ def engine(models, oracle):
 
 
 def test_publication_during_chunked_prefill(engine, oracle):
-    for attempt in range(4):
+    give_up = time.monotonic() + 300  # a prefill that ends before the pause voids the attempt
+    for attempt in itertools.count():
         long = StreamingRequest(engine.s.url, CHUNKED_PROMPT, 4)
         wait_until(lambda: engine.s.vradix_info()["chunked_prefill_in_progress"] or long.started.is_set(), 120,
                    "the chunked prefill")
@@ -104,16 +113,15 @@ def test_publication_during_chunked_prefill(engine, oracle):
         assert final["meta_info"]["num_retractions"] == 0
         if "(1 mid-prefill)" in body["message"]:
             break
-    else:
-        pytest.fail(f"publication never landed mid-prefill: {body['message']}")
+        if time.monotonic() > give_up:
+            pytest.fail(f"publication never landed mid-prefill in {attempt + 1} attempts: {body['message']}")
     # the crossing request's chunks were inserted nowhere: a fresh prefill of the same prompt equals the oracle
     engine.check(oracle, "chunked", expect_cached=0)
 
 
 def test_abort_of_requests_paused_in_place(engine, oracle):
     engine.s.generate(PROBE, 4)  # PROBE cached under the current weights
-    streams = [engine.stream(LONG + [i], 2000, rid=f"paused-{i}") for i in range(3)]
-    engine.pause()
+    streams = engine.pause_holding(*[(LONG + [i], 2000, {"rid": f"paused-{i}"}) for i in range(3)])
     engine.s.post("/abort_request", {"rid": "paused-0"})  # aborted before the publication
     engine.update()
     engine.s.post("/abort_request", {"rid": "paused-1"})  # aborted while crossing
@@ -129,8 +137,7 @@ def test_abort_of_requests_paused_in_place(engine, oracle):
 def test_storm_of_publications_while_paused(engine, oracle):
     engine.s.generate(PROBE, 4)
     epoch = engine.s.vradix_info()["epoch"]
-    streams = [engine.stream(LONG + [i], 60) for i in range(2)]
-    engine.pause()
+    streams = engine.pause_holding(*[(LONG + [i], 60, {}) for i in range(2)])
     for i in range(11):
         engine.update()
         if i % 4 == 1:  # relabel only: also a publication
@@ -148,8 +155,7 @@ def test_storm_of_publications_while_paused(engine, oracle):
 def test_failed_update_from_bad_path_while_requests_in_flight(engine, oracle):
     engine.s.generate(PROBE, 4)
     before = engine.s.vradix_info()
-    streams = [engine.stream(LONG + [i], 60) for i in range(2)]
-    engine.pause()
+    streams = engine.pause_holding(*[(LONG + [i], 60, {}) for i in range(2)])
     r = engine.s.post("/update_weights_from_disk", {"model_path": "/nonexistent/weights", "flush_cache": False,
                                                      "weight_version": "never"})
     assert r.status_code == 400 and not r.json()["success"]
@@ -170,22 +176,45 @@ def test_failed_update_from_bad_path_while_requests_in_flight(engine, oracle):
     engine.check(oracle, expect_cached=0)
 
 
+def abort_blockers(engine) -> None:
+    for i in range(MAX_RUNNING):
+        engine.s.post("/abort_request", {"rid": f"blocker-{i}"})
+
+
+def pause_with_the_waiting_queue_full(engine, pool, deadline_s: float = 300.0):
+    """MAX_RUNNING long requests fill the running batch, so every waiter stays in the scheduler's waiting queue (their
+    max_new_tokens is small enough that all of them fit the KV budget the scheduler reserves); pause in place then.
+    Returns (blockers, waiter futures) once the pause took effect with every blocker running and every waiter queued.
+    An attempt where a blocker finished first (a waiter took its slot) is void: continued, aborted, drained, and
+    started afresh, until `deadline_s`."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        blockers = [engine.stream(LONG + [i], 1000, rid=f"blocker-{i}") for i in range(MAX_RUNNING)]
+        futs = [pool.submit(engine.s.generate, p, 4, 300) for p in WAITERS]
+        wait_until(lambda: engine.s.vradix_info()["pool"]["waiting_requests"] == len(WAITERS)
+                   or any(b.done for b in blockers), 120, "the waiting queue to fill")
+        engine.pause()
+        pause_took_effect(engine.s)
+        if not any(b.done for b in blockers) and engine.s.vradix_info()["pool"]["waiting_requests"] == len(WAITERS):
+            return blockers, futs
+        engine.resume()
+        abort_blockers(engine)
+        for f in futs:
+            f.result(300)
+        for b in blockers:
+            b.result(300)
+        assert time.monotonic() < deadline, "a blocker finished before every pause with the waiting queue full"
+
+
 def test_publication_while_the_waiting_queue_holds_many_requests(engine, oracle):
-    # MAX_RUNNING long requests fill the running batch, so every waiter stays in the scheduler's waiting queue (their
-    # max_new_tokens is small enough that all of them fit the KV budget the scheduler reserves)
-    blockers = [engine.stream(LONG + [i], 1000, rid=f"blocker-{i}") for i in range(MAX_RUNNING)]
     try:
         with cf.ThreadPoolExecutor(len(WAITERS)) as pool:
-            futs = [pool.submit(engine.s.generate, p, 4, 300) for p in WAITERS]
-            wait_until(lambda: engine.s.vradix_info()["pool"]["waiting_requests"] == len(WAITERS), 120,
-                       "the waiting queue to fill")
-            engine.pause()
+            blockers, futs = pause_with_the_waiting_queue_full(engine, pool)
             body = engine.update()
             assert f"{len(WAITERS)} queued request(s) re-bound" in body["message"], body["message"]
             assert f"{MAX_RUNNING} crossing request(s)" in body["message"], body["message"]
             engine.resume()
-            for i in range(MAX_RUNNING):  # free the running slots; the crossing blockers end without retraction
-                engine.s.post("/abort_request", {"rid": f"blocker-{i}"})
+            abort_blockers(engine)  # free the running slots; the crossing blockers end without retraction
             outs = [f.result(300) for f in futs]
     finally:
         engine.s.post("/continue_generation")
@@ -201,8 +230,7 @@ def test_publication_while_the_waiting_queue_holds_many_requests(engine, oracle)
 def test_pause_continue_without_publication_keeps_the_cache(engine, oracle):
     engine.s.generate(PROBE, 4)
     epoch = engine.s.vradix_info()["epoch"]
-    stream = engine.stream()
-    engine.pause()
+    (stream,) = engine.pause_holding((LONG, 60, {}))
     engine.resume()
     assert stream.result(300)["meta_info"]["num_retractions"] == 0
     engine.check(oracle, expect_cached=len(PREFIX))  # nothing invalidated: the prefix is still shared

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from sglang.srt.utils import MultiprocessingSerializer
 
 from vradix.testing.harness.reliability import STRICT_CHECK_ENV, oracle_outputs, strict_idle_check
-from vradix.testing.harness.scenario import LONG_PROMPT, PREFIX, PROBE, StreamingRequest
+from vradix.testing.harness.scenario import LONG_PROMPT, PREFIX, PROBE, StreamingRequest, pause_holding
 from vradix.testing.harness.server import CpuServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -51,13 +51,30 @@ def tensor_buckets(model_dir: str, n: int):
         yield [MultiprocessingSerializer.serialize([(k, tensors[k]) for k in group], output_str=True)]
 
 
-def test_bucketed_session_is_one_publication_with_requests_in_flight(server, models, oracle_b):
-    server.generate(PROBE, 4)  # PROBE's prefix cached under A
-    before = server.vradix_info()
-    inflight = StreamingRequest(server.url, LONG_PROMPT, 200)
-    assert inflight.started.wait(120), "in-flight request never started"
+def begin_session_holding(server):
+    """PROBE cached, the server info before, and `/begin_weight_update` (which pauses in place) with a request in
+    flight when its pause took effect. An attempt where the request finished first is void: its session ends with no
+    bucket (one bump, weights unchanged), and the next attempt reads `before` afresh. Returns (before, the begin
+    response, the request)."""
+    attempt = {}
 
-    begin = server.post("/begin_weight_update", {})
+    def start():
+        server.generate(PROBE, 4)  # PROBE's prefix cached under A
+        attempt["before"] = server.vradix_info()
+        return [StreamingRequest(server.url, LONG_PROMPT, 200)]
+
+    def begin():
+        attempt["begin"] = server.post("/begin_weight_update", {})
+
+    def end_void_session():
+        assert server.post("/end_weight_update", {}).status_code == 200
+
+    (inflight,) = pause_holding(server, start, pause=begin, resume=end_void_session, what="the in-flight request")
+    return attempt["before"], attempt["begin"], inflight
+
+
+def test_bucketed_session_is_one_publication_with_requests_in_flight(server, models, oracle_b):
+    before, begin, inflight = begin_session_holding(server)
     assert begin.status_code == 200 and "paused in place" in begin.json()["message"], begin.text
     v = server.vradix_info()
     assert v["pool"]["paused"] and v["weight_session"] == {"buckets": 0, "failed_buckets": 0}

@@ -12,7 +12,7 @@ from transformers.models.nemotron_h import modeling_nemotron_h as hf
 
 from vradix.testing.cpu_aids import hybrid
 from vradix.testing.harness.hybrid_oracle import EXTENDED, EXTENDED_AGAIN, FORKED, NEW_TOKENS, PREFIX, SHORT, SIBLING
-from vradix.testing.harness.scenario import StreamingRequest
+from vradix.testing.harness.scenario import StreamingRequest, pause_holding
 from vradix.testing.harness.server import CpuServer, is_hybrid_model
 
 DIM, WIDTH = 24, 4
@@ -142,9 +142,7 @@ def test_apply_binds_the_stand_ins_and_import_time_names():
 def publish(server, weights: str) -> StreamingRequest:
     """An in_place publication of `weights` as version "B" (no flush) with a request running across it; returns
     that request."""
-    crossing = StreamingRequest(server.url, SHORT, 40)
-    assert crossing.started.wait(120)
-    assert server.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    (crossing,) = pause_holding(server, lambda: [StreamingRequest(server.url, SHORT, 40)])
     server.update_weights(weights, "B", flush=False)
     assert server.post("/continue_generation", {}).status_code == 200
     return crossing

@@ -16,6 +16,10 @@ What it starts (each process bounded by a deadline and always killed, process gr
 - the router: `python -m smg.launch_router` (or `sglang_router.launch_router`) `--pd-disaggregation --prefill URL B
   --decode URL`, every listener (its metrics one included) bound to 127.0.0.1.
 
+Every port (the servers' HTTP ports, prefill's bootstrap port, the router's HTTP and metrics ports) is chosen before
+its process binds it, so another process can take it first: that part is then started afresh on new ports, within its
+start deadline (`CpuServer`'s `launch_ports`, `Router`).
+
 The `fake` transfer backend moves no KV and is never used. What the pair needs beyond the project's venv is named by
 `missing_requirements()` (tests skip with that reason): the PyPI wheel `mooncake-transfer-engine-non-cuda`, the Debian
 library `libibverbs1`, and a router (`smg` or `sglang-router`).
@@ -43,6 +47,7 @@ from vradix.testing.harness.process import LoggedProcess
 from vradix.testing.harness.server import CpuServer, free_port, start_servers
 
 TRANSFER_FLAGS = ["--disaggregation-transfer-backend", "mooncake_tcp"]
+BOOTSTRAP_FLAG = "--disaggregation-bootstrap-port"
 #: the prompt of the P/D E2E tests (600 tokens: long enough that prefill sends KV over several pages)
 PROMPT = [(i * 7) % 480 + 20 for i in range(600)]
 #: routers that speak SGLang's P/D protocol, in order of preference: (module, launch module)
@@ -71,6 +76,11 @@ def router_module() -> Optional[str]:
     return None
 
 
+def free_bootstrap_port() -> int:
+    """A port for the prefill role's bootstrap server (`free_port`; its own name so a test can hand out a taken one)."""
+    return free_port()
+
+
 def with_pd_cpu_aid(env: dict) -> dict:
     """`env` (the overrides a `CpuServer` applies over this process's environment) with the mooncake CPU aid's
     plugin folder first on PYTHONPATH."""
@@ -78,16 +88,38 @@ def with_pd_cpu_aid(env: dict) -> dict:
     return {**env, "PYTHONPATH": os.pathsep.join(p for p in (mooncake_aid.PLUGIN_PATH, path) if p)}
 
 
+#: what the router logs, and then exits, when its HTTP or metrics listener's port was taken
+ROUTER_BIND_LOST = "Address already in use"
+
+
+class RouterLostPort(RuntimeError):
+    """The router exited because another process held a port it chose (the caller starts it on new ports)."""
+
+
 class Router(LoggedProcess, ServerClient):
-    """The real P/D router in front of one prefill and one decode server, on loopback only."""
+    """The real P/D router in front of one prefill and one decode server, on loopback only.
+
+    Its two ports (HTTP and metrics) are chosen before it binds them; a start that lost one to another process is
+    started afresh on new ports, within `startup_timeout`."""
 
     def __init__(self, prefill_url: str, bootstrap_port: int, decode_url: str, *, startup_timeout: float = 180.0,
                  timeout: float = 120.0):
         launcher = router_module()
         if launcher is None:
             raise RuntimeError("no P/D router installed (pip install smg)")
+        super().__init__("http://127.0.0.1", timeout)  # the port is chosen at launch
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            self._launch(launcher, prefill_url, bootstrap_port, decode_url)
+            try:
+                return self._wait_ready(deadline, startup_timeout)
+            except RouterLostPort:
+                if time.monotonic() >= deadline:
+                    raise
+
+    def _launch(self, launcher: str, prefill_url: str, bootstrap_port: int, decode_url: str) -> None:
         self.port = free_port()
-        super().__init__(f"http://127.0.0.1:{self.port}", timeout)
+        self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="router-", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", launcher, "--host", "127.0.0.1", "--port", str(self.port),
                "--pd-disaggregation", "--prefill", prefill_url, str(bootstrap_port), "--decode", decode_url,
@@ -95,15 +127,16 @@ class Router(LoggedProcess, ServerClient):
                # the metrics listener binds 0.0.0.0:29000 by default: keep it on loopback, on a free port
                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait_ready(startup_timeout)
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _wait_ready(self, deadline: float, timeout: float) -> None:
         """Until the router routes: smg's `/readiness` answers 200 once both workers are registered and healthy (its
-        `/health` is up before that); a router without `/readiness` is probed with `/health_generate`."""
-        deadline = time.monotonic() + timeout
+        `/health` is up before that); a router without `/readiness` is probed with `/health_generate`. Raises
+        `RouterLostPort` when it exited for a taken port."""
         probe = "/readiness"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if ROUTER_BIND_LOST in self.logs():
+                    raise RouterLostPort(f"router lost a port:\n{self.tail(5)}")
                 raise RuntimeError(f"router exited with {self.proc.returncode}:\n{self.tail()}")
             try:
                 status = requests.get(self.url + probe, timeout=30).status_code
@@ -145,26 +178,27 @@ class PdPair(RoutedPair):
     def __init__(self, model_path: str, *, vradix: bool = True, decode_radix: bool = True,
                  prefill_args: Sequence[str] = (), decode_args: Sequence[str] = (), env: Optional[dict] = None,
                  startup_timeout: float = 600.0, timeout: float = 300.0):
-        self.bootstrap_port = free_port()
         self.prefill: Optional[CpuServer] = None
         self.decode: Optional[CpuServer] = None
         self.router: Optional[Router] = None
         server_env = with_pd_cpu_aid(dict(env or {}))
         # the handshake compares weight_ids across the roles: equal weights must get equal ids (a nonce never does)
         identity_flags = ["--vradix-weight-identity", "fingerprint"] if vradix else []
-        prefill_flags = ["--disaggregation-mode", "prefill", *TRANSFER_FLAGS,
-                         "--disaggregation-bootstrap-port", str(self.bootstrap_port), "--disable-overlap-schedule",
+        prefill_flags = ["--disaggregation-mode", "prefill", *TRANSFER_FLAGS, "--disable-overlap-schedule",
                          *identity_flags, *prefill_args]
         decode_flags = ["--disaggregation-mode", "decode", *TRANSFER_FLAGS,
                         *(["--disaggregation-decode-enable-radix-cache"] if decode_radix else []), *identity_flags,
                         *decode_args]
 
-        def start(flags):
+        def start(flags, **ports):
             return CpuServer(model_path, vradix=vradix, extra_args=flags, env=server_env,
-                             startup_timeout=startup_timeout, timeout=timeout)
+                             startup_timeout=startup_timeout, timeout=timeout, **ports)
 
-        started = start_servers(lambda: start(prefill_flags), lambda: start(decode_flags))
+        # prefill binds the bootstrap port after start-up: chosen per launch, so a lost one is chosen again
+        bootstrap = {BOOTSTRAP_FLAG: free_bootstrap_port}
+        started = start_servers(lambda: start(prefill_flags, launch_ports=bootstrap), lambda: start(decode_flags))
         self.prefill, self.decode = started
+        self.bootstrap_port = self.prefill.launch_ports[BOOTSTRAP_FLAG]
         try:
             self.router = Router(self.prefill.url, self.bootstrap_port, self.decode.url, timeout=timeout)
         except BaseException:
@@ -180,10 +214,21 @@ class PdPair(RoutedPair):
 
     def publish_in_place(self, model_path: str, version: str) -> None:
         """The RL publication on a P/D pair: pause both roles in place, update both (no flush), continue both."""
-        roles = (self.prefill, self.decode)
-        for server in roles:
-            server.pause("in_place")
-        for server in roles:
-            server.update_weights(model_path, version)
-        for server in roles:
+        self.pause("in_place")
+        self.update_and_resume(model_path, version)
+
+    def pause(self, mode: str = "in_place") -> None:
+        """Pause both roles directly, prefill first (the first half of `publish_in_place`; the router forwards no
+        control call)."""
+        for server in (self.prefill, self.decode):
+            server.pause(mode)
+
+    def resume(self) -> None:
+        for server in (self.prefill, self.decode):
             server.resume()
+
+    def update_and_resume(self, model_path: str, version: str) -> None:
+        """The rest of `publish_in_place` on a paused pair: update both roles (no flush), then continue both."""
+        for server in (self.prefill, self.decode):
+            server.update_weights(model_path, version)
+        self.resume()

@@ -1,10 +1,19 @@
-"""The publication scenarios shared by the E2E tests and `make demo` (real server, real HTTP calls)."""
+"""The publication scenarios shared by the E2E tests and `make demo` (real server, real HTTP calls).
+
+Timing preconditions: a scenario that needs a request in flight at a pause does not trust the clock. It holds the
+request (a long `max_new_tokens` with `ignore_eos`), waits until the request has streamed a token (it is decoding),
+pauses, and then checks that the request was still running when the pause took effect (`pause_holding`); a request
+that finished first voids the attempt, which is undone (continue, drain) and started afresh, within a deadline. Where
+the weight version changes during the pause, `crossed_update` confirms it afterwards from SGLang's own per-request
+record (`weight_versions`).
+"""
 from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, List, Optional, Sequence
 
 import requests
 
@@ -39,6 +48,18 @@ class StreamingRequest:
         finally:
             self.started.set()
 
+    @property
+    def done(self) -> bool:
+        """Whether the stream ended: its last chunk (a finish reason) arrived, or it failed."""
+        return not self._thread.is_alive() or self.error is not None or bool(
+            self.final and self.final["meta_info"].get("finish_reason"))
+
+    def wait_decoding(self, timeout: float = 120.0) -> None:
+        """Until the request has streamed an output token (it is past prefill and decoding); raises if it failed."""
+        assert self.started.wait(timeout), "streaming request never started"
+        if self.error is not None:
+            raise self.error
+
     def result(self, timeout: float = 300.0) -> dict:
         self._thread.join(timeout)
         if self._thread.is_alive():
@@ -46,6 +67,61 @@ class StreamingRequest:
         if self.error is not None:
             raise self.error
         return self.final
+
+
+#: how long `pause_holding` retries by default: a loaded 2-core machine can void a few attempts
+HOLD_DEADLINE_S = 300.0
+
+
+def pause_took_effect(server) -> None:
+    """Return once the scheduler of `server` (anything with its `url`) has handled every call sent before it (SGLang
+    answers a pause before its scheduler has seen it).
+
+    A server-info call travels to the scheduler behind the pause and is answered after it; the outputs the scheduler
+    emitted before the pause travel on a second socket to the same tokenizer, so a second round trip lets the
+    tokenizer stream them out before this returns (a request that finished first shows as `done`)."""
+    for _ in range(2):
+        requests.get(server.url + "/get_server_info", timeout=60).raise_for_status()
+
+
+def pause_holding(server, start: Callable[[], Sequence[StreamingRequest]], *,
+                  pause: Optional[Callable[[], None]] = None, resume: Optional[Callable[[], None]] = None,
+                  deadline_s: float = HOLD_DEADLINE_S, what: str = "requests") -> List[StreamingRequest]:
+    """Start requests (`start()`), wait until each is decoding, pause, and return them once the pause took effect
+    with every one still running: the precondition of a request in flight at a pause.
+
+    `server`: where the requests run (the one whose pause is checked); `pause` / `resume` (default: `server`'s
+    in_place pause and its continue) pause and resume everything the scenario pauses (both roles of a P/D pair).
+    An attempt in which a request finished before the pause is void: it is resumed and drained, and a new attempt
+    starts, until `deadline_s` (then AssertionError naming the precondition). Invariant: on return the engine is
+    paused and none of the returned requests has finished."""
+    pause = pause or (lambda: server.pause("in_place"))
+    resume = resume or server.resume
+    deadline = time.monotonic() + deadline_s
+    attempts = 0
+    while True:
+        attempts += 1
+        streams = list(start())
+        for s in streams:
+            s.wait_decoding()
+        pause()
+        pause_took_effect(server)
+        if not any(s.done for s in streams):
+            return streams
+        resume()
+        for s in streams:
+            s.result()
+        assert time.monotonic() < deadline, (f"{what} never still running at a pause in {attempts} attempt(s) "
+                                             f"({deadline_s}s): each time one finished first")
+
+
+def crossed_update(meta: dict) -> bool:
+    """Whether the request whose final `meta_info` this is was running when its server's weight version changed.
+
+    SGLang's scheduler records a version event on every live request with output tokens when the version changes
+    (`record_weight_version_change`); the final chunk's `weight_versions` then holds two spans or more. A request
+    that finished before the change has one. This is SGLang's record, independent of vradix's provenance."""
+    return len(meta.get("weight_versions") or ()) >= 2
 
 
 @dataclass
@@ -67,9 +143,8 @@ def stale_prefix_publication(server, new_model: str, version: str = "v2") -> Pub
     out = PublicationOutcome()
     out.warm_cached = server.generate(PROBE, 4)["meta_info"]["cached_tokens"]
     out.warm_repeat_cached = server.generate(PROBE, 4)["meta_info"]["cached_tokens"]
-    inflight = StreamingRequest(server.url, LONG_PROMPT, 300)
-    assert inflight.started.wait(120), "in-flight request never started"
-    assert server.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    (inflight,) = pause_holding(server, lambda: [StreamingRequest(server.url, LONG_PROMPT, 300)],
+                                what="the long request")
     upd = server.post("/update_weights_from_disk",
                       {"model_path": new_model, "flush_cache": False, "weight_version": version}).json()
     assert upd["success"], upd

@@ -30,6 +30,8 @@ CPU_FLAGS = [
 ]
 
 
+#: what a server logs when a port it binds was taken, followed by the address (asyncio's bind error: uvicorn's HTTP
+#: listener, and the P/D bootstrap server, which logs it and keeps the process up without its listener)
 BIND_RACE_LOST = "error while attempting to bind on address"
 START_ATTEMPTS = 3
 
@@ -86,10 +88,13 @@ class CpuServer(LoggedProcess, ServerClient):
                  env: Optional[dict] = None, max_total_tokens: int = 8192, chunked_prefill_size: int = 1024,
                  startup_timeout: float = 600.0, skip_tokenizer_init: bool = True, timeout: float = 300.0,
                  python: Optional[str] = None, launcher: str = "sglang.launch_server",
-                 hybrid: Optional[bool] = None):
+                 hybrid: Optional[bool] = None, launch_ports: Optional[Dict[str, Callable[[], int]]] = None):
         """`python`: the interpreter that runs the server (default: this one), e.g. another environment's.
         `launcher`: the module run with `python -m` (`vradix.testing.harness.ray_cpu` for SGLang's Ray mode on CPU).
-        `hybrid`: load the hybrid (Mamba2) CPU aids and their flags; default: when the model is a hybrid."""
+        `hybrid`: load the hybrid (Mamba2) CPU aids and their flags; default: when the model is a hybrid.
+        `launch_ports`: {flag: chooser} for further ports the server binds (the P/D bootstrap port): each launch
+        passes `flag chooser()`, and a launch that lost one of them starts afresh on new ones, as for the HTTP port
+        (`self.launch_ports` holds the values of the launch that came up)."""
         super().__init__("http://127.0.0.1", timeout)  # the port is chosen at launch
         self.python = python or sys.executable
         self.launcher = launcher
@@ -109,35 +114,47 @@ class CpuServer(LoggedProcess, ServerClient):
         args = ["--max-total-tokens", str(max_total_tokens), "--chunked-prefill-size", str(chunked_prefill_size),
                 "--context-length", "4096", "--max-running-requests", "32",
                 *(f for f in CPU_FLAGS if skip_tokenizer_init or f != "--skip-tokenizer-init"), *extra_args]
+        deadline = time.monotonic() + startup_timeout  # one start deadline, whatever the attempts
         for attempt in range(1, START_ATTEMPTS + 1):
-            self._launch(model_path, args, e)
-            if self._wait_ready(startup_timeout) or attempt == START_ATTEMPTS:
+            self._launch(model_path, args, e, launch_ports or {})
+            if self._wait_ready(deadline, startup_timeout):
                 return
-            self.stop()  # another process took the port between our probe and the server's bind: start afresh
+            self.stop()  # another process took a port between our probe and the server's bind: start afresh
+        raise ServerDied(f"server lost a port it chose at each of {START_ATTEMPTS} launches:\n{self.tail()}")
 
-    def _launch(self, model_path: str, args: list, env: dict) -> None:
+    def _launch(self, model_path: str, args: list, env: dict, launch_ports: Dict[str, Callable[[], int]]) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.launch_ports = {flag: choose() for flag, choose in launch_ports.items()}
         self.log = tempfile.NamedTemporaryFile("w+", prefix="sglang-", suffix=".log", delete=False)
-        cmd = [self.python, "-m", self.launcher, "--model-path", model_path, "--port", str(self.port), *args]
+        cmd = [self.python, "-m", self.launcher, "--model-path", model_path, "--port", str(self.port), *args,
+               *(str(x) for item in self.launch_ports.items() for x in item)]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
-    def _wait_ready(self, timeout: float) -> bool:
-        """True once `/health_generate` answers; False when the server lost its HTTP port to another process (the
-        caller retries on a new port). Raises when the server dies or misses the deadline."""
-        deadline = time.monotonic() + timeout
+    def _wait_ready(self, deadline: float, timeout: float) -> bool:
+        """True once `/health_generate` answers; False when the server lost a port it binds to another process (the
+        caller retries on new ports): the HTTP port (it never answers), or another listener such as the P/D bootstrap
+        server (it answers, without that listener). Raises when the server dies or misses the deadline."""
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerDied(f"server exited with {self.proc.returncode}:\n{self.tail()}")
             try:
-                if requests.get(self.url + "/health_generate", timeout=5).status_code == 200:
-                    return True
+                healthy = requests.get(self.url + "/health_generate", timeout=5).status_code == 200
             except requests.RequestException:
-                if BIND_RACE_LOST in self.logs():
-                    return False
+                healthy = False
+            if self.lost_a_port():
+                return False
+            if healthy:
+                return True
             time.sleep(0.5)
         self.stop()
         raise TimeoutError(f"server not ready in {timeout}s:\n{self.tail()}")
+
+    def lost_a_port(self) -> bool:
+        """Whether the log says a port this launch chose was held by another process when the server bound it."""
+        logs = self.logs()
+        return any(f"{BIND_RACE_LOST} ('127.0.0.1', {port})" in logs
+                   for port in (self.port, *self.launch_ports.values()))
 
 
 def start_servers(*factories: Callable[[], CpuServer]) -> List[CpuServer]:
