@@ -104,3 +104,35 @@ def hf_greedy(hybrid_models):
     computed once, shared by the hybrid modules."""
     from vradix.testing.harness.hybrid_oracle import hf_greedy
     return hf_greedy(dict(zip("AB", hybrid_models)))
+
+
+@pytest.fixture(scope="session")
+def server_pool():
+    """One running CPU server per launch configuration, shared across modules (`vradix.testing.harness.pool`): a test
+    that needs no fresh process leases its server here. Stopped at the end of the session."""
+    from vradix.testing.harness.pool import ServerPool
+    pool = ServerPool()
+    yield pool
+    pool.close()
+
+
+def module_times(reports) -> dict:
+    """{test file: seconds} summed over the setup, call and teardown of every test in it (a module's fixture start-up
+    is part of its first test's setup)."""
+    times = {}
+    for r in reports:
+        if getattr(r, "when", None) in ("setup", "call", "teardown"):
+            path = r.nodeid.split("::", 1)[0]
+            times[path] = times.get(path, 0.0) + r.duration
+    return times
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The wall time of each test file, slowest first, and their total: where the suite's time goes."""
+    times = module_times(r for reports in terminalreporter.stats.values() for r in reports)
+    if not times:
+        return
+    terminalreporter.section("time per test file (setup + call + teardown)")
+    for path, seconds in sorted(times.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
+    terminalreporter.write_line(f"{sum(times.values()):8.1f} s  total ({sum(times.values()) / 60:.1f} min)")
