@@ -80,12 +80,12 @@ def models(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def pd_oracle(models):
+def pd_oracle(models, server_pool):
     """Greedy outputs (6 tokens) for the P/D tests' prompt (`vradix.testing.harness.pd.PROMPT`) of a fresh non-P/D stock
-    server on A and on B: computed once, shared by the P/D modules."""
+    server on A and on B (the pool's stock server, reset): computed once, shared by the P/D modules."""
     from vradix.testing.harness.pd import PROMPT
     from vradix.testing.harness.server import fresh_stock_outputs
-    out = fresh_stock_outputs(dict(zip("AB", models)), lambda s: s.generate(PROMPT, 6)["output_ids"])
+    out = fresh_stock_outputs(dict(zip("AB", models)), lambda s: s.generate(PROMPT, 6)["output_ids"], pool=server_pool)
     assert out["A"] != out["B"]
     return out
 

@@ -2,8 +2,8 @@
 reports) and the fail-closed publish client, against vradix and against stock SGLang (VRADIX_DISABLE=1).
 
 One vradix server (with its tokenizer, for the OpenAI endpoint, and --enable-metrics) serves the whole module; the
-tests run in file order on it and each reads the epoch it starts from. The client tests share one stock server; the
-stock-fleet test starts a second one."""
+tests run in file order on it and each reads the epoch it starts from. The client tests share two stock servers from
+the session's server pool (`server_pool`; the stock-fleet test uses both)."""
 import json
 import subprocess
 import sys
@@ -16,7 +16,7 @@ import vradix
 from vradix.client import EngineHandle, PublishError, publish
 from vradix.predicate import UnsafeDeployment
 from vradix.testing.harness.scenario import LONG_PROMPT, PROBE, StreamingRequest
-from vradix.testing.harness.server import CpuServer, servers
+from vradix.testing.harness.server import CpuServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -29,9 +29,10 @@ def server(models):
 
 
 @pytest.fixture(scope="module")
-def stock_fleet(models):
-    """Two stock SGLang servers (VRADIX_DISABLE=1), started together and shared by the client tests."""
-    with servers(lambda: CpuServer(models[0], vradix=False), lambda: CpuServer(models[0], vradix=False)) as fleet:
+def stock_fleet(models, server_pool):
+    """Two stock SGLang servers (VRADIX_DISABLE=1) from the pool (those it lacks start together), shared by the client
+    tests."""
+    with server_pool.lease_many(2, models[0], vradix=False) as fleet:
         yield fleet
 
 

@@ -1,5 +1,9 @@
 """E2E on a real SGLang CPU server with tiny float32 models (peaky logits): stock SGLang (VRADIX_DISABLE=1) shows the
-stale-prefix bug; vradix fixes it. The oracle is a fresh server started on the new weights."""
+stale-prefix bug; vradix fixes it. The oracle is a fresh server started on the new weights.
+
+Tests that need no fresh process lease theirs from the session's server pool (`server_pool`): the stock server on A
+(the oracle's, too) and the vradix server on A are shared, reset before each lease, so a vradix test reads the counters
+it starts from (`Counters`) and asserts differences."""
 import time
 from typing import NamedTuple
 
@@ -17,17 +21,31 @@ BURST = [[(i * 31 + j * 17) % 490 + 10 for j in range(40 + i)] for i in range(27
 
 
 @pytest.fixture(scope="module")
-def oracle(models):
+def oracle(models, server_pool):
     """Greedy outputs of a fresh server on the new weights (B) and of one on the old weights (A)."""
     def compute(s):
         return {"probe": s.generate(PROBE, 4)["output_ids"],
                 "chunked": s.generate(CHUNKED_PROMPT, 4, timeout=300)["output_ids"],
                 "burst": [s.generate(p, 1)["output_ids"][0] for p in BURST]}
-    return fresh_stock_outputs(dict(zip("AB", models)), compute)
+    return fresh_stock_outputs(dict(zip("AB", models)), compute, pool=server_pool)
 
 
-def test_stock_sglang_serves_stale_prefix_after_in_place_publication(models, oracle):
-    with CpuServer(models[0], vradix=False) as s:
+class Counters:
+    """The cumulative vradix counters of a (pooled) server when a test starts: `since(info, *path)` is how much the
+    counter at `path` (e.g. "kv_ledger", "audits") grew by the time `info` was read."""
+
+    def __init__(self, server):
+        self.start = server.vradix_info()
+
+    def since(self, info: dict, *path: str) -> int:
+        now, then = info, self.start
+        for key in path:
+            now, then = now[key], then[key]
+        return now - then
+
+
+def test_stock_sglang_serves_stale_prefix_after_in_place_publication(models, oracle, server_pool):
+    with server_pool.lease(models[0], vradix=False) as s:
         o = stale_prefix_publication(s, models[1])
         assert o.vradix is None  # stock: no vradix block
         assert o.cached_after == 200 and o.label_after == "v2"
@@ -44,9 +62,11 @@ def test_stock_sglang_serves_stale_prefix_after_in_place_publication(models, ora
         assert burst.computed >= burst.computed_once + 200, burst
 
 
-def test_vradix_publication_never_reuses_stale_prefix(models, oracle):
-    with CpuServer(models[0]) as s:
+def test_vradix_publication_never_reuses_stale_prefix(models, oracle, server_pool):
+    with server_pool.lease(models[0]) as s:
         assert "vradix 0.1.0 active" in s.logs() and "RustUnifiedTreeCore" in s.logs()
+        start = Counters(s)
+        e0 = start.start["epoch"]
         o = stale_prefix_publication(s, models[1])
         assert o.warm_cached == 0
         assert o.cached_after == 0, o  # no stale reuse right after publication
@@ -54,37 +74,39 @@ def test_vradix_publication_never_reuses_stale_prefix(models, oracle):
         assert o.inflight_retractions == 0 and o.inflight_tokens == 300  # in-flight request kept its KV
         assert o.cached_again == 200  # prefix sharing resumes under the new epoch
         v = o.vradix
-        assert v["epoch"] == 1 and v["label"] == "v2" and v["publications"] == 1
+        assert start.since(v, "epoch") == 1 and v["label"] == "v2" and start.since(v, "publications") == 1
         assert v["crossing_requests"] == 0 and v["stale_tokens_pinned"] == 0  # drained: stale KV all freed
-        assert v["stale_tokens_freed_at_release"] > 0
+        assert start.since(v, "stale_tokens_freed_at_release") > 0
         # the publication deferred the unlocked stale KV (the warm prefix); the engine reclaimed it all by now
         assert v["stale_tokens_pending"] == 0 and not v["stale_reclaim"]["active"], v["stale_reclaim"]
-        assert v["stale_reclaim"]["completed"] >= 1 and v["last_publication"]["tokens_deferred"] > 0
-        assert "epoch 0->1" in o.update_message
+        assert start.since(v, "stale_reclaim", "completed") >= 1 and v["last_publication"]["tokens_deferred"] > 0
+        assert f"epoch {e0}->{e0 + 1}" in o.update_message
         led = v["kv_ledger"]  # the independent KV page ledger agrees: nothing stale was read, nothing leaked
         assert led["enabled"] and led["verify_mode"] == "strict" and led["kernels"] == "torch"
-        assert led["prefixes_verified"] >= 2 and led["violations_caught"] == 0
-        assert led["audits"] == 1 and led["leaked_pages_total"] == 0
+        assert start.since(v, "kv_ledger", "prefixes_verified") >= 2 and led["violations_caught"] == 0
+        assert start.since(v, "kv_ledger", "audits") == 1 and led["leaked_pages_total"] == 0
         # a forged epoch namespace in a user extra_key is rejected with a clear error; the engine keeps serving
         forged = requests.post(s.url + "/generate", json={"input_ids": PROBE, "extra_key": "\x1evradix:e1\x1f",
                                                          "sampling_params": {"max_new_tokens": 2}}, timeout=60)
         assert forged.status_code == 400 and "reserved vradix epoch marker" in forged.text
         assert s.generate(PROBE, 4)["meta_info"]["cached_tokens"] == 200
-        assert s.vradix_info()["forged_keys_rejected"] == 1
+        assert start.since(s.vradix_info(), "forged_keys_rejected") == 1
         # prefill dedup: prompts admitted together that share an uncached prefix compute it once (stock: ~5 times)
         burst = shared_prefix_burst(s, seed=1)
         assert burst.computed == burst.computed_once, burst
         assert sorted(burst.cached) == [0] + [200] * 7
-        dedup = s.vradix_info()["prefill_dedup"]
-        assert dedup["enabled"] and dedup["deferred"] >= 7 and dedup["deferred_shared_tokens"] >= 7 * 200
+        now = s.vradix_info()
+        assert now["prefill_dedup"]["enabled"] and start.since(now, "prefill_dedup", "deferred") >= 7
+        assert start.since(now, "prefill_dedup", "deferred_shared_tokens") >= 7 * 200
         # strict idle memory check: a flush when idle resets the pool to full
         assert s.post("/flush_cache").status_code == 200
         assert "Traceback" not in s.logs()
 
 
 
-def test_lock_aware_flush_and_update_weight_version(models, oracle):
-    with CpuServer(models[0]) as s:
+def test_lock_aware_flush_and_update_weight_version(models, oracle, server_pool):
+    with server_pool.lease(models[0]) as s:
+        start = Counters(s)
         base = s.generate(PROBE, 4)
         inflight = StreamingRequest(s.url, LONG_PROMPT, 300)
         assert inflight.started.wait(120)
@@ -92,7 +114,7 @@ def test_lock_aware_flush_and_update_weight_version(models, oracle):
         r = s.post("/flush_cache")
         assert r.status_code == 200, r.text  # performed, not refused
         v = s.vradix_info()
-        assert v["lock_aware_flushes"] == 1 and v["epoch"] == 1
+        assert start.since(v, "lock_aware_flushes") == 1 and start.since(v, "epoch") == 1
         assert v["crossing_requests"] == 1 and v["stale_tokens_pinned"] >= len(LONG_PROMPT) - 1
         assert s.post("/continue_generation").status_code == 200
         after = s.generate(PROBE, 4)
@@ -106,7 +128,7 @@ def test_lock_aware_flush_and_update_weight_version(models, oracle):
         r = s.generate(PROBE, 4)
         assert r["meta_info"]["cached_tokens"] == 0 and r["meta_info"]["weight_version"] == "v9"
         v = s.vradix_info()
-        assert v["label"] == "v9" and v["publications"] == 1 and v["epoch"] == 2
+        assert v["label"] == "v9" and start.since(v, "publications") == 1 and start.since(v, "epoch") == 2
 
 
 def test_chunked_prefill_crossing_a_publication(models, oracle):
@@ -186,12 +208,12 @@ def test_overlap_batch_in_flight_at_pause_is_labelled_with_its_weights(models, o
             assert spans[0]["start"] == 0 < spans[1]["start"] < len(BURST[i]), (i, spans)
 
 
-def test_stock_overlap_mislabels_a_batch_in_flight_at_pause(models, oracle):
+def test_stock_overlap_mislabels_a_batch_in_flight_at_pause(models, oracle, server_pool):
     """The stock arm of the test above: with the overlap scheduler, stock 0.5.23 leaves the batch launched before an
     in_place pause in flight across the update, and labels its token with the new version. The race depends on
     timing, so up to four publications (alternating A and B) run; one response labelled with one version but carrying
     the other's token proves the bug (a request chunked across the publication carries neither and does not count)."""
-    with CpuServer(models[0], vradix=False) as s:
+    with server_pool.lease(models[0], vradix=False) as s:
         labels, weights = {"default": "A"}, ["B", "A", "B", "A"]
         for n, w in enumerate(weights):
             labels[f"s{n}"] = w

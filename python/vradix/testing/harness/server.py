@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence
 
 import requests
 
@@ -166,13 +166,22 @@ def servers(*factories: Callable[[], CpuServer]) -> Iterator[List[CpuServer]]:
             s.stop()
 
 
-def fresh_stock_outputs(weights: Dict[str, str], compute: Callable[[CpuServer], Any], **server_kw) -> Dict[str, Any]:
+def stock_server(model_path: str, pool=None, **server_kw) -> ContextManager[CpuServer]:
+    """A stock server (VRADIX_DISABLE=1) on `model_path` as a context: leased from `pool` (a
+    `vradix.testing.harness.pool.ServerPool`, which hands it out reset, as a fresh one answers) or started afresh."""
+    return pool.lease(model_path, vradix=False, **server_kw) if pool is not None else \
+        CpuServer(model_path, vradix=False, **server_kw)
+
+
+def fresh_stock_outputs(weights: Dict[str, str], compute: Callable[[CpuServer], Any], pool=None,
+                        **server_kw) -> Dict[str, Any]:
     """`{name: compute(server)}` as a fresh stock server on each checkpoint of `weights` ({name: path}, in order)
-    would answer: the oracle of the E2E tests. One process serves them all (start-up dominates on CPU): it starts on
-    the first checkpoint, and loads each next one with an idle flush, which resets stock SGLang's whole cache."""
+    would answer: the oracle of the E2E tests. One process serves them all (start-up dominates on CPU), from `pool`
+    when given (`stock_server`): it serves the first checkpoint, and loads each next one with an idle flush, which
+    resets stock SGLang's whole cache."""
     names = list(weights)
     out = {}
-    with CpuServer(weights[names[0]], vradix=False, **server_kw) as s:
+    with stock_server(weights[names[0]], pool, **server_kw) as s:
         for name in names:
             if name != names[0]:
                 s.reset(weights[name], name)  # succeeds only once the cache is flushed
