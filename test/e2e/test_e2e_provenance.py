@@ -2,8 +2,8 @@
 reports) and the fail-closed publish client, against vradix and against stock SGLang (VRADIX_DISABLE=1).
 
 One vradix server (with its tokenizer, for the OpenAI endpoint, and --enable-metrics) serves the whole module; the
-tests run in file order on it and each reads the epoch it starts from. The client tests share two stock servers from
-the session's server pool (`server_pool`; the stock-fleet test uses both)."""
+tests run in file order on it and each reads the epoch it starts from. The client tests lease stock servers from the
+session's server pool (`server_pool`; the stock-fleet test two)."""
 import json
 import subprocess
 import sys
@@ -28,17 +28,17 @@ def server(models):
         assert "Traceback" not in s.logs()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def stock_fleet(models, server_pool):
-    """Two stock SGLang servers (VRADIX_DISABLE=1) from the pool (those it lacks start together), shared by the client
-    tests."""
+    """Two stock SGLang servers (VRADIX_DISABLE=1) from the pool, leased per test (parked between, taking no CPU)."""
     with server_pool.lease_many(2, models[0], vradix=False) as fleet:
         yield fleet
 
 
-@pytest.fixture(scope="module")
-def stock(stock_fleet):
-    return stock_fleet[0]
+@pytest.fixture
+def stock(models, server_pool):
+    with server_pool.lease(models[0], vradix=False) as s:
+        yield s
 
 
 def wait_for_progress(stream: StreamingRequest, tokens: int, timeout: float = 120.0) -> None:

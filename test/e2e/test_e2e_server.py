@@ -3,7 +3,8 @@ stale-prefix bug; vradix fixes it. The oracle is a fresh server started on the n
 
 Tests that need no fresh process lease theirs from the session's server pool (`server_pool`): the stock server on A
 (the oracle's, too) and the vradix server on A are shared, reset before each lease, so a vradix test reads the counters
-it starts from (`Counters`) and asserts differences."""
+it starts from (`Counters`) and asserts differences. The configurations one test alone uses start together, before
+the first of those tests (`own_configurations`), and each is stopped after its test."""
 import time
 from typing import NamedTuple
 
@@ -28,6 +29,29 @@ def oracle(models, server_pool):
                 "chunked": s.generate(CHUNKED_PROMPT, 4, timeout=300)["output_ids"],
                 "burst": [s.generate(p, 1)["output_ids"][0] for p in BURST]}
     return fresh_stock_outputs(dict(zip("AB", models)), compute, pool=server_pool)
+
+
+def guard_env(verify: str) -> dict:
+    """The fault that drops the epoch namespace, with the KV guard in `verify` mode."""
+    return {"VRADIX_FAULT_NO_NAMESPACE": "1", "VRADIX_VERIFY": verify}
+
+
+#: {name: CpuServer keyword arguments} of the configurations one test each uses (on A)
+OWN = {"chunk32": dict(chunked_prefill_size=32), "chunk128": dict(chunked_prefill_size=128),
+       "no-radix": dict(extra_args=["--disable-radix-cache"]),
+       "guard-off": dict(env=guard_env("off")), "guard-strict": dict(env=guard_env("strict"))}
+
+
+@pytest.fixture(scope="module")
+def own_configurations(models, server_pool):
+    """Start every `OWN` configuration now, three at a time, parked in the pool until its test leases it (`own`)."""
+    server_pool.prestart(*[(models[0], kw) for kw in OWN.values()])
+
+
+@pytest.fixture
+def own(models, server_pool, own_configurations):
+    """`own(name)`: a context leasing the fresh server of the `OWN` configuration `name`, stopped afterwards."""
+    return lambda name: server_pool.lease(models[0], once=True, **OWN[name])
 
 
 class Counters:
@@ -131,8 +155,8 @@ def test_lock_aware_flush_and_update_weight_version(models, oracle, server_pool)
         assert v["label"] == "v9" and start.since(v, "publications") == 1 and start.since(v, "epoch") == 2
 
 
-def test_chunked_prefill_crossing_a_publication(models, oracle):
-    with CpuServer(models[0], chunked_prefill_size=32) as s:
+def test_chunked_prefill_crossing_a_publication(models, oracle, own):
+    with own("chunk32") as s:
         for attempt in range(3):
             long = StreamingRequest(s.url, CHUNKED_PROMPT, 4)
             deadline = time.monotonic() + 60  # poll the scheduler's own state until the prefill is chunking
@@ -196,11 +220,11 @@ def mislabelled(results, oracle, labels):
     return Burst(checked, wrong, crossing)
 
 
-def test_overlap_batch_in_flight_at_pause_is_labelled_with_its_weights(models, oracle):
+def test_overlap_batch_in_flight_at_pause_is_labelled_with_its_weights(models, oracle, own):
     """Each response's label must name the weights that computed its token. A request whose prefill was chunked across
     the publication (a crossing request, computed by neither weights alone) must say so in its provenance instead; the
     small chunk size makes such a request likely, so that branch runs too (it did in 2 of 3 runs)."""
-    with CpuServer(models[0], chunked_prefill_size=128) as s:
+    with own("chunk128") as s:
         burst = mislabelled(burst_across_publication(s, models[1], "v2"), oracle, {"default": "A", "v2": "B"})
         assert burst.wrong == [] and burst.checked >= 10, burst
         for i, spans in burst.crossing:
@@ -230,9 +254,9 @@ def test_fail_closed_when_a_hook_cannot_be_installed(models):
     assert "could not install hook(s) sglang.srt.managers.scheduler.Scheduler.flush_cache" in str(e.value)
 
 
-def test_disable_radix_cache_versions_only_the_weight_derived_caches(models):
+def test_disable_radix_cache_versions_only_the_weight_derived_caches(models, own):
     """No tree to version: the startup log says what vradix still versions (test_e2e_multimodal.py runs it on a VLM)."""
-    with CpuServer(models[0], extra_args=["--disable-radix-cache"]) as s:
+    with own("no-radix") as s:
         assert "active without a radix cache: no prefix tree to version" in s.logs()
         assert s.generate(PROBE, 4)["meta_info"]["cached_tokens"] == 0
         info = s.vradix_info()
@@ -256,14 +280,13 @@ def held_prefix_publication(s, new_model):
 
 
 @pytest.mark.parametrize("verify", ["off", "strict"])
-def test_ledger_guard_catches_stale_prefix_when_the_namespace_is_broken(models, oracle, verify):
+def test_ledger_guard_catches_stale_prefix_when_the_namespace_is_broken(models, oracle, own, verify):
     """Fault: VRADIX_FAULT_NO_NAMESPACE drops the epoch namespace, so the tree offers the in-flight request's stale
     PREFIX to the probe. With the guard off the stale KV is served (the fault is real); in strict mode the backstop
     before the forward sees pages of epoch 0 behind an epoch-1 request and fails it with an error naming vradix and
     the epochs (never silent). Once the in-flight request released the stale prefix, the same probe equals the
     fresh new-weights server."""
-    env = {"VRADIX_FAULT_NO_NAMESPACE": "1", "VRADIX_VERIFY": verify}
-    with CpuServer(models[0], env=env) as s:
+    with own(f"guard-{verify}") as s:
         probe, led = held_prefix_publication(s, models[1])
         if verify == "off":
             body = probe.json()

@@ -135,3 +135,16 @@ def test_module_times_sum_every_phase_per_file():
     reports.append(SimpleNamespace(nodeid="test/test_y.py::test_b[p1]", when="call", duration=0.5))
     reports.append(SimpleNamespace(nodeid="test/test_y.py", message="a warning"))
     assert module_times(reports) == {"test/e2e/test_x.py": 33.0, "test/test_y.py": 0.5}
+
+
+def test_a_prestarted_server_is_handed_out_unreset_and_a_once_lease_stops_it(pool):
+    pool.prestart(("/a", {"vradix": False}), ("/b", {}), ("/c", {}), at_once=2)
+    assert pool.summary() == {"starts": 3, "reuses": 0, "parked": 3}  # unused ones do not count against max_parked
+    with pool.lease("/a", vradix=False) as a:
+        assert a.calls == ["/health_generate"]  # as it started: no reset
+    with pool.lease("/b", once=True) as b:
+        pass
+    assert b.proc.poll() is not None
+    with pool.lease("/a", vradix=False, once=True) as fresh:
+        assert fresh is not a  # a once lease never takes a used server
+    assert pool.summary() == {"starts": 4, "reuses": 0, "parked": 2}

@@ -17,14 +17,19 @@ pool sizes, interpreter, launcher, ...); deadlines are not part of it. Invariant
 - a server whose lease ended with an exception, that died, or that fails its reset is stopped, never handed out again
   (the next lease starts a fresh one);
 - a server between leases is parked: its process group is stopped (SIGSTOP), so an idle SGLang scheduler, which polls
-  its sockets without sleeping, takes no CPU; it continues (SIGCONT) when leased again. At most `max_parked` servers
-  are parked, and none while the machine has less than `min_available_gib` of memory available: the least recently
-  used is stopped instead;
+  its sockets without sleeping, takes no CPU; it continues (SIGCONT) when leased again. At most `max_parked` used
+  servers are parked, and none while the machine has less than `min_available_gib` of memory available: the least
+  recently parked is stopped instead;
+- `prestart(...)` starts the servers of several configurations concurrently and parks them unused; a lease takes an
+  unused server first, as it started (no reset); `lease(..., once=True)` takes only an unused one and stops it at
+  the end (a configuration one test alone uses);
 - `close()` stops every server the pool started.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import os
 import signal
 import threading
@@ -74,6 +79,15 @@ def signal_group(server: CpuServer, sig: int) -> bool:
         return False
 
 
+@dataclasses.dataclass
+class Parked:
+    key: Tuple
+    model_path: str
+    server: CpuServer
+    #: whether a lease used it since it started (a pre-started server is handed out as it started, without a reset)
+    used: bool
+
+
 class ServerPool:
     """Thread-safe: leases may run concurrently (an oracle computed beside other starts)."""
 
@@ -83,36 +97,50 @@ class ServerPool:
         self.min_available_gib = min_available_gib
         self._start = start
         self._lock = threading.Lock()
-        #: parked servers, least recently used first: (configuration, model path, server)
-        self._parked: List[Tuple[Tuple, str, CpuServer]] = []
+        #: parked servers, least recently parked first
+        self._parked: List[Parked] = []
         #: servers started by this pool and not yet stopped (parked or leased)
         self._live: List[CpuServer] = []
         self.starts = self.reuses = 0
 
     # ---- leases -----------------------------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def lease(self, model_path: str, **kw) -> Iterator[CpuServer]:
-        """One server of the configuration `(model_path, kw)`, on `model_path`, fresh to its user (module docstring)."""
-        with self.lease_many(1, model_path, **kw) as (server,):
+    def lease(self, model_path: str, *, once: bool = False, **kw) -> Iterator[CpuServer]:
+        """One server of the configuration `(model_path, kw)`, on `model_path`, fresh to its user (module docstring).
+        `once`: a server no lease used before (pre-started or started now), stopped when the lease ends: for a
+        configuration one test alone uses."""
+        with self.lease_many(1, model_path, once=once, **kw) as (server,):
             yield server
 
     @contextlib.contextmanager
-    def lease_many(self, n: int, model_path: str, **kw) -> Iterator[List[CpuServer]]:
+    def lease_many(self, n: int, model_path: str, *, once: bool = False, **kw) -> Iterator[List[CpuServer]]:
         """`n` distinct servers of one configuration; those the pool has not parked start concurrently."""
         key = configuration(model_path, kw)
-        servers = self._reuse(key, model_path, n)
+        servers = self._reuse(key, model_path, n, unused_only=once)
         try:
             if len(servers) < n:
-                servers += self._start_fresh(n - len(servers), model_path, kw)
+                servers += self._start_fresh([(model_path, kw)] * (n - len(servers)))
         except BaseException:
-            self._park_all(key, model_path, servers)
+            self._park_all(key, model_path, servers, used=True)
             raise
         try:
             yield servers
         except BaseException:
             self._discard(servers)  # a failed test may have left any state behind
             raise
-        self._park_all(key, model_path, servers)
+        if once:
+            self._discard(servers)
+        else:
+            self._park_all(key, model_path, servers, used=True)
+
+    def prestart(self, *configurations: Tuple[str, dict], at_once: int = 3) -> None:
+        """Start a server of each `(model_path, kw)` now, `at_once` at a time, and park it unused: the later tests of a
+        module that each need their own configuration then find theirs started (start-up dominates on CPU, and two
+        starts overlap well on two cores). All start, or the error of the first that failed is raised."""
+        for i in range(0, len(configurations), at_once):
+            wave = list(configurations[i:i + at_once])
+            for (model_path, kw), server in zip(wave, self._start_fresh(wave)):
+                self._park_all(configuration(model_path, kw), model_path, [server], used=False)
 
     def close(self) -> None:
         """Stop every server this pool started."""
@@ -122,61 +150,77 @@ class ServerPool:
             signal_group(server, signal.SIGCONT)  # a stopped process handles no SIGTERM
             server.stop()
 
-    # ---- inside -----------------------------------------------------------------------------------------------------
-    def _reuse(self, key: Tuple, model_path: str, n: int) -> List[CpuServer]:
-        """Up to `n` parked servers of `key`, continued and reset; those that fail it are stopped."""
+    def summary(self) -> Dict[str, int]:
+        """Starts and reuses so far, and the servers parked now."""
         with self._lock:
-            mine = [entry for entry in self._parked if entry[0] == key][:n]
-            for entry in mine:
-                self._parked.remove(entry)
+            return {"starts": self.starts, "reuses": self.reuses, "parked": len(self._parked)}
+
+    # ---- inside -----------------------------------------------------------------------------------------------------
+    def _reuse(self, key: Tuple, model_path: str, n: int, unused_only: bool) -> List[CpuServer]:
+        """Up to `n` parked servers of `key` (unused ones first), continued and, once used, reset; those that fail it
+        are stopped."""
+        with self._lock:
+            mine = sorted((p for p in self._parked if p.key == key and not (unused_only and p.used)),
+                          key=lambda p: p.used)[:n]
+            for p in mine:
+                self._parked.remove(p)
         ready = []
-        for _, _, server in mine:
-            if self._revive(server, model_path):
-                ready.append(server)
-                self.reuses += 1
+        for p in mine:
+            if self._revive(p, model_path):
+                ready.append(p.server)
+                self.reuses += p.used
             else:
-                self._discard([server])
+                self._discard([p.server])
         return ready
 
-    def _revive(self, server: CpuServer, model_path: str) -> bool:
-        """Continue a parked server and put it back into a fresh server's state; False when it cannot be."""
+    def _revive(self, p: Parked, model_path: str) -> bool:
+        """Continue a parked server and, if a lease used it, put it back into a fresh server's state; False when it
+        cannot be."""
+        server = p.server
         if not signal_group(server, signal.SIGCONT) or server.proc.poll() is not None:
             return False
         try:
-            server.post("/continue_generation", timeout=60)  # a test may have left it paused
-            server.reset(model_path, FRESH_LABEL, deadline_s=120)
+            if p.used:
+                server.post("/continue_generation", timeout=60)  # a test may have left it paused
+                server.reset(model_path, FRESH_LABEL, deadline_s=120)
             return server.get("/health_generate", timeout=60).status_code == 200
         except (requests.RequestException, OSError):
             return False
 
-    def _start_fresh(self, n: int, model_path: str, kw: dict) -> List[CpuServer]:
-        self._make_room(n)
-        started = start_servers(*[lambda: self._start(model_path, **kw)] * n)
+    def _start_fresh(self, configurations: List[Tuple[str, dict]]) -> List[CpuServer]:
+        self._make_room(len(configurations))
+        started = start_servers(*[functools.partial(self._start, model_path, **kw)
+                                  for model_path, kw in configurations])
         with self._lock:
             self._live += started
-            self.starts += n
+            self.starts += len(started)
         return started
 
-    def _park_all(self, key: Tuple, model_path: str, servers: List[CpuServer]) -> None:
+    def _park_all(self, key: Tuple, model_path: str, servers: List[CpuServer], used: bool) -> None:
         for server in servers:
             if server.proc.poll() is not None or not signal_group(server, signal.SIGSTOP):
                 self._discard([server])
                 continue
             with self._lock:
-                self._parked.append((key, model_path, server))
+                self._parked.append(Parked(key, model_path, server, used))
         self._make_room(0)
 
     def _make_room(self, starting: int) -> None:
-        """Stop the least recently parked servers while more than `max_parked` are parked or memory is short (a start
-        of `starting` servers is about to need some)."""
+        """Stop parked servers, the least recently parked used ones first, while more than `max_parked` used ones are
+        parked or memory is short (a start of `starting` servers is about to need some). A pre-started server still
+        waits for its test, so it goes only for memory, last."""
         while True:
             with self._lock:
-                over = len(self._parked) > self.max_parked
+                used = [p for p in self._parked if p.used]
                 short = available_gib() < self.min_available_gib + GIB_PER_START * starting
-                if not self._parked or not (over or short):
+                if len(used) > self.max_parked:
+                    victim = used[0]
+                elif short and self._parked:
+                    victim = (used or self._parked)[0]
+                else:
                     return
-                _, _, oldest = self._parked.pop(0)
-            self._discard([oldest])
+                self._parked.remove(victim)
+            self._discard([victim.server])
 
     def _discard(self, servers: List[CpuServer]) -> None:
         for server in servers:
@@ -185,8 +229,3 @@ class ServerPool:
             with self._lock:
                 if server in self._live:
                     self._live.remove(server)
-
-    def summary(self) -> Dict[str, int]:
-        """Starts and reuses so far, and the servers parked now."""
-        with self._lock:
-            return {"starts": self.starts, "reuses": self.reuses, "parked": len(self._parked)}
