@@ -116,6 +116,13 @@ def server_pool():
     pool.close()
 
 
+@pytest.fixture(autouse=True)
+def held_servers_run_only_for_their_tests(request):
+    """Module-scoped servers held with `stopped_while_unused` run only during the tests that request them."""
+    from vradix.testing.harness.pool import run_held_servers_for
+    run_held_servers_for(request.fixturenames)
+
+
 def module_times(reports) -> dict:
     """{test file: seconds} summed over the setup, call and teardown of every test in it (a module's fixture start-up
     is part of its first test's setup)."""

@@ -15,6 +15,7 @@ import requests
 import vradix
 from vradix.client import EngineHandle, PublishError, publish
 from vradix.predicate import UnsafeDeployment
+from vradix.testing.harness.pool import stopped_while_unused
 from vradix.testing.harness.scenario import LONG_PROMPT, PROBE, StreamingRequest
 from vradix.testing.harness.server import CpuServer
 
@@ -22,8 +23,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def server(models):
-    with CpuServer(models[0], skip_tokenizer_init=False, extra_args=["--enable-metrics"]) as s:
+def server(models, request):
+    """The module's vradix server; stopped (SIGSTOP) while a test that does not use it runs."""
+    with CpuServer(models[0], skip_tokenizer_init=False, extra_args=["--enable-metrics"]) as s, \
+            stopped_while_unused(request, s):
         yield s
         assert "Traceback" not in s.logs()
 

@@ -148,3 +148,18 @@ def test_a_prestarted_server_is_handed_out_unreset_and_a_once_lease_stops_it(poo
     with pool.lease("/a", vradix=False, once=True) as fresh:
         assert fresh is not a  # a once lease never takes a used server
     assert pool.summary() == {"starts": 4, "reuses": 0, "parked": 2}
+
+
+def test_a_held_server_runs_only_for_the_tests_that_request_its_fixture():
+    from vradix.testing.harness.pool import HELD, run_held_servers_for, stopped_while_unused
+    server = FakeServer("/a")
+    try:
+        with stopped_while_unused(SimpleNamespace(fixturename="pair"), server):
+            run_held_servers_for(["models", "oracle"])
+            assert stopped(server)
+            run_held_servers_for(["pair", "models"])
+            assert not stopped(server, want=False)
+            run_held_servers_for([])
+        assert not stopped(server, want=False) and "pair" not in HELD  # continued on exit, so it can be stopped
+    finally:
+        server.stop()

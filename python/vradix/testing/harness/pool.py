@@ -24,6 +24,8 @@ pool sizes, interpreter, launcher, ...); deadlines are not part of it. Invariant
   unused server first, as it started (no reset); `lease(..., once=True)` takes only an unused one and stops it at
   the end (a configuration one test alone uses);
 - `close()` stops every server the pool started.
+
+`stopped_while_unused` applies the same parking to servers a module-scoped fixture holds outside the pool.
 """
 from __future__ import annotations
 
@@ -77,6 +79,44 @@ def signal_group(server: CpuServer, sig: int) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+def processes_of(*servers) -> List:
+    """The `LoggedProcess`es behind servers: a `CpuServer` itself, the router and both roles of a P/D pair."""
+    out = []
+    for server in servers:
+        if hasattr(server, "proc"):
+            out.append(server)
+        else:
+            out += [part for part in (server.router, server.decode, server.prefill) if part is not None]
+    return out
+
+
+#: {fixture name: processes} of the module-scoped servers that a test not requesting the fixture finds stopped
+HELD: Dict[str, List] = {}
+
+
+@contextlib.contextmanager
+def stopped_while_unused(request, *servers):
+    """In a module-scoped pytest fixture (`request`) that holds `servers`: every test that does not request the
+    fixture runs with their process groups stopped (SIGSTOP; conftest calls `run_held_servers_for` before each
+    test), so an idle SGLang scheduler, which polls its sockets without sleeping, takes no core from the servers under
+    test; a test that requests it finds them continued. Exit this before stopping the servers (a stopped process
+    handles no SIGTERM)."""
+    HELD[request.fixturename] = processes_of(*servers)
+    try:
+        yield
+    finally:
+        for process in HELD.pop(request.fixturename):
+            signal_group(process, signal.SIGCONT)
+
+
+def run_held_servers_for(fixturenames) -> None:
+    """Continue the held servers of the fixtures in `fixturenames`, stop every other held server."""
+    for name, processes in HELD.items():
+        sig = signal.SIGCONT if name in fixturenames else signal.SIGSTOP
+        for process in processes:
+            signal_group(process, sig)
 
 
 @dataclasses.dataclass
