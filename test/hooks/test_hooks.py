@@ -3,7 +3,8 @@
 `DRIVEN_BY` names, for each hook body, the test that calls it. `test_every_hook_is_driven_by_a_named_test` fails
 when a hook is added to HOOKS without an entry here, or when an entry names a test that does not exist or that only
 `make test-long` runs, so a new hook without a CI test fails CI. This file also drives the LoRA hooks through their
-real functions, on SGLang's real UnifiedRadixCache with real `LoadLoRAAdapterReqInput` / `UnloadLoRAAdapterReqInput` / `LoRAUpdateOutput` messages.
+real functions, on SGLang's real UnifiedRadixCache with real `LoadLoRAAdapterReqInput` / `UnloadLoRAAdapterReqInput` /
+`LoRAUpdateOutput` messages.
 """
 import ast
 import pathlib
