@@ -100,6 +100,7 @@ def test_without_radix_cache_a_publication_recomputes_image_embeddings(vl_models
     image = write_image(str(tmp_path / "image.png"), seed=0)
     with server_pool.lease(model_b, once=True, **vl_server(vradix=False, radix=False)) as stock_on_b, \
             server_pool.lease(model_a, once=True, **vl_server(radix=False)) as vradix_on_a:
+        assert "active without a radix cache: no prefix tree to version" in vradix_on_a.logs()
         fresh_b, fresh_a = ask(stock_on_b, image), ask(vradix_on_a, image)
         assert fresh_a != fresh_b, "the two vision towers must give different answers for this image"
 
@@ -109,7 +110,8 @@ def test_without_radix_cache_a_publication_recomputes_image_embeddings(vl_models
         publish(vradix_on_a, model_b, "B")
         assert ask(vradix_on_a, image) == fresh_b, "vradix reused A's image embedding after publishing B"
         info = vradix_on_a.vradix_info()
-        assert info["radix_cache"] is False and info["last_publication"]["mm_embeddings_cleared"] == 1
+        assert info["active"] is True and info["radix_cache"] is False and info["publications"] == 1
+        assert info["last_publication"]["mm_embeddings_cleared"] == 1
         publish(vradix_on_a, model_a, "A2")
         assert ask(vradix_on_a, image) == fresh_a
         assert "Traceback" not in vradix_on_a.logs()

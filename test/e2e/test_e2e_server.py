@@ -38,7 +38,6 @@ def guard_env(verify: str) -> dict:
 
 #: {name: CpuServer keyword arguments} of the configurations one test each uses (on A)
 OWN = {"chunk32": dict(chunked_prefill_size=32), "chunk128": dict(chunked_prefill_size=128),
-       "no-radix": dict(extra_args=["--disable-radix-cache"]),
        "guard-off": dict(env=guard_env("off")), "guard-strict": dict(env=guard_env("strict"))}
 
 
@@ -254,9 +253,11 @@ def test_fail_closed_when_a_hook_cannot_be_installed(models):
     assert "could not install hook(s) sglang.srt.managers.scheduler.Scheduler.flush_cache" in str(e.value)
 
 
+@pytest.mark.long  # duplicate coverage: test_e2e_multimodal.py's radix-off test asserts the same log and flags on a VLM
 def test_disable_radix_cache_versions_only_the_weight_derived_caches(models, own):
-    """No tree to version: the startup log says what vradix still versions (test_e2e_multimodal.py runs it on a VLM)."""
-    with own("no-radix") as s:
+    """No tree to version: the startup log says what vradix still versions (test_e2e_multimodal.py runs it on a VLM,
+    and publishes there)."""
+    with CpuServer(models[0], extra_args=["--disable-radix-cache"]) as s:
         assert "active without a radix cache: no prefix tree to version" in s.logs()
         assert s.generate(PROBE, 4)["meta_info"]["cached_tokens"] == 0
         info = s.vradix_info()
