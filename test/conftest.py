@@ -106,12 +106,16 @@ def hf_greedy(hybrid_models):
     return hf_greedy(dict(zip("AB", hybrid_models)))
 
 
+#: where `server_pool` leaves its pool for the summary
+POOL_KEY = pytest.StashKey()
+
+
 @pytest.fixture(scope="session")
-def server_pool():
+def server_pool(request):
     """One running CPU server per launch configuration, shared across modules (`vradix.testing.harness.pool`): a test
     that needs no fresh process leases its server here. Stopped at the end of the session."""
     from vradix.testing.harness.pool import ServerPool
-    pool = ServerPool()
+    pool = request.config.stash[POOL_KEY] = ServerPool()
     yield pool
     pool.close()
 
@@ -143,3 +147,7 @@ def pytest_terminal_summary(terminalreporter):
     for path, seconds in sorted(times.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
     terminalreporter.write_line(f"{sum(times.values()):8.1f} s  total ({sum(times.values()) / 60:.1f} min)")
+    from vradix.testing.harness.server import CpuServer
+    pool = terminalreporter.config.stash.get(POOL_KEY, None)
+    reused = f", {pool.summary()['reuses']} leases served by a running pooled server" if pool is not None else ""
+    terminalreporter.write_line(f"CPU server processes launched: {CpuServer.launches}{reused}")

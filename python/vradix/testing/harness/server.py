@@ -81,6 +81,8 @@ class ServerDied(RuntimeError):
 
 class CpuServer(LoggedProcess, ServerClient):
     stop_grace = 20.0  # a scheduler mid-batch on a loaded CPU takes a while to drain
+    #: server processes launched by this test process so far (start-up dominates a CPU suite's time)
+    launches = 0
 
     def __init__(self, model_path: str, *, vradix: bool = True, extra_args: Sequence[str] = (),
                  env: Optional[dict] = None, max_total_tokens: int = 8192, chunked_prefill_size: int = 1024,
@@ -120,6 +122,7 @@ class CpuServer(LoggedProcess, ServerClient):
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="sglang-", suffix=".log", delete=False)
         cmd = [self.python, "-m", self.launcher, "--model-path", model_path, "--port", str(self.port), *args]
+        CpuServer.launches += 1
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def _wait_ready(self, timeout: float) -> bool:
