@@ -29,6 +29,7 @@ pool sizes, interpreter, launcher, ...); deadlines are not part of it. Invariant
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -101,8 +102,8 @@ def stopped_while_unused(request, *servers):
     """In a module-scoped pytest fixture (`request`) that holds `servers`: every test that does not request the
     fixture runs with their process groups stopped (SIGSTOP; conftest calls `run_held_servers_for` before each
     test), so an idle SGLang scheduler, which polls its sockets without sleeping, takes no core from the servers under
-    test; a test that requests it finds them continued. Exit this before stopping the servers (a stopped process
-    handles no SIGTERM)."""
+    test; a test that requests it finds them continued. Exit this before stopping the servers (a stopped process acts
+    on no SIGTERM until continued)."""
     HELD[request.fixturename] = processes_of(*servers)
     try:
         yield
@@ -183,12 +184,14 @@ class ServerPool:
                 self._park_all(configuration(model_path, kw), model_path, [server], used=False)
 
     def close(self) -> None:
-        """Stop every server this pool started."""
+        """Stop every server this pool started, all at once (each stop may wait out a grace period)."""
         with self._lock:
             live, self._live, self._parked = self._live, [], []
         for server in live:
-            signal_group(server, signal.SIGCONT)  # a stopped process handles no SIGTERM
-            server.stop()
+            signal_group(server, signal.SIGCONT)  # a stopped process acts on no SIGTERM until continued
+        if live:
+            with concurrent.futures.ThreadPoolExecutor(len(live)) as pool:
+                list(pool.map(lambda server: server.stop(), live))
 
     def summary(self) -> Dict[str, int]:
         """Starts and reuses so far, and the servers parked now."""
