@@ -80,12 +80,12 @@ def models(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def pd_oracle(models):
+def pd_oracle(models, server_pool):
     """Greedy outputs (6 tokens) for the P/D tests' prompt (`vradix.testing.harness.pd.PROMPT`) of a fresh non-P/D stock
-    server on A and on B: computed once, shared by the P/D modules."""
+    server on A and on B (the pool's stock server, reset): computed once, shared by the P/D modules."""
     from vradix.testing.harness.pd import PROMPT
     from vradix.testing.harness.server import fresh_stock_outputs
-    out = fresh_stock_outputs(dict(zip("AB", models)), lambda s: s.generate(PROMPT, 6)["output_ids"])
+    out = fresh_stock_outputs(dict(zip("AB", models)), lambda s: s.generate(PROMPT, 6)["output_ids"], pool=server_pool)
     assert out["A"] != out["B"]
     return out
 
@@ -104,3 +104,50 @@ def hf_greedy(hybrid_models):
     computed once, shared by the hybrid modules."""
     from vradix.testing.harness.hybrid_oracle import hf_greedy
     return hf_greedy(dict(zip("AB", hybrid_models)))
+
+
+#: where `server_pool` leaves its pool for the summary
+POOL_KEY = pytest.StashKey()
+
+
+@pytest.fixture(scope="session")
+def server_pool(request):
+    """One running CPU server per launch configuration, shared across modules (`vradix.testing.harness.pool`): a test
+    that needs no fresh process leases its server here. Stopped at the end of the session."""
+    from vradix.testing.harness.pool import ServerPool
+    pool = request.config.stash[POOL_KEY] = ServerPool()
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(autouse=True)
+def held_servers_run_only_for_their_tests(request):
+    """Module-scoped servers held with `stopped_while_unused` run only during the tests that request them."""
+    from vradix.testing.harness.pool import run_held_servers_for
+    run_held_servers_for(request.fixturenames)
+
+
+def module_times(reports) -> dict:
+    """{test file: seconds} summed over the setup, call and teardown of every test in it (a module's fixture start-up
+    is part of its first test's setup)."""
+    times = {}
+    for r in reports:
+        if getattr(r, "when", None) in ("setup", "call", "teardown"):
+            path = r.nodeid.split("::", 1)[0]
+            times[path] = times.get(path, 0.0) + r.duration
+    return times
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The wall time of each test file, slowest first, and their total: where the suite's time goes."""
+    times = module_times(r for reports in terminalreporter.stats.values() for r in reports)
+    if not times:
+        return
+    terminalreporter.section("time per test file (setup + call + teardown)")
+    for path, seconds in sorted(times.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
+    terminalreporter.write_line(f"{sum(times.values()):8.1f} s  total ({sum(times.values()) / 60:.1f} min)")
+    from vradix.testing.harness.server import CpuServer
+    pool = terminalreporter.config.stash.get(POOL_KEY, None)
+    reused = f", {pool.summary()['reuses']} leases served by a running pooled server" if pool is not None else ""
+    terminalreporter.write_line(f"CPU server processes launched: {CpuServer.launches}{reused}")

@@ -1,6 +1,7 @@
 """docs/coverage.md is the closed world, and this module holds it to its word (issue 20, requirement 1).
 
-- every row has a known verdict, and every test a row names exists (file and function, read with `ast`);
+- every row has a known verdict, and every test a row names exists (file and function, read with `ast`); at least
+  one of them runs in `make test` (is not marked `long`);
 - a "versioned", "refused" or "stock changed" row names at least one test;
 - every "refused at launch" row's flag stops SGLang's own argument check (`ServerArgs.check_server_args`, which the
   launcher runs before any scheduler starts) with vradix's `UnversionedPathError` naming the flag, and every
@@ -74,6 +75,31 @@ def functions_in(path: pathlib.Path) -> set:
     return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
+def is_long_mark(node: ast.expr) -> bool:
+    """Whether a decorator or `pytestmark` entry is `pytest.mark.long`."""
+    return isinstance(node, ast.Attribute) and node.attr == "long" and ast.unparse(node.value) == "pytest.mark"
+
+
+def long_tests_in(path: pathlib.Path) -> set:
+    """The test functions of `path` that only `make test-long` runs: marked `long` themselves or by the module's
+    `pytestmark`."""
+    tree = ast.parse(path.read_text())
+    module_marks = [n.value for n in tree.body if isinstance(n, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in n.targets)]
+    marks = [m for v in module_marks for m in (v.elts if isinstance(v, (ast.List, ast.Tuple)) else [v])]
+    functions = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if any(is_long_mark(m) for m in marks):
+        return {f.name for f in functions}
+    return {f.name for f in functions if any(is_long_mark(d) for d in f.decorator_list)}
+
+
+def is_long_test(node_id: str) -> bool:
+    """Whether the test `file.py::name` (any folder under test/) runs only in `make test-long`."""
+    file, name = node_id.split("::")
+    path = next((ROOT / "test").rglob(pathlib.Path(file).name), None)
+    return path is not None and name in long_tests_in(path)
+
+
 def test_every_row_has_a_verdict_and_its_tests_exist():
     assert len(ROW) == len(ROWS), "row ids must be unique"
     problems = []
@@ -87,7 +113,16 @@ def test_every_row_has_a_verdict_and_its_tests_exist():
             path = next((ROOT / "test").rglob(pathlib.Path(file).name), None)
             if path is None or name not in functions_in(path):
                 problems.append(f"{r['id']}: names {node}, which does not exist")
+        if named_tests(r) and all(is_long_test(node) for node in named_tests(r)):
+            problems.append(f"{r['id']}: every test it names is `long`: `make test` (CI) would not cover it")
     assert not problems, "\n".join(problems)
+
+
+def test_long_tests_are_told_from_ci_tests():
+    """The check above reads the marks as pytest does: on the function, or on the whole module (`pytestmark`)."""
+    assert is_long_test("test_soak.py::test_short_publication_soak")  # the module's pytestmark
+    assert is_long_test("test_fault_injection.py::test_on_hicache")  # the function's decorator
+    assert not is_long_test("test_fault_injection.py::test_publication_during_chunked_prefill")
 
 
 def test_the_open_rows_are_the_known_ones():

@@ -56,9 +56,10 @@ def fresh_outputs(s):
     return out
 
 
-def oracle_outputs(models):
-    """Greedy outputs of a fresh stock server (no HiCache) on B, then of the same process on A after an idle flush."""
-    return fresh_stock_outputs({"B": models[1], "A": models[0]}, fresh_outputs, startup_timeout=600)
+def oracle_outputs(models, pool):
+    """Greedy outputs of a fresh stock server (no HiCache; `pool`'s) on B, then of the same process on A after an idle
+    flush."""
+    return fresh_stock_outputs({"B": models[1], "A": models[0]}, fresh_outputs, pool=pool, startup_timeout=600)
 
 
 def write_prompt(model, store, **kw):
@@ -103,12 +104,12 @@ FINGERPRINT_ENV = {"VRADIX_WEIGHT_IDENTITY": "fingerprint"}  # the env form of -
 
 
 @pytest.fixture(scope="module")
-def wave1(models, store):
+def wave1(models, store, server_pool):
     """The oracle and the writers, concurrently."""
     specs = {"stock": dict(vradix=False), "nonce": {}, "declared": dict(identity="declared", weight_version=STEP5),
              "fingerprint": dict(env=FINGERPRINT_ENV)}
     with cf.ThreadPoolExecutor(STARTS_AT_ONCE) as pool:
-        futs = {"oracle": pool.submit(oracle_outputs, models),
+        futs = {"oracle": pool.submit(oracle_outputs, models, server_pool),
                 **{k: pool.submit(write_prompt, models[0], store, **kw) for k, kw in specs.items()}}
         done, error = results(futs)
     if error is not None:

@@ -6,7 +6,6 @@ import pytest
 import requests
 
 from vradix.testing.harness.scenario import PROBE
-from vradix.testing.harness.server import CpuServer, servers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -16,11 +15,28 @@ def identity_of(s):
     return v["weight_id"], v["weight_identity"], v["epoch"], v["label"]
 
 
+DECLARED_FLAGS = ["--vradix-weight-identity", "declared", "--weight-version", "run1-step0"]
+FINGERPRINT_FLAGS = ["--vradix-weight-identity", "fingerprint"]
+
+
 @pytest.fixture(scope="module")
-def declared(models):
-    with CpuServer(models[0], extra_args=["--vradix-weight-identity", "declared", "--weight-version", "run1-step0"],
-                   skip_tokenizer_init=True) as s:
+def prestarted(models, server_pool):
+    """The module's three servers start together: one declared `run1-step0`, two with fingerprint identities; each
+    waits parked in the pool (taking no CPU) until its tests lease it."""
+    server_pool.prestart((models[0], dict(extra_args=DECLARED_FLAGS)),
+                         *[(models[0], dict(extra_args=FINGERPRINT_FLAGS))] * 2)
+
+
+@pytest.fixture(scope="module")
+def declared(models, server_pool, prestarted):
+    with server_pool.lease(models[0], once=True, extra_args=DECLARED_FLAGS) as s:
         yield s
+
+
+@pytest.fixture
+def fingerprinted(models, server_pool, prestarted):
+    with server_pool.lease_many(2, models[0], once=True, extra_args=FINGERPRINT_FLAGS) as pair:
+        yield pair
 
 
 def test_startup_and_publications_carry_the_declared_identity(declared, models):
@@ -49,16 +65,14 @@ def test_a_reused_declaration_is_refused_on_every_path_and_changes_nothing(decla
     assert r.status_code == 200 and identity_of(s)[0] == "declared:run1-step2"
 
 
-def test_fingerprint_identities_are_equal_for_equal_weights_across_servers_and_publications(models):
+def test_fingerprint_identities_are_equal_for_equal_weights_across_servers_and_publications(fingerprinted, models):
     """Two servers started on the same checkpoint prove the same identity; publishing other weights changes it;
     publishing the first weights again brings it back (the same bytes, the same proof)."""
-    flags = ["--vradix-weight-identity", "fingerprint"]
-    with servers(lambda: CpuServer(models[0], extra_args=flags), lambda: CpuServer(models[0], extra_args=flags)) \
-            as (s1, s2):
-        (a1, how, _, _), (a2, _, _, _) = identity_of(s1), identity_of(s2)
-        assert a1 == a2 and a1.startswith("fp:") and how == {"mode": "fingerprint", "source": "fingerprint"}
-        assert s1.post("/update_weights_from_disk", {"model_path": models[1]}).json()["success"]
-        b = identity_of(s1)[0]
-        assert b.startswith("fp:") and b != a1
-        assert s1.post("/update_weights_from_disk", {"model_path": models[0]}).json()["success"]
-        assert identity_of(s1)[0] == a1
+    s1, s2 = fingerprinted
+    (a1, how, _, _), (a2, _, _, _) = identity_of(s1), identity_of(s2)
+    assert a1 == a2 and a1.startswith("fp:") and how == {"mode": "fingerprint", "source": "fingerprint"}
+    assert s1.post("/update_weights_from_disk", {"model_path": models[1]}).json()["success"]
+    b = identity_of(s1)[0]
+    assert b.startswith("fp:") and b != a1
+    assert s1.post("/update_weights_from_disk", {"model_path": models[0]}).json()["success"]
+    assert identity_of(s1)[0] == a1

@@ -23,6 +23,7 @@ import requests
 
 from vradix.pd import layout
 from vradix.testing.harness import pd
+from vradix.testing.harness.pool import stopped_while_unused
 from vradix.testing.harness.reliability import wait_until
 from vradix.testing.harness.scenario import StreamingRequest, crossed_update, pause_holding
 from vradix.testing.harness.server import CpuServer, ServerDied
@@ -49,16 +50,17 @@ def decode_direct(pair, **fields):
 
 
 @pytest.fixture(scope="module")
-def stock_pair(models):
-    """Stock SGLang on both roles (VRADIX_DISABLE=1), decode radix cache on, on weights A."""
-    with pd.PdPair(models[0], vradix=False) as p:
+def stock_pair(models, request):
+    """Stock SGLang on both roles (VRADIX_DISABLE=1), decode radix cache on, on weights A; stopped (SIGSTOP) while
+    other tests run."""
+    with pd.PdPair(models[0], vradix=False) as p, stopped_while_unused(request, p):
         yield p
 
 
 @pytest.fixture(scope="module")
-def vradix_pair(models):
-    """vradix on both roles, decode radix cache on, on weights A."""
-    with pd.PdPair(models[0], vradix=True) as p:
+def vradix_pair(models, request):
+    """vradix on both roles, decode radix cache on, on weights A; stopped (SIGSTOP) while other tests run."""
+    with pd.PdPair(models[0], vradix=True) as p, stopped_while_unused(request, p):
         yield p
 
 

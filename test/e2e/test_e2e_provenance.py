@@ -2,8 +2,8 @@
 reports) and the fail-closed publish client, against vradix and against stock SGLang (VRADIX_DISABLE=1).
 
 One vradix server (with its tokenizer, for the OpenAI endpoint, and --enable-metrics) serves the whole module; the
-tests run in file order on it and each reads the epoch it starts from. The client tests share one stock server; the
-stock-fleet test starts a second one."""
+tests run in file order on it and each reads the epoch it starts from. The client tests lease stock servers from the
+session's server pool (`server_pool`; the stock-fleet test two)."""
 import json
 import subprocess
 import sys
@@ -15,6 +15,7 @@ import requests
 import vradix
 from vradix.client import EngineHandle, PublishError, publish
 from vradix.predicate import UnsafeDeployment
+from vradix.testing.harness.pool import stopped_while_unused
 from vradix.testing.harness.scenario import LONG_PROMPT, PROBE, StreamingRequest, pause_holding, pause_took_effect
 from vradix.testing.harness.server import CpuServer, servers
 
@@ -22,22 +23,25 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def server(models):
-    with CpuServer(models[0], skip_tokenizer_init=False, extra_args=["--enable-metrics"]) as s:
+def server(models, request):
+    """The module's vradix server; stopped (SIGSTOP) while a test that does not use it runs."""
+    with CpuServer(models[0], skip_tokenizer_init=False, extra_args=["--enable-metrics"]) as s, \
+            stopped_while_unused(request, s):
         yield s
         assert "Traceback" not in s.logs()
 
 
-@pytest.fixture(scope="module")
-def stock_fleet(models):
-    """Two stock SGLang servers (VRADIX_DISABLE=1), started together and shared by the client tests."""
-    with servers(lambda: CpuServer(models[0], vradix=False), lambda: CpuServer(models[0], vradix=False)) as fleet:
+@pytest.fixture
+def stock_fleet(models, server_pool):
+    """Two stock SGLang servers (VRADIX_DISABLE=1) from the pool, leased per test (parked between, taking no CPU)."""
+    with server_pool.lease_many(2, models[0], vradix=False) as fleet:
         yield fleet
 
 
-@pytest.fixture(scope="module")
-def stock(stock_fleet):
-    return stock_fleet[0]
+@pytest.fixture
+def stock(models, server_pool):
+    with server_pool.lease(models[0], vradix=False) as s:
+        yield s
 
 
 def wait_for_progress(stream: StreamingRequest, tokens: int, timeout: float = 120.0) -> None:

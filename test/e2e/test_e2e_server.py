@@ -1,5 +1,10 @@
 """E2E on a real SGLang CPU server with tiny float32 models (peaky logits): stock SGLang (VRADIX_DISABLE=1) shows the
-stale-prefix bug; vradix fixes it. The oracle is a fresh server started on the new weights."""
+stale-prefix bug; vradix fixes it. The oracle is a fresh server started on the new weights.
+
+Tests that need no fresh process lease theirs from the session's server pool (`server_pool`): the stock server on A
+(the oracle's, too) and the vradix server on A are shared, reset before each lease, so a vradix test reads the counters
+it starts from (`Counters`) and asserts differences. The configurations one test alone uses start together, before
+the first of those tests (`own_configurations`), and each is stopped after its test."""
 import itertools
 import time
 from typing import NamedTuple
@@ -18,17 +23,53 @@ BURST = [[(i * 31 + j * 17) % 490 + 10 for j in range(40 + i)] for i in range(27
 
 
 @pytest.fixture(scope="module")
-def oracle(models):
+def oracle(models, server_pool):
     """Greedy outputs of a fresh server on the new weights (B) and of one on the old weights (A)."""
     def compute(s):
         return {"probe": s.generate(PROBE, 4)["output_ids"],
                 "chunked": s.generate(CHUNKED_PROMPT, 4, timeout=300)["output_ids"],
                 "burst": [s.generate(p, 1)["output_ids"][0] for p in BURST]}
-    return fresh_stock_outputs(dict(zip("AB", models)), compute)
+    return fresh_stock_outputs(dict(zip("AB", models)), compute, pool=server_pool)
 
 
-def test_stock_sglang_serves_stale_prefix_after_in_place_publication(models, oracle):
-    with CpuServer(models[0], vradix=False) as s:
+def guard_env(verify: str) -> dict:
+    """The fault that drops the epoch namespace, with the KV guard in `verify` mode."""
+    return {"VRADIX_FAULT_NO_NAMESPACE": "1", "VRADIX_VERIFY": verify}
+
+
+#: {name: CpuServer keyword arguments} of the configurations one test each uses (on A)
+OWN = {"chunk32": dict(chunked_prefill_size=32), "chunk128": dict(chunked_prefill_size=128),
+       "guard-off": dict(env=guard_env("off")), "guard-strict": dict(env=guard_env("strict"))}
+
+
+@pytest.fixture(scope="module")
+def own_configurations(models, server_pool):
+    """Start every `OWN` configuration now, three at a time, parked in the pool until its test leases it (`own`)."""
+    server_pool.prestart(*[(models[0], kw) for kw in OWN.values()])
+
+
+@pytest.fixture
+def own(models, server_pool, own_configurations):
+    """`own(name)`: a context leasing the fresh server of the `OWN` configuration `name`, stopped afterwards."""
+    return lambda name: server_pool.lease(models[0], once=True, **OWN[name])
+
+
+class Counters:
+    """The cumulative vradix counters of a (pooled) server when a test starts: `since(info, *path)` is how much the
+    counter at `path` (e.g. "kv_ledger", "audits") grew by the time `info` was read."""
+
+    def __init__(self, server):
+        self.start = server.vradix_info()
+
+    def since(self, info: dict, *path: str) -> int:
+        now, then = info, self.start
+        for key in path:
+            now, then = now[key], then[key]
+        return now - then
+
+
+def test_stock_sglang_serves_stale_prefix_after_in_place_publication(models, oracle, server_pool):
+    with server_pool.lease(models[0], vradix=False) as s:
         o = stale_prefix_publication(s, models[1])
         assert o.vradix is None  # stock: no vradix block
         assert o.cached_after == 200 and o.label_after == "v2"
@@ -43,9 +84,11 @@ def test_stock_sglang_serves_stale_prefix_after_in_place_publication(models, ora
         assert burst.computed >= burst.computed_once + 200, burst
 
 
-def test_vradix_publication_never_reuses_stale_prefix(models, oracle):
-    with CpuServer(models[0]) as s:
+def test_vradix_publication_never_reuses_stale_prefix(models, oracle, server_pool):
+    with server_pool.lease(models[0]) as s:
         assert "vradix 0.1.0 active" in s.logs() and "RustUnifiedTreeCore" in s.logs()
+        start = Counters(s)
+        e0 = start.start["epoch"]
         o = stale_prefix_publication(s, models[1])
         assert o.warm_cached == 0
         assert o.cached_after == 0, o  # no stale reuse right after publication
@@ -53,43 +96,45 @@ def test_vradix_publication_never_reuses_stale_prefix(models, oracle):
         assert o.inflight_retractions == 0 and o.inflight_tokens == 300  # in-flight request kept its KV
         assert o.cached_again == 200  # prefix sharing resumes under the new epoch
         v = o.vradix
-        assert v["epoch"] == 1 and v["label"] == "v2" and v["publications"] == 1
+        assert start.since(v, "epoch") == 1 and v["label"] == "v2" and start.since(v, "publications") == 1
         assert v["crossing_requests"] == 0 and v["stale_tokens_pinned"] == 0  # drained: stale KV all freed
-        assert v["stale_tokens_freed_at_release"] > 0
+        assert start.since(v, "stale_tokens_freed_at_release") > 0
         # the publication deferred the unlocked stale KV (the warm prefix); the engine reclaimed it all by now
         assert v["stale_tokens_pending"] == 0 and not v["stale_reclaim"]["active"], v["stale_reclaim"]
-        assert v["stale_reclaim"]["completed"] >= 1 and v["last_publication"]["tokens_deferred"] > 0
-        assert "epoch 0->1" in o.update_message
+        assert start.since(v, "stale_reclaim", "completed") >= 1 and v["last_publication"]["tokens_deferred"] > 0
+        assert f"epoch {e0}->{e0 + 1}" in o.update_message
         led = v["kv_ledger"]  # the independent KV page ledger agrees: nothing stale was read, nothing leaked
         assert led["enabled"] and led["verify_mode"] == "strict" and led["kernels"] == "torch"
-        assert led["prefixes_verified"] >= 2 and led["violations_caught"] == 0
-        assert led["audits"] == 1 and led["leaked_pages_total"] == 0
+        assert start.since(v, "kv_ledger", "prefixes_verified") >= 2 and led["violations_caught"] == 0
+        assert start.since(v, "kv_ledger", "audits") == 1 and led["leaked_pages_total"] == 0
         # a forged epoch namespace in a user extra_key is rejected with a clear error; the engine keeps serving
         forged = requests.post(s.url + "/generate", json={"input_ids": PROBE, "extra_key": "\x1evradix:e1\x1f",
                                                          "sampling_params": {"max_new_tokens": 2}}, timeout=60)
         assert forged.status_code == 400 and "reserved vradix epoch marker" in forged.text
         assert s.generate(PROBE, 4)["meta_info"]["cached_tokens"] == 200
-        assert s.vradix_info()["forged_keys_rejected"] == 1
+        assert start.since(s.vradix_info(), "forged_keys_rejected") == 1
         # prefill dedup: prompts admitted together that share an uncached prefix compute it once (stock: ~5 times)
         burst = shared_prefix_burst(s, seed=1)
         assert burst.computed == burst.computed_once, burst
         assert sorted(burst.cached) == [0] + [200] * 7
-        dedup = s.vradix_info()["prefill_dedup"]
-        assert dedup["enabled"] and dedup["deferred"] >= 7 and dedup["deferred_shared_tokens"] >= 7 * 200
+        now = s.vradix_info()
+        assert now["prefill_dedup"]["enabled"] and start.since(now, "prefill_dedup", "deferred") >= 7
+        assert start.since(now, "prefill_dedup", "deferred_shared_tokens") >= 7 * 200
         # strict idle memory check: a flush when idle resets the pool to full
         assert s.post("/flush_cache").status_code == 200
         assert "Traceback" not in s.logs()
 
 
 
-def test_lock_aware_flush_and_update_weight_version(models, oracle):
-    with CpuServer(models[0]) as s:
+def test_lock_aware_flush_and_update_weight_version(models, oracle, server_pool):
+    with server_pool.lease(models[0]) as s:
+        start = Counters(s)
         base = s.generate(PROBE, 4)
         (inflight,) = pause_holding(s, lambda: [StreamingRequest(s.url, LONG_PROMPT, 300)])
         r = s.post("/flush_cache")
         assert r.status_code == 200, r.text  # performed, not refused
         v = s.vradix_info()
-        assert v["lock_aware_flushes"] == 1 and v["epoch"] == 1
+        assert start.since(v, "lock_aware_flushes") == 1 and start.since(v, "epoch") == 1
         assert v["crossing_requests"] == 1 and v["stale_tokens_pinned"] >= len(LONG_PROMPT) - 1
         assert s.post("/continue_generation").status_code == 200
         after = s.generate(PROBE, 4)
@@ -103,11 +148,11 @@ def test_lock_aware_flush_and_update_weight_version(models, oracle):
         r = s.generate(PROBE, 4)
         assert r["meta_info"]["cached_tokens"] == 0 and r["meta_info"]["weight_version"] == "v9"
         v = s.vradix_info()
-        assert v["label"] == "v9" and v["publications"] == 1 and v["epoch"] == 2
+        assert v["label"] == "v9" and start.since(v, "publications") == 1 and start.since(v, "epoch") == 2
 
 
-def test_chunked_prefill_crossing_a_publication(models, oracle):
-    with CpuServer(models[0], chunked_prefill_size=32) as s:
+def test_chunked_prefill_crossing_a_publication(models, oracle, own):
+    with own("chunk32") as s:
         give_up = time.monotonic() + 300  # a prefill that ends before the pause voids the attempt
         for attempt in itertools.count():
             long = StreamingRequest(s.url, CHUNKED_PROMPT, 4)
@@ -172,11 +217,11 @@ def mislabelled(results, oracle, labels):
     return Burst(checked, wrong, crossing)
 
 
-def test_overlap_batch_in_flight_at_pause_is_labelled_with_its_weights(models, oracle):
+def test_overlap_batch_in_flight_at_pause_is_labelled_with_its_weights(models, oracle, own):
     """Each response's label must name the weights that computed its token. A request whose prefill was chunked across
     the publication (a crossing request, computed by neither weights alone) must say so in its provenance instead; the
     small chunk size makes such a request likely, so that branch runs too (it did in 2 of 3 runs)."""
-    with CpuServer(models[0], chunked_prefill_size=128) as s:
+    with own("chunk128") as s:
         burst = mislabelled(burst_across_publication(s, models[1], "v2"), oracle, {"default": "A", "v2": "B"})
         assert burst.wrong == [] and burst.checked >= 10, burst
         for i, spans in burst.crossing:
@@ -184,13 +229,13 @@ def test_overlap_batch_in_flight_at_pause_is_labelled_with_its_weights(models, o
             assert spans[0]["start"] == 0 < spans[1]["start"] < len(BURST[i]), (i, spans)
 
 
-def test_stock_overlap_mislabels_a_batch_in_flight_at_pause(models, oracle):
+def test_stock_overlap_mislabels_a_batch_in_flight_at_pause(models, oracle, server_pool):
     """The stock arm of the test above: with the overlap scheduler, stock 0.5.23 leaves the batch launched before an
     in_place pause in flight across the update, and labels its token with the new version. The race depends on
     timing, so publications (alternating A and B) run until one shows it, within a deadline; one response labelled
     with one version but carrying the other's token proves the bug (a request chunked across the publication carries
     neither and does not count)."""
-    with CpuServer(models[0], vradix=False) as s:
+    with server_pool.lease(models[0], vradix=False) as s:
         labels, give_up = {"default": "A"}, time.monotonic() + 300
         for n in itertools.count():
             w = "BA"[n % 2]
@@ -209,8 +254,10 @@ def test_fail_closed_when_a_hook_cannot_be_installed(models):
     assert "could not install hook(s) sglang.srt.managers.scheduler.Scheduler.flush_cache" in str(e.value)
 
 
-def test_disable_radix_cache_versions_only_the_weight_derived_caches(models):
-    """No tree to version: the startup log says what vradix still versions (test_e2e_multimodal.py runs it on a VLM)."""
+@pytest.mark.long  # duplicate coverage: test_e2e_multimodal.py's radix-off test asserts the same log and flags on a VLM
+def test_disable_radix_cache_versions_only_the_weight_derived_caches(models, own):
+    """No tree to version: the startup log says what vradix still versions (test_e2e_multimodal.py runs it on a VLM,
+    and publishes there)."""
     with CpuServer(models[0], extra_args=["--disable-radix-cache"]) as s:
         assert "active without a radix cache: no prefix tree to version" in s.logs()
         assert s.generate(PROBE, 4)["meta_info"]["cached_tokens"] == 0
@@ -234,14 +281,13 @@ def held_prefix_publication(s, new_model):
 
 
 @pytest.mark.parametrize("verify", ["off", "strict"])
-def test_ledger_guard_catches_stale_prefix_when_the_namespace_is_broken(models, oracle, verify):
+def test_ledger_guard_catches_stale_prefix_when_the_namespace_is_broken(models, oracle, own, verify):
     """Fault: VRADIX_FAULT_NO_NAMESPACE drops the epoch namespace, so the tree offers the in-flight request's stale
     PREFIX to the probe. With the guard off the stale KV is served (the fault is real); in strict mode the backstop
     before the forward sees pages of epoch 0 behind an epoch-1 request and fails it with an error naming vradix and
     the epochs (never silent). Once the in-flight request released the stale prefix, the same probe equals the
     fresh new-weights server."""
-    env = {"VRADIX_FAULT_NO_NAMESPACE": "1", "VRADIX_VERIFY": verify}
-    with CpuServer(models[0], env=env) as s:
+    with own(f"guard-{verify}") as s:
         probe, led = held_prefix_publication(s, models[1])
         if verify == "off":
             body = probe.json()

@@ -21,7 +21,6 @@ from vradix.testing.harness.hicache_store import hicache_server
 from vradix.testing.harness.reliability import STRICT_CHECK_ENV, oracles, publish, strict_idle_check, wait_until
 from vradix.testing.harness.scenario import PREFIX, PROBE, StreamingRequest, pause_holding, pause_took_effect
 from vradix.testing.harness.server import CpuServer
-from vradix.testing.models.llama import generate
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -34,16 +33,15 @@ PROMPTS = {"probe": [PROBE], "chunked": [CHUNKED_PROMPT], "waiters": WAITERS}
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
-    return {"A": generate(str(d / "A"), seed=1, dtype="float32", init_range=0.2),
-            "B": generate(str(d / "B"), seed=2, dtype="float32", init_range=0.2)}
+def models(models):
+    """The session's tiny models A and B, by name."""
+    return dict(zip("AB", models))
 
 
 @pytest.fixture(scope="module")
-def oracle(models):
-    """Greedy outputs of fresh servers on A and on B."""
-    return oracles(models, PROMPTS)
+def oracle(models, server_pool):
+    """Greedy outputs of a fresh stock server on A and on B (the pool's, reset)."""
+    return oracles(models, PROMPTS, pool=server_pool)
 
 
 class Engine:

@@ -2,7 +2,7 @@
 gateway is published through its RL control plane and every worker is verified from its own server info.
 
 Real parts: the `smg` gateway (its Rust router, from the `smg` wheel) in front of two vradix CPU servers on the tiny
-model, started once for the module. Not run here: a P/D pair behind the gateway (the mooncake transfer; the client
+model, leased once for the module from the session's server pool (`server_pool`). Not run here: a P/D pair behind the gateway (the mooncake transfer; the client
 treats prefill and decode workers like any other, each with its own plan).
 """
 import json
@@ -14,7 +14,6 @@ import requests
 
 from vradix.client import publish
 from vradix.testing.harness.scenario import PROBE
-from vradix.testing.harness.server import CpuServer, servers
 
 pytest.importorskip("smg")
 from vradix.testing.harness.gateway import Gateway  # noqa: E402
@@ -23,9 +22,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def fleet(models):
-    with servers(lambda: CpuServer(models[0]), lambda: CpuServer(models[0])) as (w1, w2), \
-            Gateway([w1.url, w2.url]) as gw:
+def fleet(models, server_pool):
+    with server_pool.lease_many(2, models[0]) as (w1, w2), Gateway([w1.url, w2.url]) as gw:
         yield gw, (w1, w2)
         assert "Traceback" not in w1.logs() + w2.logs()
 

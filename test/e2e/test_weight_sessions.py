@@ -26,8 +26,8 @@ BUCKETS = 3
 
 
 @pytest.fixture(scope="module")
-def oracle_b(models):
-    return oracle_outputs(models[1], PROMPTS)["probe"]
+def oracle_b(models, server_pool):
+    return oracle_outputs(models[1], PROMPTS, pool=server_pool)["probe"]
 
 
 @pytest.fixture(scope="module")

@@ -148,13 +148,26 @@ def publish(server, weights: str) -> StreamingRequest:
     return crossing
 
 
+#: the two E2E servers on hybrid A: stock, and vradix
+HYBRID_SERVERS = {"stock": dict(vradix=False, max_total_tokens=4096, startup_timeout=400),
+                  "vradix": dict(max_total_tokens=4096, startup_timeout=400)}
+
+
+@pytest.fixture(scope="module")
+def hybrid_servers(hybrid_models, server_pool):
+    """Start both E2E servers together, parked in the pool until their test; `hybrid_servers(name)` leases one (a
+    fresh process, stopped after its test)."""
+    server_pool.prestart(*[(hybrid_models[0], kw) for kw in HYBRID_SERVERS.values()])
+    return lambda name: server_pool.lease(hybrid_models[0], once=True, **HYBRID_SERVERS[name])
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
-def test_stock_sglang_reuses_stale_hybrid_state_after_publication(hybrid_models, hf_greedy):
+def test_stock_sglang_reuses_stale_hybrid_state_after_publication(hybrid_models, hf_greedy, hybrid_servers):
     """The bug on a hybrid: stock SGLang inserts a crossing request's mixed A/B span and keeps serving the KV and
     recurrent state computed under A after B is published, labelled B."""
     a, b = hybrid_models
-    with CpuServer(a, vradix=False, max_total_tokens=4096, startup_timeout=400) as s:
+    with hybrid_servers("stock") as s:
         s.generate(EXTENDED, NEW_TOKENS)
         final = publish(s, b).result()
         crossed_span = SHORT + final["output_ids"][:-1]  # snapshotted at finish: the crossing request inserted it
@@ -166,10 +179,11 @@ def test_stock_sglang_reuses_stale_hybrid_state_after_publication(hybrid_models,
 
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
-def test_vradix_hybrid_server_matches_hf_hits_prefixes_and_never_reuses_stale_state(hybrid_models, hf_greedy):
+def test_vradix_hybrid_server_matches_hf_hits_prefixes_and_never_reuses_stale_state(hybrid_models, hf_greedy,
+                                                                                    hybrid_servers):
     a, b = hybrid_models
     assert is_hybrid_model(a)
-    with CpuServer(a, max_total_tokens=4096, startup_timeout=400) as s:
+    with hybrid_servers("vradix") as s:
         logs = s.logs()
         assert "vradix 0.1.0 active" in logs and "hybrid_ssm=True" in logs, s.tail()
 

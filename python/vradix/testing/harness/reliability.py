@@ -13,7 +13,7 @@ import concurrent.futures as cf
 import time
 from typing import Dict, Sequence
 
-from vradix.testing.harness.server import CpuServer
+from vradix.testing.harness.server import CpuServer, fresh_stock_outputs, stock_server
 
 #: env for servers under fault injection: SGLang's own busy-time accounting and KV page checks assert every step
 STRICT_CHECK_ENV = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1", "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1"}
@@ -59,9 +59,10 @@ def strict_idle_check(server: CpuServer, timeout: float = 60.0) -> dict:
 
 
 def oracle_outputs(model_path: str, prompts: Dict[str, Sequence[Sequence[int]]], max_new_tokens: int = 4,
-                   **server_kw) -> Dict[str, list]:
-    """Start a fresh (stock) server on `model_path` and return the greedy output ids of every prompt, per group."""
-    with CpuServer(model_path, vradix=False, **server_kw) as s:
+                   pool=None, **server_kw) -> Dict[str, list]:
+    """The greedy output ids of every prompt, per group, as a fresh stock server on `model_path` answers them (one
+    from `pool` when given: `stock_server`)."""
+    with stock_server(model_path, pool, **server_kw) as s:
         return {name: [s.generate(p, max_new_tokens, timeout=300)["output_ids"] for p in group]
                 for name, group in prompts.items()}
 
@@ -81,8 +82,14 @@ def oracle_output_sets(model_path: str, prompts: Sequence[Sequence[int]], max_ne
     return [{tuple(a), tuple(b)} for a, b in zip(solo, batched)]
 
 
-def oracles(models: Dict[str, str], prompts: Dict[str, Sequence[Sequence[int]]], max_new_tokens: int = 4) -> dict:
-    """`oracle_outputs` for every named model, the fresh servers started concurrently."""
+def oracles(models: Dict[str, str], prompts: Dict[str, Sequence[Sequence[int]]], max_new_tokens: int = 4,
+            pool=None) -> dict:
+    """`oracle_outputs` for every named model: one stock server from `pool` answers them all in turn when given
+    (`fresh_stock_outputs`), else fresh servers start concurrently."""
+    if pool is not None:
+        return fresh_stock_outputs(models, lambda s: {name: [s.generate(p, max_new_tokens, timeout=300)["output_ids"]
+                                                             for p in group] for name, group in prompts.items()},
+                                   pool=pool)
     with cf.ThreadPoolExecutor(len(models)) as pool:
         futs = {name: pool.submit(oracle_outputs, path, prompts, max_new_tokens) for name, path in models.items()}
         return {name: f.result() for name, f in futs.items()}

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence
 
 import requests
 
@@ -83,6 +83,8 @@ class ServerDied(RuntimeError):
 
 class CpuServer(LoggedProcess, ServerClient):
     stop_grace = 20.0  # a scheduler mid-batch on a loaded CPU takes a while to drain
+    #: server processes launched by this test process so far (start-up dominates a CPU suite's time)
+    launches = 0
 
     def __init__(self, model_path: str, *, vradix: bool = True, extra_args: Sequence[str] = (),
                  env: Optional[dict] = None, max_total_tokens: int = 8192, chunked_prefill_size: int = 1024,
@@ -129,6 +131,7 @@ class CpuServer(LoggedProcess, ServerClient):
         self.log = tempfile.NamedTemporaryFile("w+", prefix="sglang-", suffix=".log", delete=False)
         cmd = [self.python, "-m", self.launcher, "--model-path", model_path, "--port", str(self.port), *args,
                *(str(x) for item in self.launch_ports.items() for x in item)]
+        CpuServer.launches += 1
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def _wait_ready(self, deadline: float, timeout: float) -> bool:
@@ -183,13 +186,22 @@ def servers(*factories: Callable[[], CpuServer]) -> Iterator[List[CpuServer]]:
             s.stop()
 
 
-def fresh_stock_outputs(weights: Dict[str, str], compute: Callable[[CpuServer], Any], **server_kw) -> Dict[str, Any]:
+def stock_server(model_path: str, pool=None, **server_kw) -> ContextManager[CpuServer]:
+    """A stock server (VRADIX_DISABLE=1) on `model_path` as a context: leased from `pool` (a
+    `vradix.testing.harness.pool.ServerPool`, which hands it out reset, as a fresh one answers) or started afresh."""
+    return pool.lease(model_path, vradix=False, **server_kw) if pool is not None else \
+        CpuServer(model_path, vradix=False, **server_kw)
+
+
+def fresh_stock_outputs(weights: Dict[str, str], compute: Callable[[CpuServer], Any], pool=None,
+                        **server_kw) -> Dict[str, Any]:
     """`{name: compute(server)}` as a fresh stock server on each checkpoint of `weights` ({name: path}, in order)
-    would answer: the oracle of the E2E tests. One process serves them all (start-up dominates on CPU): it starts on
-    the first checkpoint, and loads each next one with an idle flush, which resets stock SGLang's whole cache."""
+    would answer: the oracle of the E2E tests. One process serves them all (start-up dominates on CPU), from `pool`
+    when given (`stock_server`): it serves the first checkpoint, and loads each next one with an idle flush, which
+    resets stock SGLang's whole cache."""
     names = list(weights)
     out = {}
-    with CpuServer(weights[names[0]], vradix=False, **server_kw) as s:
+    with stock_server(weights[names[0]], pool, **server_kw) as s:
         for name in names:
             if name != names[0]:
                 s.reset(weights[name], name)  # succeeds only once the cache is flushed
