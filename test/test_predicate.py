@@ -44,13 +44,18 @@ def test_colocated_retracts_and_rejects_in_place():
         plan(colocated=True, pause_mode="in_place")
 
 
-def test_pd_cannot_retract_and_cannot_share_without_an_epoch_in_the_protocol():
+def test_pd_cannot_retract_and_shares_only_with_vradix_on_the_role():
     p = plan(pd_disaggregated=True)
     assert (p.pause_mode, p.radix_enabled) == ("in_place", False)
     with pytest.raises(UnsafeDeployment, match="retract is not supported with P/D"):
         plan(pd_disaggregated=True, pause_mode="retract")
-    with pytest.raises(UnsafeDeployment, match="rule 1: disable_radix_cache=False on a P/D"):
-        plan(pd_disaggregated=True, vradix=True, disable_radix_cache=False)
+    with pytest.raises(UnsafeDeployment, match="rule 1: disable_radix_cache=False on a P/D deployment without"):
+        plan(pd_disaggregated=True, disable_radix_cache=False)
+    # vradix namespaces the role's tree and its handshake refuses KV of other weights: a running role's radix is kept
+    p = plan(pd_disaggregated=True, vradix=True, disable_radix_cache=False)
+    assert (p.pause_mode, p.radix_enabled, p.flush) == ("in_place", True, False)
+    with pytest.raises(UnsafeDeployment, match="retract is not supported with P/D"):
+        plan(pd_disaggregated=True, vradix=True, pause_mode="retract")
 
 
 def test_lora_shares_only_when_radix_is_keyed_by_adapter():
@@ -86,7 +91,7 @@ def test_every_accepted_plan_is_safe(combo):
     if disable is True:
         assert not p.radix_enabled
     if pd:
-        assert p.pause_mode == "in_place" and not p.radix_enabled
+        assert p.pause_mode == "in_place" and (vradix or not p.radix_enabled)
     if colocated:
         assert p.pause_mode == "retract"
     if p.radix_enabled and not vradix:

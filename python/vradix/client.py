@@ -11,6 +11,17 @@ Verification is positive, never "HTTP 200":
   vacuous (with the radix cache really disabled there is nothing to flush, and the probe stays at 0).
 - Radix disabled: nothing to invalidate; only the label is verified.
 
+The fleet view: one publication (one label, one `update`) gives the fleet one weight identity. The engines that
+must agree are the vradix engines whose identity is proven or declared (server info `vradix.weight_identity.mode`
+`fingerprint` or `declared` on every rank; `auto` is reported resolved): every rank of every one of them must serve
+one `weight_id` after the update, else the publication fails with the rest (engines left paused, per `on_failure`).
+Two fingerprints differ only when the published weights differ (e.g. a callable transfer that loaded other weights
+on one engine), and a P/D pair whose roles differ refuses every request, so disagreement is never reported as
+published. `nonce` engines cannot agree by design and stock engines have no identity: they are reported per engine,
+not as a failure. A fleet whose proven and declared engines mix the two modes can never agree; it is refused
+before any engine is paused. `publish` returns the per-engine results as a `Publication`, a list whose `fleet`
+(`FleetView`) holds the fleet's `weight_id` and each engine's identity.
+
 All-or-nothing, in phases: every engine is planned (and its probe armed) while it still serves, then every engine is
 paused, then every engine is updated. Phase 1 checks, on every engine while all are paused, all that a paused engine
 can show: the label, and on vradix every rank's epoch. Phase 2 probes the stock engines: a probe needs generation, so
@@ -49,11 +60,21 @@ Update = Union[str, Callable[["EngineHandle", str], None]]
 
 
 class PublishError(RuntimeError):
-    """A publication could not be verified; `results` holds every engine's evidence and final state."""
+    """A publication could not be verified; `results` holds every engine's evidence and final state, `fleet` the
+    fleet view of the engines' identities as last read (None when it failed before any was read)."""
 
-    def __init__(self, message: str, results: List["EngineResult"]):
+    def __init__(self, message: str, results: List["EngineResult"], fleet: Optional["FleetView"] = None):
         super().__init__(message)
         self.results = results
+        self.fleet = fleet
+
+
+class FleetDisagreement(RuntimeError):
+    """Engines that must serve one weight identity after the publication do not (or never can: mixed modes)."""
+
+
+#: the identity modes in which engines on equal published weights serve equal `weight_id`s
+AGREEING_MODES = ("fingerprint", "declared")
 
 
 @dataclass
@@ -65,7 +86,8 @@ class EngineResult:
     epochs_after: List[Optional[int]] = field(default_factory=list)
     weight_ids_before: List[Optional[str]] = field(default_factory=list)
     weight_ids_after: List[Optional[str]] = field(default_factory=list)
-    identity_mode: Optional[str] = None
+    identity_mode: Optional[str] = None  # the mode every rank runs (`vradix.weight_identity.mode`, resolved)
+    identity_requested: Optional[str] = None  # the mode the engine was started with, where the server reports it
     label_after: Optional[str] = None
     probe_cached_before: Optional[int] = None
     probe_cached_after: Optional[int] = None
@@ -96,6 +118,73 @@ class EngineResult:
         if self.error:
             parts.append(f"error: {self.error}")
         return "; ".join(parts)
+
+
+@dataclass
+class FleetView:
+    """The weight identity of a publication's fleet. `weight_id`: the one identity every engine in `AGREEING_MODES`
+    serves (None when no engine is in one); `mode`: theirs. `engines`: one entry per engine, in order, with its
+    `url`, `mode` (None without vradix), `weight_id` (its ranks' one identity, None without vradix or when its ranks
+    disagree) and `in_fleet` (whether it must agree; nonce and stock engines are reported alone)."""
+
+    weight_id: Optional[str]
+    mode: Optional[str]
+    engines: List[dict]
+
+    def as_dict(self) -> dict:
+        return {"weight_id": self.weight_id, "mode": self.mode, "engines": self.engines}
+
+
+class Publication(list):
+    """The verified per-engine results (`EngineResult`, in order) and their `fleet` view."""
+
+    def __init__(self, results: List[EngineResult], fleet: FleetView):
+        super().__init__(results)
+        self.fleet = fleet
+
+
+def must_agree(res: EngineResult) -> bool:
+    """Whether the engine's identity is proven or declared, so it must serve the fleet's one `weight_id`."""
+    return res.vradix and res.identity_mode in AGREEING_MODES
+
+
+def fleet_modes(results: Sequence[EngineResult]) -> Optional[str]:
+    """The one identity mode of the engines that must agree (None when there are none); raises FleetDisagreement
+    when they mix `fingerprint` and `declared`, which never give equal identities (checked before anything is
+    touched)."""
+    modes = {r.url: r.identity_mode for r in results if must_agree(r)}
+    if len(set(modes.values())) > 1:
+        raise FleetDisagreement(
+            f"the fleet mixes identity modes {modes}: a fingerprint and a declaration are never the same weight_id, "
+            "so these engines can never agree; start every engine with the same --vradix-weight-identity, or publish "
+            "the groups in separate calls")
+    return next(iter(modes.values()), None)
+
+
+def fleet_view(results: Sequence[EngineResult]) -> FleetView:
+    """The fleet's identity after the update (`weight_ids_after`); raises FleetDisagreement, naming every engine that
+    must agree with its identity, unless all their ranks serve one `weight_id`."""
+    mode = fleet_modes(results)
+    engines = [engine_identity(r) for r in results]
+    agreeing = {e["url"]: r.weight_ids_after for e, r in zip(engines, results) if e["in_fleet"]}
+    ids = {w for wids in agreeing.values() for w in wids}
+    if len(ids) > 1 or None in ids or any(not wids for wids in agreeing.values()):
+        raise FleetDisagreement(
+            f"engines that must serve one weight identity ({mode} mode, one publication) do not: {agreeing}; their "
+            "published weights differ")
+    return FleetView(next(iter(ids), None), mode, engines)
+
+
+def engine_identity(res: EngineResult) -> dict:
+    """One engine's entry of the fleet view."""
+    ids = set(res.weight_ids_after)
+    entry = {"url": res.url, "mode": res.identity_mode if res.vradix else None,
+             "weight_id": next(iter(ids)) if len(ids) == 1 else None, "in_fleet": must_agree(res)}
+    if res.identity_requested is not None:
+        entry["requested"] = res.identity_requested
+    if res.worker_url:
+        entry["worker_url"] = res.worker_url
+    return entry
 
 
 class EngineHandle:
@@ -229,11 +318,14 @@ def publish(urls: Union[str, Sequence[str]], update: Update, version: Optional[s
             on_failure: str = "stay_paused", timeout: float = 600.0, probe_vocab: int = 400,
             seed: Optional[int] = None,
             engine_factory: Callable[[str, float], EngineHandle] = EngineHandle,
-            gateways: Sequence[str] = ()) -> List[EngineResult]:
-    """Publish `update` to every engine and verify it. Returns per-engine results or raises `PublishError`.
+            gateways: Sequence[str] = ()) -> Publication:
+    """Publish `update` to every engine and verify it. Returns the per-engine results with the fleet's one
+    `weight_id` (`Publication.fleet`), or raises `PublishError`.
 
     `update` is a model path (`/update_weights_from_disk`) or a callable `(engine, version) -> None` that performs the
-    transfer (e.g. NCCL `update_weights_from_distributed`) and raises on failure. `on_failure` is `stay_paused`
+    transfer (e.g. NCCL `update_weights_from_distributed`) and raises on failure. Either way it is one publication:
+    the same weights on every engine, so every engine in a proven or declared identity mode must serve one
+    `weight_id` after it (engines that must hold different weights are published in separate calls). `on_failure` is `stay_paused`
     (default, fail closed) or `continue`. `engine_factory(url, timeout)` builds each engine's `EngineHandle`
     (a subclass can add authentication, logging or, in tests, fault injection). `gateways`: SGLang model gateways
     (`smg --enable-rl`); every worker each one routes to is published through it and verified (`GatewayWorker`).
@@ -251,11 +343,13 @@ def publish(urls: Union[str, Sequence[str]], update: Update, version: Optional[s
     probes: List[Optional[List[int]]] = [None] * len(engines)
     resumed: List[int] = []  # engines resumed for their probe in phase 2: re-paused if anything fails
     current = results[0]
+    fleet: Optional[FleetView] = None
     try:
         # phase 0, every engine still serving: plan it, and arm the probe of a stock engine with radix on
         for i, (e, res) in enumerate(zip(engines, results)):
             current = res
             probes[i] = _plan_and_arm(e, res, colocated, prefer_sharing, pause_mode, rng, probe_vocab)
+        fleet_modes(results)  # a fleet that can never agree is refused before any engine is paused
         for e, res in zip(engines, results):
             current = res
             e.post_ok("/pause_generation", {"mode": res.plan.pause_mode})
@@ -268,6 +362,7 @@ def publish(urls: Union[str, Sequence[str]], update: Update, version: Optional[s
             current = res
             _verify_paused(e, res, version)
             res.checks_passed = probe is None
+        fleet = fleet_view(results)  # still all paused: engines that must agree serve one weight_id
         # phase 2: a probe needs generation, so only the engines with a probe are resumed, one after the other, and
         # they serve from here to the verdict; the first failure stops the phase (no further engine is resumed)
         for i, (e, res, probe) in enumerate(zip(engines, results, probes)):
@@ -282,17 +377,19 @@ def publish(urls: Union[str, Sequence[str]], update: Update, version: Optional[s
     except predicate.UnsafeDeployment:
         raise  # raised while planning, before any engine was paused
     except Exception as exc:  # noqa: BLE001 - every failure is reported with the evidence, then re-raised
-        current.error = f"{type(exc).__name__}: {exc}"
+        fleet_error = f"{type(exc).__name__}: {exc}" if isinstance(exc, FleetDisagreement) else None
+        if fleet_error is None:
+            current.error = f"{type(exc).__name__}: {exc}"
         if on_failure == "continue":
             _continue_all(engines, results)
         else:
             for i in resumed:  # each with its own plan's pause mode
                 results[i].state = _repause(engines[i], results[i])
-        raise PublishError(_failure_message(results, version), results) from exc
+        raise PublishError(_failure_message(results, version, fleet_error), results, fleet) from exc
     for res in results:  # every engine passed every check: only now is any engine reported verified
         res.verified = True
     _continue_all(engines, results)
-    return results
+    return Publication(results, fleet)
 
 
 def _plan_and_arm(e: EngineHandle, res: EngineResult, colocated, prefer_sharing, pause_mode, rng, vocab):
@@ -306,7 +403,7 @@ def _plan_and_arm(e: EngineHandle, res: EngineResult, colocated, prefer_sharing,
     if res.vradix:
         res.epochs_before = [b["epoch"] for b in blocks]
         res.weight_ids_before = [b.get("weight_id") for b in blocks]
-        res.identity_mode = (blocks[0].get("weight_identity") or {}).get("mode")
+        res.identity_mode, res.identity_requested = identity_mode_of(blocks)
         return None
     if not res.plan.radix_enabled:
         return None
@@ -314,6 +411,15 @@ def _plan_and_arm(e: EngineHandle, res: EngineResult, colocated, prefer_sharing,
     e.generate_ids(probe)
     res.probe_cached_before = e.probe_cached_tokens(probe)
     return probe
+
+
+def identity_mode_of(blocks: List[dict]) -> tuple:
+    """(the identity mode every rank runs, the mode it was started with or None where the server does not say);
+    raises unless every rank runs the same mode."""
+    modes = [(b.get("weight_identity") or {}).get("mode") for b in blocks]
+    if len(set(modes)) != 1:
+        raise RuntimeError(f"ranks run different weight-identity modes: {modes}")
+    return modes[0], (blocks[0].get("weight_identity") or {}).get("requested")
 
 
 def _update(e: EngineHandle, res: EngineResult, update: Update, version: str) -> None:
@@ -404,9 +510,11 @@ def _continue_all(engines, results) -> None:
                 res.error = (res.error or "") + f"; continue_generation failed: {exc}"
 
 
-def _failure_message(results: List[EngineResult], version: str) -> str:
+def _failure_message(results: List[EngineResult], version: str, fleet_error: Optional[str] = None) -> str:
     lines = [f"publication {version!r} NOT verified on all {len(results)} engine(s); nothing is reported published:"]
     lines += [f"  - {r.evidence()}" for r in results]
+    if fleet_error:
+        lines.append(f"fleet: {fleet_error}")
     paused = [r.url for r in results if r.state.startswith("paused")]
     if paused:
         lines.append(f"engines left paused: {paused}; resume with POST <url>/continue_generation once resolved")

@@ -5,9 +5,11 @@ Prefix reuse is safe exactly where no KV computed under old weights can be match
 - without vradix, only a `retract` pause followed by a flush guarantees it (nothing may hold KV at the flush).
 
 Rules (first match decides; `UnsafeDeployment` names the rule it violates):
-1. P/D disaggregation cannot retract (so it cannot be colocated either, see 2) (the prefill and decode groups cannot re-prefill a migrated request): pause
-   `in_place`. Radix sharing on a P/D deployment is only safe with vradix on both roles *and* a shared epoch, which
-   the PD protocol does not carry in SGLang 0.5.23, so it is off; an explicit `disable_radix_cache=False` is rejected.
+1. P/D disaggregation cannot retract (so it cannot be colocated either, see 2) (the prefill and decode groups cannot
+   re-prefill a migrated request): pause `in_place`. The PD protocol of SGLang 0.5.23 carries no weight version, so
+   without vradix radix sharing on a P/D role is off and an explicit `disable_radix_cache=False` is rejected. With
+   vradix on the role its own tree is epoch-namespaced and a vradix decode commits transferred KV only when prefill's
+   weight identity matches its own (`vradix.pd.handshake`), so radix sharing is on unless disabled, as in rule 3.
 2. A colocated engine releases its KV memory at every publication, so in-flight requests cannot keep their KV:
    pause `retract`. An explicit `in_place` is rejected.
 3. With vradix: radix sharing on (unless explicitly disabled), pause `in_place` for a disjoint engine (keeps
@@ -72,9 +74,13 @@ def derive(d: Deployment) -> Plan:
         if d.pause_mode == "retract":
             raise UnsafeDeployment("rule 1: retract is not supported with P/D (prefill/decode) groups: a "
                                    "disaggregated request cannot be retracted; use pause_mode='in_place'")
+        if d.vradix:
+            return Plan("in_place", d.disable_radix_cache is not True, False,
+                        "P/D with vradix: in_place pause, epoch-namespaced radix, weight-identity handshake")
         if explicit_radix:
-            raise UnsafeDeployment("rule 1: disable_radix_cache=False on a P/D deployment: the PD protocol carries "
-                                   "no weight epoch, so decode could reuse KV prefilled under other weights")
+            raise UnsafeDeployment("rule 1: disable_radix_cache=False on a P/D deployment without vradix: the PD "
+                                   "protocol carries no weight epoch, so decode could reuse KV prefilled under other "
+                                   "weights")
         return Plan("in_place", False, False, "P/D: in_place pause, radix off (no epoch in the PD protocol)")
 
     if d.colocated:

@@ -6,8 +6,11 @@
 `--gateway` is an SGLang model gateway started with `--enable-rl`: every worker it routes to is published through it
 and verified (see `vradix.client`).
 
-Exit status 0 when every engine verified the publication (one JSON line per engine on stdout), 2 when the
-publication failed verification (the evidence and the state each engine was left in go to stderr), 1 on bad input.
+Exit status 0 when every engine verified the publication: one JSON line per engine on stdout, then the fleet line
+`{"fleet": {"weight_id": ..., "mode": ..., "engines": [...]}}`, the one weight identity every engine in a proven or
+declared identity mode serves (null when none is; `nonce` and stock engines are listed with `"in_fleet": false`).
+2 when the publication failed verification, engines that must agree on one identity disagreeing included (the
+evidence and the state each engine was left in go to stderr), 1 on bad input.
 """
 from __future__ import annotations
 
@@ -53,6 +56,7 @@ def main(argv=None) -> int:
         d = asdict(r)
         d["plan"] = asdict(r.plan) if r.plan else None
         print(json.dumps(d))
+    print(json.dumps({"fleet": results.fleet.as_dict()}))
     return 0
 
 

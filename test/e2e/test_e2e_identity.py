@@ -1,10 +1,18 @@
 """E2E: the weight identity on a real CPU server (no HiCache needed to see it): in `declared` mode the startup
 `--weight-version` and each publication's label are the identity, a reused declaration is refused (HTTP 400) on
 every publication path and changes nothing; in `fingerprint` mode equal weights get equal identities, across two
-servers and across publications. The L3 consequences are in `test_e2e_hicache.py`."""
+servers and across publications. The publish client's fleet view on the same servers: one publication gives two
+fingerprint engines one `weight_id`; a publication that loads other weights on one of them fails with both left
+paused; a fleet mixing declared and fingerprint engines is refused before anything is touched. The L3 consequences
+are in `test_e2e_hicache.py`."""
+import json
+import subprocess
+import sys
+
 import pytest
 import requests
 
+from vradix.client import PublishError, publish
 from vradix.testing.harness.scenario import PROBE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -33,7 +41,7 @@ def declared(models, server_pool, prestarted):
         yield s
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def fingerprinted(models, server_pool, prestarted):
     with server_pool.lease_many(2, models[0], once=True, extra_args=FINGERPRINT_FLAGS) as pair:
         yield pair
@@ -76,3 +84,69 @@ def test_fingerprint_identities_are_equal_for_equal_weights_across_servers_and_p
     assert b.startswith("fp:") and b != a1
     assert s1.post("/update_weights_from_disk", {"model_path": models[0]}).json()["success"]
     assert identity_of(s1)[0] == a1
+
+
+def publish_cli(*args):
+    return subprocess.run([sys.executable, "-m", "vradix.publish", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def assert_paused(server):
+    """A generation does not complete: the engine is paused."""
+    with pytest.raises(requests.Timeout):
+        requests.post(server.url + "/generate", json={"input_ids": PROBE, "sampling_params": {"max_new_tokens": 1}},
+                      timeout=5)
+
+
+def test_the_publish_client_gives_a_fingerprint_fleet_one_weight_id_and_fails_one_that_disagrees(fingerprinted,
+                                                                                                  models):
+    """One publication of B: the fleet's one weight_id is B's fingerprint, served by both. A callable transfer that
+    loads A on the first engine and B on the second is one publication whose engines disagree: PublishError naming
+    both identities, neither engine reported verified, both left paused. The CLI then publishes A to both: exit 0,
+    a line per engine, and the fleet line last."""
+    s1, s2 = fingerprinted
+    urls = [s1.url, s2.url]
+    ok = publish(urls, models[1], "fleet-b")
+    b = identity_of(s1)[0]
+    assert (ok.fleet.weight_id, ok.fleet.mode) == (b, "fingerprint") and identity_of(s2)[0] == b
+    assert [(e["url"], e["weight_id"], e["in_fleet"]) for e in ok.fleet.engines] == [(u, b, True) for u in urls]
+
+    def split(engine, version):  # one publication, other weights on the first engine
+        model = models[0] if engine.url == s1.url else models[1]
+        engine.post_ok("/update_weights_from_disk", {"model_path": model, "weight_version": version,
+                                                     "flush_cache": False})
+
+    with pytest.raises(PublishError) as e:
+        publish(urls, split, "fleet-split")
+    a = identity_of(s1)[0]
+    assert a != b and identity_of(s2)[0] == b
+    message = str(e.value)
+    assert "engines that must serve one weight identity (fingerprint mode" in message, message
+    assert repr(a) in message and repr(b) in message and "engines left paused" in message
+    assert [r.state for r in e.value.results] == ["paused(in_place)"] * 2, message
+    assert not any(r.verified for r in e.value.results) and all(r.checks_passed for r in e.value.results)
+    for s in (s1, s2):
+        assert_paused(s)
+        assert s.post("/continue_generation").status_code == 200
+
+    cli = publish_cli("--url", s1.url, "--url", s2.url, "--model-path", models[0], "--version", "fleet-a")
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    *engines, fleet = [json.loads(x) for x in cli.stdout.splitlines()]
+    assert [(x["url"], x["verified"], x["weight_ids_after"]) for x in engines] == [(u, True, [a]) for u in urls]
+    assert (fleet["fleet"]["weight_id"], fleet["fleet"]["mode"]) == (a, "fingerprint") and identity_of(s2)[0] == a
+    assert [(x["url"], x["in_fleet"]) for x in fleet["fleet"]["engines"]] == [(u, True) for u in urls]
+
+
+def test_a_fleet_mixing_declared_and_fingerprint_engines_is_refused_before_anything_is_touched(declared,
+                                                                                               fingerprinted, models):
+    """A declaration and a fingerprint are never the same weight_id: the CLI exits 2 naming both modes, and both
+    engines are left as they were, serving (no pause, no update)."""
+    s, f = declared, fingerprinted[0]
+    before = [identity_of(x) for x in (s, f)]
+    cli = publish_cli("--url", s.url, "--url", f.url, "--model-path", models[1], "--version", "run1-step9")
+    assert cli.returncode == 2, cli.stdout + cli.stderr[-3000:]
+    assert "the fleet mixes identity modes" in cli.stderr and "'declared'" in cli.stderr, cli.stderr
+    assert "'fingerprint'" in cli.stderr and cli.stderr.count("left running") == 2, cli.stderr
+    assert [identity_of(x) for x in (s, f)] == before
+    for x in (s, f):
+        assert x.generate(PROBE, 1)["meta_info"]["completion_tokens"] == 1

@@ -228,9 +228,13 @@ def test_publish_client_on_vradix_engine_in_place_and_fail_closed(server, models
     ok = subprocess.run(cli + ["--model-path", models[0], "--version", "c2"], capture_output=True, text=True,
                         timeout=300)
     assert ok.returncode == 0, ok.stderr
-    line = json.loads(ok.stdout.strip().splitlines()[-1])
+    line, fleet = [json.loads(x) for x in ok.stdout.strip().splitlines()]
     assert line["verified"] and line["label_after"] == "c2" and line["epochs_after"] == [before + 2]
     assert line["weight_ids_after"] == [s.vradix_info()["weight_id"]] != res.weight_ids_after
+    # the fleet line: a nonce engine cannot agree with any other, so it is listed alone and the fleet has no one id
+    assert (fleet["fleet"]["weight_id"], fleet["fleet"]["mode"]) == (None, None)
+    assert [(e["url"], e["mode"], e["weight_id"], e["in_fleet"]) for e in fleet["fleet"]["engines"]] == [
+        (s.url, "nonce", line["weight_ids_after"][0], False)]
 
     bad = subprocess.run(cli + ["--model-path", "/nonexistent/weights", "--version", "c3"], capture_output=True,
                          text=True, timeout=300)
@@ -271,6 +275,10 @@ def test_publish_client_on_stock_engine_retracts_flushes_and_verifies_with_a_pro
     ok = publish(fleet, models[0], "m1", seed=3)
     assert [r.verified for r in ok] == [True, True]
     assert [r.plan.pause_mode for r in ok] == ["in_place", "retract"] and ok[1].probe_cached_after == 0
+    # neither engine must agree with the other (nonce, stock): each is reported alone, not as a failure
+    assert ok.fleet.weight_id is None
+    assert [(e["mode"], e["weight_id"], e["in_fleet"]) for e in ok.fleet.engines] == [
+        ("nonce", server.vradix_info()["weight_id"], False), (None, None, False)]
 
     def transfer(engine, version):  # a framework's own transfer, failing on the second engine
         if engine.url == s.url:

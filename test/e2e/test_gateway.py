@@ -46,8 +46,12 @@ def test_publish_through_the_gateway_verifies_every_worker(fleet, models):
     cli = subprocess.run([sys.executable, "-m", "vradix.publish", "--gateway", gw.url, "--model-path", models[0],
                           "--version", "gw-step2", "--timeout", "240"], capture_output=True, text=True, timeout=600)
     assert cli.returncode == 0, cli.stderr[-3000:]
-    lines = [json.loads(x) for x in cli.stdout.splitlines()]
+    *lines, fleet = [json.loads(x) for x in cli.stdout.splitlines()]
     assert len(lines) == 2 and all(x["verified"] and x["label_after"] == "gw-step2" for x in lines)
+    # the fleet line: nonce workers (`auto` off P/D) cannot share an identity, so each is listed with its own
+    assert fleet["fleet"]["weight_id"] is None
+    assert sorted((e["worker_url"], e["mode"], e["in_fleet"]) for e in fleet["fleet"]["engines"]) == sorted(
+        (w.url, "nonce", False) for w in workers)
     assert labels_and_epochs(workers) == [("gw-step2", e + 2) for _, e in before]
 
 
