@@ -22,6 +22,7 @@ import time
 import pytest
 import requests
 
+from vradix.client import PublishError, publish
 from vradix.pd import layout
 from vradix.testing.harness import pd
 from vradix.testing.harness.pool import stopped_while_unused
@@ -60,8 +61,17 @@ def stock_pair(models, request):
 
 @pytest.fixture(scope="module")
 def vradix_pair(models, request):
-    """vradix on both roles, decode radix cache on, on weights A; stopped (SIGSTOP) while other tests run."""
-    with pd.PdPair(models[0], vradix=True) as p, stopped_while_unused(request, p):
+    """vradix on both roles, started with no identity flag, prefill at TP=1 and decode at TP=2 (mixed layouts),
+    decode radix cache on, on weights A; stopped (SIGSTOP) while other tests run."""
+    with pd.PdPair(models[0], vradix=True, decode_tp=2) as p, stopped_while_unused(request, p):
+        yield p
+
+
+@pytest.fixture(scope="module")
+def wide_prefill_pair(models, request):
+    """The reverse layout: prefill at TP=2, decode at TP=1, otherwise as `vradix_pair`; stopped while other tests
+    run."""
+    with pd.PdPair(models[0], vradix=True, prefill_tp=2) as p, stopped_while_unused(request, p):
         yield p
 
 
@@ -124,8 +134,9 @@ def test_each_role_stamps_its_namespaces_with_its_role_local_scope(vradix_pair):
     prefill, decode = pair.prefill.vradix_info(), pair.decode.vradix_info()
     p_layout, d_layout = layout.parse_scope(prefill["l3_scope"]), layout.parse_scope(decode["l3_scope"])
     assert (p_layout.role, p_layout.tp_size, p_layout.dcp_size, p_layout.page_size) == ("prefill", 1, 1, 1)
-    assert d_layout == dataclasses.replace(p_layout, role="decode")  # the same KV layout, another role
-    assert prefill["weight_id"] == decode["weight_id"]
+    assert d_layout == dataclasses.replace(p_layout, role="decode", tp_size=2)  # decode's own KV layout and role
+    # started with no identity flag on two layouts: both prove one identity from the same checkpoint
+    assert prefill["weight_id"] == decode["weight_id"] and prefill["weight_id"].startswith("fp:")
     assert f"role-local scope {decode['l3_scope']}" in pair.decode.logs()
 
 
@@ -198,6 +209,54 @@ def test_skew_with_prefill_updated_first_fails_the_request_and_caches_nothing(vr
     for server in (pair.prefill, pair.decode):  # back to A on both (the previous test left them on B)
         server.update_weights(models[0], "A")
     skew_then_converge(pair, models, oracle, pair.prefill, pair.decode)
+
+
+@needs_pd
+@pytest.mark.timeout(900)
+def test_a_wide_prefill_pair_refuses_skew_in_both_orders_and_then_serves_the_new_weights(wide_prefill_pair, models,
+                                                                                        oracle):
+    """The reverse layout (prefill TP=2, decode TP=1), no identity flag: equal weights give both roles one identity
+    across the layouts; with decode updated first, then with prefill updated first, a request fails with the
+    handshake's 503 naming both identities; once both roles are on B, every output is a fresh server's on B."""
+    pair = wide_prefill_pair
+    tp = [layout.parse_scope(s.vradix_info()["l3_scope"]).tp_size for s in (pair.prefill, pair.decode)]
+    assert tp == [2, 1] and weight_id(pair.prefill) == weight_id(pair.decode)
+    skew_then_converge(pair, models, oracle, pair.decode, pair.prefill)
+    for server in (pair.prefill, pair.decode):
+        server.update_weights(models[0], "A")
+    skew_then_converge(pair, models, oracle, pair.prefill, pair.decode)
+
+
+@needs_pd
+@pytest.mark.timeout(600)
+def test_the_publish_client_gives_a_mixed_layout_pair_one_weight_id_and_fails_a_skewed_one(wide_prefill_pair,
+                                                                                          models, oracle):
+    """The publish client on both roles of the wide-prefill pair (planned `in_place`, radix kept: vradix on each
+    role). A transfer that loads A on prefill and B on decode is one publication whose roles disagree: PublishError
+    naming both identities, both roles left paused; resumed, the skewed pair refuses the request (503). Publishing A
+    to both: one fleet weight_id across TP=2 and TP=1, and the pair answers a fresh server's output on A."""
+    pair = wide_prefill_pair
+    urls = [pair.prefill.url, pair.decode.url]
+
+    def prefill_to_a(engine, version):  # one publication, other weights on decode
+        model = models[0] if engine.url == pair.prefill.url else models[1]
+        engine.post_ok("/update_weights_from_disk", {"model_path": model, "weight_version": version,
+                                                     "flush_cache": False})
+
+    with pytest.raises(PublishError) as e:
+        publish(urls, prefill_to_a, "pd-split")
+    a_id, b_id = weight_id(pair.prefill), weight_id(pair.decode)
+    message = str(e.value)
+    assert a_id != b_id and repr(a_id) in message and repr(b_id) in message, message
+    assert "engines that must serve one weight identity (fingerprint mode" in message, message
+    assert [(r.plan.pause_mode, r.plan.radix_enabled, r.state) for r in e.value.results] == [
+        ("in_place", True, "paused(in_place)")] * 2, message
+    pair.resume()
+    assert_refused_naming(generate_raw(pair), a_id, b_id)
+    ok = publish(urls, models[0], "pd-a")
+    assert ok.fleet.weight_id == a_id == weight_id(pair.decode) and ok.fleet.mode == "fingerprint"
+    assert [(e["url"], e["in_fleet"]) for e in ok.fleet.engines] == [(u, True) for u in urls]
+    assert pair.generate(PROMPT, 6)["output_ids"] == oracle["A"]
 
 
 #: prompts of the requests decoding when a publication pauses the pair (300 tokens each, none a prefix of PROMPT)
