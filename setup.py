@@ -60,7 +60,7 @@ setup(
     packages=find_packages("python"),
     # the CPU aids' plugin metadata (a dist-info each, put on sys.path only by CPU test/demo servers)
     package_data={"vradix.testing.cpu_aids": ["plugin/*.dist-info/*", "hybrid_plugin/*.dist-info/*",
-                                             "pd_plugin/*.dist-info/*"],
+                                             "pd_plugin/*.dist-info/*", "tp_plugin/*.dist-info/*"],
                   "vradix.testing.cpu_aids.vlm": ["plugin/*.dist-info/*"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,

@@ -172,12 +172,13 @@ class RoutedPair(ServerClient):
 class PdPair(RoutedPair):
     """A prefill and a decode `CpuServer` on `model_path` with real KV transfer, and the router in front of them.
 
-    `ServerClient` calls on the pair itself (`generate`, `post`) go through the router. Both servers start
-    concurrently; if either fails, everything already started is stopped before the error propagates."""
+    `ServerClient` calls on the pair itself (`generate`, `post`) go through the router. `prefill_tp`/`decode_tp`:
+    each role's tensor-parallel ranks (`CpuServer`'s `tp_size`). Both servers start concurrently; if either fails,
+    everything already started is stopped before the error propagates."""
 
     def __init__(self, model_path: str, *, vradix: bool = True, decode_radix: bool = True,
                  prefill_args: Sequence[str] = (), decode_args: Sequence[str] = (), env: Optional[dict] = None,
-                 startup_timeout: float = 600.0, timeout: float = 300.0):
+                 startup_timeout: float = 600.0, timeout: float = 300.0, prefill_tp: int = 1, decode_tp: int = 1):
         self.prefill: Optional[CpuServer] = None
         self.decode: Optional[CpuServer] = None
         self.router: Optional[Router] = None
@@ -189,13 +190,14 @@ class PdPair(RoutedPair):
         decode_flags = ["--disaggregation-mode", "decode", *TRANSFER_FLAGS,
                         *(["--disaggregation-decode-enable-radix-cache"] if decode_radix else []), *decode_args]
 
-        def start(flags, **ports):
-            return CpuServer(model_path, vradix=vradix, extra_args=flags, env=server_env,
+        def start(flags, tp_size, **ports):
+            return CpuServer(model_path, vradix=vradix, extra_args=flags, env=server_env, tp_size=tp_size,
                              startup_timeout=startup_timeout, timeout=timeout, **ports)
 
         # prefill binds the bootstrap port after start-up: chosen per launch, so a lost one is chosen again
         bootstrap = {BOOTSTRAP_FLAG: free_bootstrap_port}
-        started = start_servers(lambda: start(prefill_flags, launch_ports=bootstrap), lambda: start(decode_flags))
+        started = start_servers(lambda: start(prefill_flags, prefill_tp, launch_ports=bootstrap),
+                                lambda: start(decode_flags, decode_tp))
         self.prefill, self.decode = started
         self.bootstrap_port = self.prefill.launch_ports[BOOTSTRAP_FLAG]
         try:

@@ -20,6 +20,7 @@ import requests
 
 from vradix.testing import cpu_aids
 from vradix.testing.cpu_aids import hybrid as hybrid_aids
+from vradix.testing.cpu_aids import tp as tp_aid
 from vradix.testing.harness.http import ServerClient
 from vradix.testing.harness.process import LoggedProcess
 
@@ -77,6 +78,16 @@ def with_hybrid_cpu_aids(env: dict, extra_args: list) -> list:
     return extra_args
 
 
+def with_tp_cpu_aid(env: dict, extra_args: list, tp_size: int) -> list:
+    """A server with `tp_size` > 1 ranks on the CPU engine needs vradix's TP CPU aid (`vradix.testing.cpu_aids.tp`):
+    put its plugin on the server's PYTHONPATH, bind rank i to core i unless the environment binds them already, and
+    pass `--tp-size`."""
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (tp_aid.PLUGIN_PATH, env.get("PYTHONPATH")) if p)
+    for name, value in tp_aid.tp_cpu_env(tp_size).items():
+        env.setdefault(name, value)
+    return extra_args + ["--tp-size", str(tp_size)]
+
+
 class ServerDied(RuntimeError):
     pass
 
@@ -90,13 +101,15 @@ class CpuServer(LoggedProcess, ServerClient):
                  env: Optional[dict] = None, max_total_tokens: int = 8192, chunked_prefill_size: int = 1024,
                  startup_timeout: float = 600.0, skip_tokenizer_init: bool = True, timeout: float = 300.0,
                  python: Optional[str] = None, launcher: str = "sglang.launch_server",
-                 hybrid: Optional[bool] = None, launch_ports: Optional[Dict[str, Callable[[], int]]] = None):
+                 hybrid: Optional[bool] = None, launch_ports: Optional[Dict[str, Callable[[], int]]] = None,
+                 tp_size: int = 1):
         """`python`: the interpreter that runs the server (default: this one), e.g. another environment's.
         `launcher`: the module run with `python -m` (`vradix.testing.harness.ray_cpu` for SGLang's Ray mode on CPU).
         `hybrid`: load the hybrid (Mamba2) CPU aids and their flags; default: when the model is a hybrid.
         `launch_ports`: {flag: chooser} for further ports the server binds (the P/D bootstrap port): each launch
         passes `flag chooser()`, and a launch that lost one of them starts afresh on new ones, as for the HTTP port
-        (`self.launch_ports` holds the values of the launch that came up)."""
+        (`self.launch_ports` holds the values of the launch that came up).
+        `tp_size`: tensor-parallel ranks (> 1 loads the TP CPU aid, `with_tp_cpu_aid`)."""
         super().__init__("http://127.0.0.1", timeout)  # the port is chosen at launch
         self.python = python or sys.executable
         self.launcher = launcher
@@ -113,6 +126,8 @@ class CpuServer(LoggedProcess, ServerClient):
             extra_args = with_hicache_cpu_aids(e, extra_args)
         if hybrid if hybrid is not None else is_hybrid_model(model_path):
             extra_args = with_hybrid_cpu_aids(e, extra_args)
+        if tp_size > 1:
+            extra_args = with_tp_cpu_aid(e, extra_args, tp_size)
         args = ["--max-total-tokens", str(max_total_tokens), "--chunked-prefill-size", str(chunked_prefill_size),
                 "--context-length", "4096", "--max-running-requests", "32",
                 *(f for f in CPU_FLAGS if skip_tokenizer_init or f != "--skip-tokenizer-init"), *extra_args]
