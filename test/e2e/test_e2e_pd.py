@@ -13,6 +13,9 @@
   it enters decode's tree; once both roles are updated the pair answers what a fresh server on the new weights does.
 - a publication on decode revokes a promise prefill has not fulfilled (prefill paused, the request waiting in decode's
   transfer queue): 503 naming the revoked promise and both identities, the request released, the retry served on B.
+- mixed layouts, no identity flag: the vradix pair runs prefill at TP=1 and decode at TP=2, and a second pair the
+  reverse (TP CPU aid); both refuse skew in both orders and converge, and the publish client gives the reverse pair
+  one fleet `weight_id` across the layouts and fails a publication that leaves the roles on different weights.
 The pair needs packages beyond the venv (`pd.missing_requirements()`); without them these tests skip and say which.
 """
 import concurrent.futures as cf
