@@ -325,8 +325,8 @@ def publish(urls: Union[str, Sequence[str]], update: Update, version: Optional[s
     `update` is a model path (`/update_weights_from_disk`) or a callable `(engine, version) -> None` that performs the
     transfer (e.g. NCCL `update_weights_from_distributed`) and raises on failure. Either way it is one publication:
     the same weights on every engine, so every engine in a proven or declared identity mode must serve one
-    `weight_id` after it (engines that must hold different weights are published in separate calls). `on_failure` is `stay_paused`
-    (default, fail closed) or `continue`. `engine_factory(url, timeout)` builds each engine's `EngineHandle`
+    `weight_id` after it (engines that must hold different weights are published in separate calls). `on_failure`
+    is `stay_paused` (default, fail closed) or `continue`. `engine_factory(url, timeout)` builds each engine's `EngineHandle`
     (a subclass can add authentication, logging or, in tests, fault injection). `gateways`: SGLang model gateways
     (`smg --enable-rl`); every worker each one routes to is published through it and verified (`GatewayWorker`).
     """
