@@ -1,10 +1,11 @@
 """A fail-closed publish client: pause, update, verify, continue — for one engine or a list of them.
 
 Verification is positive, never "HTTP 200":
-- **vradix engine** (server info has an active `vradix` block on every DP rank): pause `in_place`, update without a
-  flush, then every rank's epoch must have advanced, every rank, and `/model_info`, must report the new label, and
-  every rank must report one weight identity: in `declared` mode exactly `declared:<label>` (the label is the
-  identity the publisher vouches for), in `nonce` mode a new one.
+- **vradix engine** (server info has an active `vradix` block on every DP rank, and on each of its TP ranks where it
+  lists them in `tp_ranks`): pause `in_place`, update without a flush, then every rank's epoch must have advanced,
+  every rank, and `/model_info`, must report the new label, and every rank must report one weight identity: in
+  `declared` mode exactly `declared:<label>` (the label is the identity the publisher vouches for), in `nonce` mode
+  a new one.
 - **engine without vradix** (stock SGLang; radix state unknown counts as enabled): the predicate picks `retract` +
   flush. Before pausing, a fresh random probe prompt is sent twice; after the update and the flush, the probe's
   prefix must report `cached_tokens == 0`. A second probe before pausing that reports a hit proves the check is not
@@ -212,8 +213,11 @@ class EngineHandle:
         return self.get("/get_server_info")
 
     def vradix_blocks(self, info: Optional[dict] = None) -> List[Optional[dict]]:
+        """Every rank's `vradix` block (None where a rank has none): each DP rank's, or, where a DP rank reports its
+        TP ranks (`tp_ranks`), each of those, so every check covers every rank."""
         info = info if info is not None else self.server_info()
-        return [(s or {}).get("vradix") for s in (info.get("internal_states") or [{}])]
+        blocks = [(s or {}).get("vradix") for s in (info.get("internal_states") or [{}])]
+        return [rank for b in blocks for rank in ((b or {}).get("tp_ranks") or [b])]
 
     def label(self) -> Optional[str]:
         return self.get("/model_info").get("weight_version")

@@ -28,7 +28,7 @@ import requests
 from vradix.client import PublishError, publish
 from vradix.pd import layout
 from vradix.testing.harness import pd
-from vradix.testing.harness.pool import stopped_while_unused
+from vradix.testing.harness.pool import run_held_servers_for, stopped_while_unused
 from vradix.testing.harness.reliability import wait_until
 from vradix.testing.harness.scenario import StreamingRequest, crossed_update, pause_holding
 from vradix.testing.harness.server import CpuServer, ServerDied
@@ -74,6 +74,8 @@ def vradix_pair(models, request):
 def wide_prefill_pair(models, request):
     """The reverse layout: prefill at TP=2, decode at TP=1, otherwise as `vradix_pair`; stopped while other tests
     run."""
+    # a module-scoped fixture starts before the per-test switch: the last test's pair would poll both cores meanwhile
+    run_held_servers_for(())
     with pd.PdPair(models[0], vradix=True, prefill_tp=2) as p, stopped_while_unused(request, p):
         yield p
 
@@ -257,6 +259,7 @@ def test_the_publish_client_gives_a_mixed_layout_pair_one_weight_id_and_fails_a_
     pair.resume()
     assert_refused_naming(generate_raw(pair), a_id, b_id)
     ok = publish(urls, models[0], "pd-a")
+    assert [len(r.weight_ids_after) for r in ok] == [2, 1]  # every TP rank of prefill checked (`tp_ranks`)
     assert ok.fleet.weight_id == a_id == weight_id(pair.decode) and ok.fleet.mode == "fingerprint"
     assert [(e["url"], e["in_fleet"]) for e in ok.fleet.engines] == [(u, True) for u in urls]
     assert pair.generate(PROMPT, 6)["output_ids"] == oracle["A"]
