@@ -9,6 +9,9 @@ with TP. Every rank keeps the names it saw. At the identity point (engine start,
 exchange what they hold once (`vradix.scheduler.publication`, one all-gather) and `identity_of` hashes the union, in
 name order.
 
+Assumption: every rank that receives a name receives the same tensor under it, as `load_weights` expects (it
+takes unsharded tensors and slices them itself); a name only one rank digests vouches for all ranks.
+
 Invariants:
 - `fingerprint_of` depends only on the engine salt (architecture, dtype, quantization: what turns the same tensors
   into the same computation) and the name -> (dtype, shape, bytes) mapping: not on the TP size, the rank that owned

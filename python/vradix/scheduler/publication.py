@@ -172,7 +172,7 @@ def engine_salt(scheduler) -> str:
     runner = scheduler.tp_worker.model_runner
     config = getattr(runner, "model_config", None)
     arch = ",".join(getattr(getattr(config, "hf_config", None), "architectures", None) or [type(runner.model).__name__])
-    dtype = getattr(config, "dtype", None) or getattr(model_dtype(runner.model), "__str__", lambda: None)()
+    dtype = getattr(config, "dtype", None) or model_dtype(runner.model)
     quant = getattr(getattr(scheduler, "server_args", None), "quantization", None)
     return f"{arch}|{dtype}|{quant}"
 
