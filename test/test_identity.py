@@ -91,9 +91,17 @@ def test_bad_declared_identities_are_refused(text, why):
 
 
 def test_bad_identity_mode_is_refused():
-    with pytest.raises(settings.SettingsError, match="expected one of nonce, fingerprint, declared"):
+    with pytest.raises(settings.SettingsError, match="expected one of auto, nonce, fingerprint, declared"):
         identity.mode_from_env({identity.ENV: "sometimes"})
-    assert identity.mode_from_env({}) == "nonce"
+    assert identity.mode_from_env({}) == "auto"
+
+
+@pytest.mark.parametrize("role,mode", [("prefill", "fingerprint"), ("decode", "fingerprint"), ("null", "nonce"),
+                                       (None, "nonce")])
+def test_auto_is_fingerprint_on_a_pd_role_and_nonce_elsewhere(role, mode):
+    assert identity.resolve_mode("auto", role) == mode
+    for explicit in ("nonce", "fingerprint", "declared"):
+        assert identity.resolve_mode(explicit, role) == explicit
 
 
 def test_server_flag_sets_the_mode_for_scheduler_processes(models, monkeypatch):

@@ -35,7 +35,7 @@ def test_every_variable_the_product_names_is_a_setting():
 def test_defaults():
     assert settings.load({}) == {
         "VRADIX_DISABLE": False, "VRADIX_VERIFY": "strict", "VRADIX_VERIFY_SAMPLE_EVERY": 16,
-        "VRADIX_AUDIT": "report", "VRADIX_PREFILL_DEDUP": "on", "VRADIX_WEIGHT_IDENTITY": "nonce",
+        "VRADIX_AUDIT": "report", "VRADIX_PREFILL_DEDUP": "on", "VRADIX_WEIGHT_IDENTITY": "auto",
         "VRADIX_RECLAIM_SLICE_NODES": 16, "VRADIX_KERNELS": "auto", "VRADIX_ALLOW_UNTESTED_SGLANG": False,
         "VRADIX_RAY_CHAINED_SETUP_HOOK": "", "VRADIX_FAULT_MISSING_HOOK": "", "VRADIX_FAULT_IMPORT": "",
         "VRADIX_FAULT_NO_NAMESPACE": False}
@@ -47,8 +47,8 @@ def test_defaults():
     ("VRADIX_VERIFY_SAMPLE_EVERY", "0", "VRADIX_VERIFY_SAMPLE_EVERY='0': expected a positive integer"),
     ("VRADIX_VERIFY_SAMPLE_EVERY", "-3", "VRADIX_VERIFY_SAMPLE_EVERY='-3': expected a positive integer"),
     ("VRADIX_PREFILL_DEDUP", "maybe", "VRADIX_PREFILL_DEDUP='maybe': expected one of on, off"),
-    ("VRADIX_WEIGHT_IDENTITY", "Sometimes", "VRADIX_WEIGHT_IDENTITY='Sometimes': expected one of nonce, "
-                                            "fingerprint, declared"),
+    ("VRADIX_WEIGHT_IDENTITY", "Sometimes", "VRADIX_WEIGHT_IDENTITY='Sometimes': expected one of auto, "
+                                            "nonce, fingerprint, declared"),
     ("VRADIX_RECLAIM_SLICE_NODES", "lots", "VRADIX_RECLAIM_SLICE_NODES='lots': expected a positive integer"),
     ("VRADIX_KERNELS", "CUDA", "VRADIX_KERNELS='CUDA': expected one of auto, cuda, triton, torch"),
 ])
@@ -63,7 +63,7 @@ def test_a_bad_value_raises_the_one_error_naming_the_variable(name, raw, message
 @pytest.mark.parametrize("name,raw,parsed", [
     ("VRADIX_VERIFY", " Sample ", "sample"), ("VRADIX_AUDIT", "REPAIR", "repair"),
     ("VRADIX_VERIFY_SAMPLE_EVERY", " 4 ", 4), ("VRADIX_PREFILL_DEDUP", "OFF", "off"),
-    ("VRADIX_WEIGHT_IDENTITY", "", "nonce"), ("VRADIX_WEIGHT_IDENTITY", "Fingerprint", "fingerprint"),
+    ("VRADIX_WEIGHT_IDENTITY", "", "auto"), ("VRADIX_WEIGHT_IDENTITY", "NONCE", "nonce"), ("VRADIX_WEIGHT_IDENTITY", "Fingerprint", "fingerprint"),
     ("VRADIX_DISABLE", "Yes", True), ("VRADIX_DISABLE", "0", False),
     ("VRADIX_ALLOW_UNTESTED_SGLANG", "1", True), ("VRADIX_ALLOW_UNTESTED_SGLANG", "yes", False),
     ("VRADIX_FAULT_NO_NAMESPACE", "1", True), ("VRADIX_FAULT_IMPORT", "x", "x"),

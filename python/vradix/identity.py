@@ -5,10 +5,15 @@ different weights. Every key that outlives the process or leaves it (HiCache L3 
 therefore built from a `weight_id`, never from the bare epoch. One identity is chosen per epoch, by the engine's mode
 (`VRADIX_WEIGHT_IDENTITY`, or the server flag `--vradix-weight-identity`):
 
-- `nonce` (default): a fresh random 128-bit nonce per epoch. Safe everywhere; no reuse across restarts or engines.
-- `fingerprint` (proven): a content fingerprint of every loaded tensor (`vradix.kernels.fingerprint`), computed at
-  startup and after every weight change. Equal weights give equal ids, so L3 pages are reused across restarts and
-  engines; different weights differ unless the fingerprint collides.
+- `auto` (default): `fingerprint` on a P/D role (prefill and decode must compute equal identities for equal weights),
+  `nonce` on every other engine (`resolve_mode`). A stock P/D launch therefore needs no vradix flag.
+- `nonce`: a fresh random 128-bit nonce per epoch. Safe everywhere; no reuse across restarts or engines.
+- `fingerprint` (proven): a content fingerprint of what was published into the model, the named unsharded tensors
+  that reach its `load_weights` (`vradix.core.published`), at startup and after every weight change. Equal weights
+  give equal ids on any TP layout, so P/D roles of different TP sizes agree and L3 pages are reused across restarts
+  and engines; different weights differ unless the fingerprint collides. A partial publication chains onto the
+  identity before it. Where no published tensor was seen, the fingerprint of the loaded shards stands in
+  (`fingerprint_model`; it matches only the same layout).
 - `declared`: the publisher vouches that the publication's `weight_version` label is globally unique (for example a
   run id plus a training step), and the label becomes the identity. A publication that keeps the current label, and
   startup weights without an explicit `--weight-version`, get a nonce instead.
@@ -22,7 +27,7 @@ Invariants:
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from vradix import settings
@@ -47,6 +52,8 @@ class WeightIdentity:
 
     weight_id: str
     source: str
+    #: what a proven identity was computed from (`published (complete)`, `published (chained)`, `loaded shards`)
+    basis: str = field(default="", compare=False)
 
     def as_dict(self) -> dict:
         return {"weight_id": self.weight_id, "source": self.source}
@@ -57,14 +64,23 @@ def mode_from_env(environ: Optional[Mapping[str, str]] = None) -> str:
     return settings.value(ENV, environ)
 
 
-def nonce() -> WeightIdentity:
-    """A fresh identity no other epoch, process or engine can hold."""
-    return WeightIdentity(f"nonce:{secrets.token_hex(16)}", "nonce")
+def nonce(random_hex: Optional[str] = None) -> WeightIdentity:
+    """A fresh identity no other epoch, process or engine can hold: 128 random bits, drawn here or given (the ranks
+    of one engine derive one from all their draws, `vradix.core.published.merge`)."""
+    return WeightIdentity(f"nonce:{random_hex or secrets.token_hex(16)}", "nonce")
 
 
-def proven(fingerprint: str) -> WeightIdentity:
-    """The identity of weights whose content fingerprint is `fingerprint` (hex)."""
-    return WeightIdentity(f"fp:{fingerprint}", "fingerprint")
+def proven(fingerprint: str, basis: str = "") -> WeightIdentity:
+    """The identity of weights whose content fingerprint is `fingerprint` (hex), computed from `basis`."""
+    return WeightIdentity(f"fp:{fingerprint}", "fingerprint", basis)
+
+
+def resolve_mode(mode: str, disaggregation_mode: Optional[str]) -> str:
+    """The mode an engine runs: `auto` is `fingerprint` on a P/D role (`prefill`, `decode`), else `nonce`; any other
+    mode is itself."""
+    if mode != "auto":
+        return mode
+    return "fingerprint" if disaggregation_mode in ("prefill", "decode") else "nonce"
 
 
 def declared(text: str) -> WeightIdentity:

@@ -26,7 +26,7 @@ RAY_CHAINED_SETUP_HOOK_ENV = "VRADIX_RAY_CHAINED_SETUP_HOOK"
 VERIFY_MODES = ("off", "sample", "strict")
 AUDIT_MODES = ("off", "report", "repair")
 DEDUP_MODES = ("on", "off")
-IDENTITY_MODES = ("nonce", "fingerprint", "declared")
+IDENTITY_MODES = ("auto", "nonce", "fingerprint", "declared")
 KERNEL_IMPLS = ("auto", "cuda", "triton", "torch")
 #: the values of VRADIX_DISABLE that opt out
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -100,8 +100,10 @@ _TABLE = (
     Setting("VRADIX_PREFILL_DEDUP", "on", "`on`, `off` (any case)",
             "Hold back a request whose uncached prefix another request is already computing.",
             "vradix.core.dedup", _choice(DEDUP_MODES)),
-    Setting("VRADIX_WEIGHT_IDENTITY", "nonce", "`nonce`, `fingerprint`, `declared` (any case; empty is `nonce`)",
-            "How each epoch's global `weight_id` is chosen; the server flag `--vradix-weight-identity` exports it.",
+    Setting("VRADIX_WEIGHT_IDENTITY", "auto",
+            "`auto`, `nonce`, `fingerprint`, `declared` (any case; empty is `auto`)",
+            "How each epoch's global `weight_id` is chosen (`auto`: `fingerprint` on a P/D role, else `nonce`); the "
+            "server flag `--vradix-weight-identity` exports it.",
             "vradix.identity (scheduler startup, P/D role check, declared-label refusal)",
             _choice(IDENTITY_MODES, echo_raw=True, empty_is_default=True)),
     Setting("VRADIX_RECLAIM_SLICE_NODES", "16", "a positive integer",

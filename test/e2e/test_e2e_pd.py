@@ -6,7 +6,8 @@
 - stock SGLang's decode scheduler crashes on a request without `bootstrap_host`; vradix refuses it with HTTP 400
   naming the missing fields, and the pair keeps serving;
 - a decode role with L3 storage and a prefetch policy other than `wait_complete`, or with the `nonce` identity
-  (which prefill can never share), does not start;
+  (which prefill can never share), does not start; started with no identity flag, both roles prove their identity
+  from their weights (`auto`);
 - vradix on both roles (the weight-identity handshake, `vradix.pd.handshake`): with the roles on different weights,
   decode updated first or prefill updated first, a request fails with HTTP 503 naming both identities and nothing of
   it enters decode's tree; once both roles are updated the pair answers what a fresh server on the new weights does.
@@ -342,12 +343,13 @@ L3_DECODE = ["--enable-hierarchical-cache", "--hicache-storage-backend", "file"]
 
 
 #: decode roles that cannot keep their contract, and what the launcher says: an L3 restore policy that can end short
-#: of the promise, and the default identity mode (nonce), which the prefill role can never share
+#: of the promise, and the nonce identity mode, which the prefill role can never share
 REFUSED_DECODE_ROLES = {
-    "l3-best-effort": (["--vradix-weight-identity", "fingerprint", *L3_DECODE,
+    "l3-best-effort": ([*L3_DECODE,
                         "--hicache-storage-prefetch-policy", "best_effort"],
                        "requires --hicache-storage-prefetch-policy wait_complete, got 'best_effort'"),
-    "nonce-identity": ([], "decode-role engine needs a weight identity both P/D roles compute equally"),
+    "nonce-identity": (["--vradix-weight-identity", "nonce"],
+                       "decode-role engine needs a weight identity both P/D roles compute equally"),
 }
 
 

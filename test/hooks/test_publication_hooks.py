@@ -11,7 +11,9 @@ Stand-ins (where a real object cannot be built on CPU without a launched engine)
 - each `original` plays SGLang's update body: it calls the updater's real `record_weight_version_after_update` and
   `flush_cache_after_weight_update`, or raises after "touching weights".
 """
+import os
 import types
+from unittest import mock
 
 import pytest
 import torch
@@ -26,6 +28,7 @@ from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWei
 
 from vradix.core.admission import stamp
 from vradix.hooks import launcher, publication
+from vradix.scheduler import publication as publication_glue
 from vradix.core.state import attach
 from vradix.testing.harness.cache_fixture import SchedulerView, build_cache
 
@@ -361,36 +364,140 @@ def test_declared_mode_keeps_the_label_when_a_relabel_reuses_an_identity():
     assert e.state.weight_id == "declared:step-4" and e.state.epoch == before[0][0] + 1
 
 
-# ---- weight identity (fingerprint mode): the identity is the content fingerprint of the loaded model ----
-def fingerprint_engine():
-    import torch
+# ---- weight identity (fingerprint mode): proven from the tensors published into the model (vradix.core.published) --
+class TinyModel(torch.nn.Sequential):
+    """A model with SGLang's loading interface: `load_weights` copies named tensors into its parameters."""
+
+    def load_weights(self, weights):
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            params[name].data.copy_(tensor)
+
+
+def checkpoint(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"0.weight": torch.randn(8, 8, generator=g), "0.bias": torch.randn(8, generator=g),
+            "1.weight": torch.randn(4, 8, generator=g), "1.bias": torch.randn(4, generator=g)}
+
+
+def fingerprint_engine(weights=None):
+    """An engine in fingerprint mode whose model was started through SGLang's real `load_weights_only`, tapped by
+    the startup hook."""
+    from sglang.srt.model_loader.loader import DefaultModelLoader
+
+    from vradix.hooks import startup
+
     e = Engine()
     e.state.identity_mode = "fingerprint"
-    torch.manual_seed(0)
-    e.model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    e.model = TinyModel(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    with mock.patch.dict(os.environ, {"VRADIX_WEIGHT_IDENTITY": "fingerprint"}):
+        startup.tap_startup_load(DefaultModelLoader.load_weights_only, e.model,
+                                 iter((weights or checkpoint(0)).items()), torch.device("cpu"))
     e.scheduler.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=e.model))
+    start = publication_glue.published_identity(e.scheduler)
+    e.state.identities.clear()
+    e.state.bind_identity(e.state.epoch, start)
     return e
 
 
+def loading_update(engine, named, label_out=UpdateWeightFromDiskReqOutput):
+    """SGLang's success path of an update call that loads `named` through the model's `load_weights`."""
+    def original(updater, recv_req):
+        engine.model.load_weights(iter(named.items()))
+        updater.record_weight_version_after_update(recv_req.weight_version)
+        ok, msg = updater.flush_cache_after_weight_update(recv_req, True, "Succeeded to update model weights.")
+        return label_out(success=ok, message=msg)
+    return original
+
+
 def test_fingerprint_mode_proves_equal_weights_and_tells_different_ones_apart():
-    import torch
     e = fingerprint_engine()
-    update = succeeding_update(e)
-    publication.publish_update_from_disk(update, e.updater, disk_request("a"))
     first = e.state.weight_id
-    assert first.startswith("fp:") and e.state.identities[e.state.epoch].identity.source == "fingerprint"
-    original = e.model[0].weight[3, 5].item()
-    with torch.no_grad():
-        e.model[0].weight[3, 5] = torch.nextafter(torch.tensor(original), torch.tensor(1.0))  # one bit: new weights
-    publication.publish_update_from_disk(update, e.updater, disk_request("b"))
+    ident = e.state.identities[e.state.epoch].identity
+    assert first.startswith("fp:") and ident.source == "fingerprint" and ident.basis == "published (complete)"
+    assert fingerprint_engine().state.weight_id == first  # a second engine on the same checkpoint: the same id
+    changed = checkpoint(0)
+    changed["0.weight"][3, 5] = torch.nextafter(changed["0.weight"][3, 5], torch.tensor(1.0))  # one bit
+    publication.publish_update_from_disk(loading_update(e, changed), e.updater, disk_request("b"))
     assert e.state.weight_id != first
-    with torch.no_grad():
-        e.model[0].weight[3, 5] = original
-    publication.publish_update_from_disk(update, e.updater, disk_request("c"))
-    assert e.state.weight_id == first  # the same bytes again: the same identity, proven
+    publication.publish_update_from_disk(loading_update(e, checkpoint(0)), e.updater, disk_request("c"))
+    assert e.state.weight_id == first  # every name again, the same bytes: the identity of a fresh start, proven
     # ... but a namespace of its own inside this process (suffixed by the epoch)
     assert e.state.prefix_of_epoch(e.state.epoch) != e.state.prefix_of_epoch(e.state.epoch - 2)
     assert e.state.last_publication.identity_ms > 0  # the fingerprint's cost is reported with each publication
+
+
+def test_a_partial_publication_chains_onto_the_identity_before_it():
+    a, b = fingerprint_engine(), fingerprint_engine()
+    part = {"1.bias": checkpoint(1)["1.bias"]}
+    for e in (a, b):
+        publication.publish_update_from_disk(loading_update(e, part), e.updater, disk_request("p"))
+    assert a.state.weight_id == b.state.weight_id  # equal histories from a proven start: equal identities
+    assert a.state.identities[a.state.epoch].identity.basis == "published (chained)"
+    final = {**checkpoint(0), **part}
+    fresh = fingerprint_engine(final)  # the same final weights, started fresh: proven without the history
+    assert fresh.state.weight_id not in (a.state.weight_id, a.state.identities[0].identity.weight_id)
+    other = fingerprint_engine()
+    publication.publish_update_from_disk(loading_update(other, {"1.bias": checkpoint(2)["1.bias"]}), other.updater,
+                                         disk_request("p"))
+    assert other.state.weight_id != a.state.weight_id  # a different partial publication: a different identity
+
+
+def test_a_session_proves_the_same_identity_whatever_its_buckets_and_their_order():
+    new = checkpoint(3)
+    ids = []
+    for order in (["0.weight", "0.bias", "1.weight", "1.bias"], ["1.bias", "0.weight"], ["1.weight", "0.bias"]):
+        e = fingerprint_engine()
+        open_session(e)
+        if len(order) == 2:  # two buckets of two tensors each
+            buckets = [order, sorted(set(new) - set(order))]
+        else:  # four buckets of one tensor
+            buckets = [[n] for n in order]
+        for names in buckets:
+            original = loading_update(e, {n: new[n] for n in names}, UpdateWeightsFromTensorReqOutput)
+            req = UpdateWeightsFromTensorReqInput(serialized_named_tensors=[], weight_version="s")
+            assert publication.publish_update_from_tensor(original, e.updater, req).success
+        end_session(e)
+        ids.append(e.state.weight_id)
+    assert len(set(ids)) == 1 and ids[0] == fingerprint_engine(new).state.weight_id  # complete: a fresh start's id
+
+
+def test_a_load_that_raises_gives_the_epoch_a_nonce():
+    e = fingerprint_engine()
+
+    def failing(updater, recv_req):
+        def broken():
+            yield "0.weight", checkpoint(5)["0.weight"]
+            raise OSError("checkpoint shard unreadable")
+        try:
+            e.model.load_weights(broken())
+        except OSError as err:  # SGLang's distributed path catches it and returns failure
+            return UpdateWeightFromDiskReqOutput(success=False, message=str(err))
+    out = publication.publish_update_from_disk(failing, e.updater, disk_request("x"))
+    assert not out.success and e.state.weight_id.startswith("nonce:")  # partly written weights: nobody can name them
+    publication.publish_update_from_disk(loading_update(e, checkpoint(0)), e.updater, disk_request("y"))
+    assert e.state.weight_id == fingerprint_engine().state.weight_id  # a complete publication proves again
+
+
+def test_weights_changed_where_no_tap_saw_them_get_the_fingerprint_of_the_loaded_shards():
+    e = fingerprint_engine()
+    first = e.state.weight_id
+
+    def direct(updater, recv_req):  # a `direct` tensor load writes parameters without load_weights
+        with torch.no_grad():
+            e.model[0].weight.add_(1.0)
+        updater.record_weight_version_after_update(recv_req.weight_version)
+        return UpdateWeightFromDiskReqOutput(success=True, message="ok")
+    publication.publish_update_from_disk(direct, e.updater, disk_request("d"))
+    ident = e.state.identities[e.state.epoch].identity
+    assert ident.basis == "loaded shards" and ident.weight_id != first
+
+
+def test_a_label_alone_keeps_the_proven_identity():
+    e = fingerprint_engine()
+    first, epoch = e.state.weight_id, e.state.epoch
+    e.scheduler.record_weight_version_change("relabelled")
+    assert e.state.epoch == epoch + 1 and e.state.weight_id == first
 
 
 def test_a_prefill_publication_crosses_requests_still_sending_kv_and_rebinds_those_awaiting_bootstrap():

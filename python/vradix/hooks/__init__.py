@@ -41,6 +41,9 @@ HOOKS = [
     ("sglang.srt.disaggregation.encoder.server.MMEncoder.__init__", "BEFORE", startup.refuse_encoder_server),
     # engine start; under Ray, each scheduler actor loads vradix before it builds its Scheduler
     ("sglang.srt.ray.scheduler_actor.SchedulerActor.options", "AROUND", ray_actor.load_vradix_in_scheduler_actor),
+    # weight identity: the checkpoint tensors the engine starts with are recorded (fingerprint mode), so its identity
+    # is proven from what was published, whatever the TP layout; update calls record theirs (publication, below)
+    ("sglang.srt.model_loader.loader.DefaultModelLoader.load_weights_only", "AROUND", startup.tap_startup_load),
     (f"{_SCHED}.__init__", "AFTER", startup.attach_to_scheduler),
     # 1. admission: stamp, and re-bind queued requests before they match
     (f"{_SCHED}._maybe_namespace_elastic_radix_cache", "AFTER", admission.stamp_request),

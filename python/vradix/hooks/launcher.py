@@ -142,9 +142,10 @@ FLAG = "--vradix-weight-identity"
 def add_identity_flag(_result, parser, *args, **kwargs):
     """AFTER ServerArgs.add_cli_args: the server flag that chooses how each epoch's weight identity is set."""
     parser.add_argument(FLAG, choices=identity.MODES, default=None,
-                        help="vradix: how each epoch's global weight_id is chosen: nonce (default; no reuse across "
-                             "restarts), fingerprint (content hash of the loaded weights), declared (the "
-                             "publication's weight_version label, which the publisher vouches is globally unique). "
+                        help="vradix: how each epoch's global weight_id is chosen: auto (default: fingerprint on a "
+                             "P/D role, nonce otherwise), nonce (no reuse across restarts), fingerprint (content hash "
+                             "of the published weights, equal on every TP layout), declared (the publication's "
+                             "weight_version label, which the publisher vouches is globally unique). "
                              f"Same as {identity.ENV}.")
 
 

@@ -6,7 +6,8 @@ import logging
 from vradix.closed_world import post_load
 from vradix.core import overlap
 from vradix.core.state import UpdateScope, WeightSession, state_of, state_of_scheduler, treeless_of
-from vradix.scheduler.publication import bump_scheduler, current_label, publish_without_tree, refuse_reused_declaration
+from vradix.scheduler.publication import (bump_scheduler, current_label, publish_without_tree,
+                                         refuse_reused_declaration, tapping_publication)
 
 logger = logging.getLogger("vradix")
 
@@ -44,7 +45,7 @@ def publish_on_version_change(original, scheduler, new_version, *args, **kwargs)
     overlap.drain_inflight_batch(scheduler)
     result = original(scheduler, new_version, *args, **kwargs)
     if new_version is not None and new_version != before:
-        bump_scheduler(scheduler, reason="update_weight_version", label=current_label())
+        bump_scheduler(scheduler, reason="update_weight_version", label=current_label(), weights_changed=False)
     return result
 
 
@@ -72,6 +73,8 @@ def _update_handler(source: str, output_type_name: str, needs_session: bool, ref
     - `refuse_before_load(updater, recv_req)` returns the failed response for a request SGLang would reject before
       touching any weight, or None: such a request changes nothing and does not bump; before it, every source
       refuses an update that would leave a GPU-derived copy stale (`refuse_gpu_derived_copies`), the same way;
+    - in `fingerprint` mode every tensor the call loads through the model's `load_weights` is recorded, so the bump
+      proves the new weights' identity from what was published (`scheduler.publication.tapping_publication`);
     - an exception raised by the update itself is never caught: once weights may have been touched, the engine stops
       exactly as stock SGLang does, rather than serve on weights nobody can name.
     """
@@ -96,7 +99,8 @@ def _update_handler(source: str, output_type_name: str, needs_session: bool, ref
         may_touch_weights = not needs_session or updater._session is not None
         state.update_scope = scope = UpdateScope(source=source, in_session=state.session is not None)
         try:
-            out = original(updater, recv_req, *args, **kwargs)
+            with tapping_publication(scheduler, state):
+                out = original(updater, recv_req, *args, **kwargs)
         finally:
             state.update_scope = None
         if scope.in_session:

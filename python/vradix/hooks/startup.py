@@ -8,7 +8,8 @@ from vradix import __version__, identity
 from vradix.closed_world import epd
 from vradix.ledger import host as host_ledger
 from vradix.observability import metrics
-from vradix.scheduler.publication import current_label, proven_identity
+from vradix.core import published
+from vradix.scheduler.publication import current_label, published_identity, tp_rank_and_size
 from vradix.pd import layout
 from vradix.core.state import attach, attach_treeless
 
@@ -41,7 +42,7 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
         # KV written by these paths bypasses run_batch's stamp; a strict guard would reject every such prefix.
         logger.warning("vradix: KV page ledger disabled (KV also arrives via %s); the epoch namespace still applies",
                        ", ".join(unobserved))
-    mode = identity.mode_from_env()
+    mode = engine_identity_mode(scheduler.server_args)
     scope = role_scope(scheduler)
     state = attach(cache, with_ledger=not unobserved, weight_identity=startup_identity(scheduler, mode),
                    identity_mode=mode, scope=scope)
@@ -70,11 +71,39 @@ def role_scope(scheduler) -> Optional[str]:
     return layout.scope_of(kv_layout)
 
 
+def engine_identity_mode(server_args) -> str:
+    """The identity mode this engine runs (`auto` resolved for its P/D role, `vradix.identity.resolve_mode`)."""
+    return identity.resolve_mode(identity.mode_from_env(), getattr(server_args, "disaggregation_mode", None))
+
+
+def tap_startup_load(original, model, weights, target_device, *args, **kwargs):
+    """AROUND DefaultModelLoader.load_weights_only (startup, and `update_weights_from_disk` inside its update's own
+    tap): in `fingerprint` mode the checkpoint tensors that reach the model's `load_weights` are recorded, so the
+    engine's start proves its identity from what it loaded, the same on every TP layout (`vradix.core.published`)."""
+    if not startup_taps(model):
+        return original(model, weights, target_device, *args, **kwargs)
+    rank, world = tp_rank_and_size()
+    with published.tapping(model, rank, world, target_device):
+        return original(model, weights, target_device, *args, **kwargs)
+
+
+def startup_taps(model) -> bool:
+    """Whether a load into `model` is recorded: in `fingerprint` mode, or inside an update that records already."""
+    if published.of(model).tapping:
+        return True
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        return engine_identity_mode(get_server_args()) == "fingerprint"
+    except (AttributeError, RuntimeError, ValueError):  # no server args in this process: record (costs time only)
+        return identity.mode_from_env() in ("fingerprint", "auto")
+
+
 def startup_identity(scheduler, mode: str) -> identity.WeightIdentity:
-    """The identity of the weights the engine started with: proven by fingerprint, declared by an explicit
-    `--weight-version` (not SGLang's default), or a fresh nonce."""
+    """The identity of the weights the engine started with: proven from the tensors it loaded, declared by an
+    explicit `--weight-version` (not SGLang's default), or a fresh nonce."""
     if mode == "fingerprint":
-        return proven_identity(scheduler)
+        return published_identity(scheduler)
     label = current_label()
     if mode == "declared" and identity.is_declaration(label):
         return identity.declared(label)

@@ -99,9 +99,14 @@ def lanes_on_host(tensors: list[torch.Tensor], impl: Optional[str] = None) -> to
 
 def record(name: str, t: torch.Tensor, lanes: list[int]) -> bytes:
     """One tensor's unambiguous SHA-256 input: length-prefixed name and dtype, the shape, then the lanes."""
-    name_b, dtype_b = name.encode(), str(t.dtype).encode()
+    return record_of(name, str(t.dtype), tuple(t.shape), lanes)
+
+
+def record_of(name: str, dtype: str, shape: tuple, lanes: list[int]) -> bytes:
+    """`record` from a tensor's name, dtype name, shape and lanes (a tensor that is no longer at hand)."""
+    name_b, dtype_b = name.encode(), dtype.encode()
     return b"".join([struct.pack("<I", len(name_b)), name_b, struct.pack("<I", len(dtype_b)), dtype_b,
-                     struct.pack(f"<I{t.dim()}q", t.dim(), *t.shape), struct.pack(f"<{LANES}q", *lanes)])
+                     struct.pack(f"<I{len(shape)}q", len(shape), *shape), struct.pack(f"<{LANES}q", *lanes)])
 
 
 def fingerprint_named_tensors(items: Iterable[tuple[str, torch.Tensor]], impl: Optional[str] = None) -> str:
@@ -130,4 +135,4 @@ def fingerprint_module(model: torch.nn.Module, impl: Optional[str] = None) -> st
 
 
 __all__ = ["VERSION", "LANES", "word_segments", "digest_words", "tensor_lanes", "lanes_on_host", "fingerprint_named_tensors",
-           "fingerprint_module"]
+           "fingerprint_module", "record", "record_of"]

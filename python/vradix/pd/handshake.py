@@ -136,7 +136,7 @@ def check_role_identity(role: Optional[str], mode: str, weight_version: Optional
     if role not in ("prefill", "decode"):
         return
     if mode == "nonce":
-        why = "the nonce identity (the default) is drawn per process, so the other role never shares it"
+        why = "the nonce identity is drawn per process, so the other role never shares it"
     elif mode == "declared" and not identity.is_declaration(weight_version):
         why = (f"the declared identity needs a startup label: --weight-version is {weight_version!r}, so the startup "
                f"weights get a nonce the other role never shares")
@@ -144,6 +144,6 @@ def check_role_identity(role: Optional[str], mode: str, weight_version: Optional
         return
     raise RoleIdentityError(
         f"vradix: a {role}-role engine needs a weight identity both P/D roles compute equally for equal weights, but "
-        f"{why}; every request would fail the weight-identity handshake. Start both roles with "
-        f"--vradix-weight-identity fingerprint, or with --vradix-weight-identity declared and the same "
-        f"--weight-version.")
+        f"{why}; every request would fail the weight-identity handshake. Start both roles without "
+        f"--vradix-weight-identity (auto: fingerprint on a P/D role), with --vradix-weight-identity fingerprint, or "
+        f"with --vradix-weight-identity declared and the same --weight-version.")

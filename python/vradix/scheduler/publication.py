@@ -4,11 +4,13 @@ the weight-derived caches it drops (`core.weight_derived`), the guard's audit an
 radix cache has no epoch and only drops the weight-derived caches (`publish_without_tree`)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from typing import Optional
 
 from vradix import identity, request
-from vradix.core import epochs, weight_derived
+from vradix.core import epochs, published, weight_derived
 from vradix.core.state import EpochState, Invalidation, state_of, treeless_of
 from vradix.l3 import prefetch
 from vradix.ledger import guard
@@ -19,16 +21,18 @@ from vradix.scheduler.requests import disagg_requests, live_requests
 logger = logging.getLogger("vradix")
 
 
-def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool = True) -> Invalidation:
+def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool = True,
+                   weights_changed: bool = True) -> Invalidation:
     """One epoch bump on the scheduler's engine. With an external KV store, the queued requests the bump re-binds
     end their cache attempt first (their storage prefetches are revoked) and are looked up again afterwards under the
     new namespace (`vradix.l3.prefetch`). On a P/D decode role a publication also revokes the prefix promises prefill
-    has not fulfilled yet (`vradix.pd.revocation`)."""
+    has not fulfilled yet (`vradix.pd.revocation`). `weights_changed` is False for a publication of a label alone.
+    """
     state = state_of(scheduler.tree_cache)
     live = live_requests(scheduler)
     queued = [*scheduler.waiting_queue, *disagg_requests(scheduler)]
     t0 = time.perf_counter()
-    ident = publication_identity(scheduler, state, label) if is_publication else None
+    ident = publication_identity(scheduler, state, label, weights_changed) if is_publication else None
     identity_ms = (time.perf_counter() - t0) * 1e3
     lookups = prefetch.storage_lookups(scheduler)
     revoked = prefetch.end_queued_attempts(scheduler.tree_cache, queued) if lookups else 0
@@ -67,11 +71,13 @@ def publish_without_tree(scheduler, reason: str, *, is_publication: bool = True)
     return treeless.last
 
 
-def publication_identity(scheduler, state: EpochState, label) -> identity.WeightIdentity:
-    """The identity of the weights a publication just installed, by the engine's mode: their fingerprint, the
-    declared label (when the publication set a new one), or a fresh nonce."""
+def publication_identity(scheduler, state: EpochState, label, weights_changed: bool = True) -> identity.WeightIdentity:
+    """The identity of the weights a publication just installed, by the engine's mode: proven from what was published
+    (`published_identity`; a label-only publication keeps the weights and so their identity), the declared label
+    (when the publication set a new one), or a fresh nonce."""
     if state.identity_mode == "fingerprint":
-        return proven_identity(scheduler)
+        current = state.identities[state.epoch].identity
+        return published_identity(scheduler, current) if weights_changed else current
     if state.identity_mode == "declared" and identity.is_declaration(label) and label != state.label:
         if not state.declared_before(label):
             return identity.declared(label)
@@ -80,10 +86,100 @@ def publication_identity(scheduler, state: EpochState, label) -> identity.Weight
     return identity.nonce()
 
 
-def proven_identity(scheduler) -> identity.WeightIdentity:
-    """The content fingerprint of the scheduler's loaded model, as an identity (same on every TP rank)."""
-    group = getattr(getattr(scheduler, "tp_group", None), "cpu_group", None)
-    return identity.proven(identity.fingerprint_model(scheduler.tp_worker.model_runner.model, group))
+def published_identity(scheduler, previous: Optional[identity.WeightIdentity] = None) -> identity.WeightIdentity:
+    """The proven identity of what was published into the scheduler's model since the last identity point (the
+    engine's start when `previous` is None), the same on every rank and every TP layout (`vradix.core.published`):
+    one all-gather over the TP group. A tainted publication gets a nonce; one no tap saw, or one the ranks saw
+    differently, the layout-dependent fingerprint of the loaded shards (`loaded_shards_identity`)."""
+    model = scheduler.tp_worker.model_runner.model
+    record = published.of(model)
+    pending = record.take()
+    group = tp_cpu_group(scheduler)
+    merged = published.merge(gather(pending.share(), group), pending.names)
+    outcome, hex_ = published.identity_of(merged, engine_salt(scheduler), record.start_names,
+                                          previous.weight_id if previous is not None else None)
+    if outcome == published.Outcome.TAINTED:
+        logger.error("vradix: a weight load raised on some rank, so the weights are partly written: this epoch gets "
+                     "a fresh nonce identity")
+        return identity.nonce(merged.nonce)
+    if outcome in (published.Outcome.UNTAPPED, published.Outcome.INCONSISTENT):
+        logger.warning("vradix: the weights changed where vradix saw no published tensor (%s: a direct or P2P "
+                       "write, or a loader that bypasses load_weights): this epoch's identity is the fingerprint of "
+                       "the loaded shards, which matches only engines of the same TP layout", outcome)
+        return loaded_shards_identity(scheduler)
+    if previous is None:
+        record.start_names = merged.names
+    logger.info("vradix: weight identity proven from %d published tensor(s) (%s; %d tensor(s), %.1f MB digested on "
+                "this rank)", len(merged.records), outcome, len(pending.lanes), pending.bytes_digested / 1e6)
+    return identity.proven(hex_, basis=f"published ({outcome})")
+
+
+def tapping_publication(scheduler, state: EpochState):
+    """The context an update call runs in: in `fingerprint` mode, every tensor that reaches the scheduler's model's
+    `load_weights` is recorded for the publication's identity (`vradix.core.published.tapping`); otherwise nothing."""
+    if state.identity_mode != "fingerprint":
+        return contextlib.nullcontext()
+    runner = scheduler.tp_worker.model_runner
+    rank, world = tp_rank_and_size()
+    return published.tapping(runner.model, rank, world, model_device(runner.model))
+
+
+def tp_rank_and_size() -> tuple:
+    """This process's (rank, size) in its TP group; (0, 1) where no TP group exists."""
+    try:
+        from sglang.srt.distributed.parallel_state import get_tp_group
+
+        group = get_tp_group()
+        return group.rank_in_group, group.world_size
+    except Exception:  # noqa: BLE001 - no parallel context (a single process built without one)
+        return 0, 1
+
+
+def model_device(model):
+    """The device of the model's first parameter (where its published tensors are digested), or None."""
+    param = next(iter(model.parameters()), None)
+    return param.device if param is not None else None
+
+
+def loaded_shards_identity(scheduler) -> identity.WeightIdentity:
+    """The content fingerprint of the loaded model's shards (every parameter and buffer of every rank): the same on
+    every rank of this engine, but it depends on the TP layout."""
+    return identity.proven(identity.fingerprint_model(scheduler.tp_worker.model_runner.model, tp_cpu_group(scheduler)),
+                           basis="loaded shards")
+
+
+def tp_cpu_group(scheduler):
+    """The scheduler's TP CPU (gloo) group, or None on a single rank."""
+    return getattr(getattr(scheduler, "tp_group", None), "cpu_group", None)
+
+
+def gather(share, group) -> list:
+    """Every rank's `share`, in rank order (one all_gather_object over `group`; just this rank's without one)."""
+    if group is None:
+        return [share]
+    import torch.distributed as dist
+
+    if dist.get_world_size(group) == 1:
+        return [share]
+    shares = [None] * dist.get_world_size(group)
+    dist.all_gather_object(shares, share, group=group)
+    return shares
+
+
+def engine_salt(scheduler) -> str:
+    """What turns equal published tensors into equal computation, whatever the layout: the model's architecture,
+    its dtype and its quantization."""
+    runner = scheduler.tp_worker.model_runner
+    config = getattr(runner, "model_config", None)
+    arch = ",".join(getattr(getattr(config, "hf_config", None), "architectures", None) or [type(runner.model).__name__])
+    dtype = getattr(config, "dtype", None) or model_dtype(runner.model)
+    quant = getattr(getattr(scheduler, "server_args", None), "quantization", None)
+    return f"{arch}|{dtype}|{quant}"
+
+
+def model_dtype(model):
+    param = next(iter(model.parameters()), None)
+    return param.dtype if param is not None else None
 
 
 def refuse_reused_declaration(state: EpochState, label, output_type):

@@ -183,13 +183,12 @@ class PdPair(RoutedPair):
         self.decode: Optional[CpuServer] = None
         self.router: Optional[Router] = None
         server_env = with_pd_cpu_aid(dict(env or {}))
-        # the handshake compares weight_ids across the roles: equal weights must get equal ids (a nonce never does)
-        identity_flags = ["--vradix-weight-identity", "fingerprint"] if vradix else []
+        # no identity flag: vradix's default (`auto`) proves each role's identity from its weights, as a stock P/D
+        # launch with vradix installed does
         prefill_flags = ["--disaggregation-mode", "prefill", *TRANSFER_FLAGS, "--disable-overlap-schedule",
-                         *identity_flags, *prefill_args]
+                         *prefill_args]
         decode_flags = ["--disaggregation-mode", "decode", *TRANSFER_FLAGS,
-                        *(["--disaggregation-decode-enable-radix-cache"] if decode_radix else []), *identity_flags,
-                        *decode_args]
+                        *(["--disaggregation-decode-enable-radix-cache"] if decode_radix else []), *decode_args]
 
         def start(flags, tp_size, **ports):
             return CpuServer(model_path, vradix=vradix, extra_args=flags, env=server_env, tp_size=tp_size,
