@@ -4,7 +4,8 @@
 #   2. run the kernel tests on CUDA: the CUDA extension, Triton and the torch reference must agree;
 #   3. run benchmark/kernels/bench_kernels.py (bandwidth vs peak, verify vs attention);
 #   4. the same for the weight fingerprint: test/kernels/test_fingerprint.py on CUDA, then
-#      benchmark/kernels/bench_fingerprint.py.
+#      benchmark/kernels/bench_fingerprint.py, and the layout-invariant identity's cost per TP rank on the GPU
+#      (benchmark/kernels/bench_identity.py --device cuda).
 # Needs only torch + triton + nvcc + pytest (no sglang). Writes logs to ${OUT:-build/gpu_check}.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,4 +25,5 @@ export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" TRITON_INTERPRET=0 PY
   "$PY" benchmark/kernels/bench_kernels.py --json "$OUT/bench_kernels.json"
   "$PY" -m pytest --noconftest -q -p no:cacheprovider test/kernels/test_fingerprint.py
   "$PY" benchmark/kernels/bench_fingerprint.py --mib 4096 --cpu-mib 64 --json "$OUT/bench_fingerprint.json"
+  "$PY" benchmark/kernels/bench_identity.py --device cuda --mib 4096 --tensors 288 --json "$OUT/bench_identity.json"
 } 2>&1 | tee "$OUT/gpu_check.log"

@@ -64,9 +64,10 @@ def mode_from_env(environ: Optional[Mapping[str, str]] = None) -> str:
     return settings.value(ENV, environ)
 
 
-def nonce() -> WeightIdentity:
-    """A fresh identity no other epoch, process or engine can hold."""
-    return WeightIdentity(f"nonce:{secrets.token_hex(16)}", "nonce")
+def nonce(random_hex: Optional[str] = None) -> WeightIdentity:
+    """A fresh identity no other epoch, process or engine can hold: 128 random bits, drawn here or given (the ranks
+    of one engine derive one from all their draws, `vradix.core.published.merge`)."""
+    return WeightIdentity(f"nonce:{random_hex or secrets.token_hex(16)}", "nonce")
 
 
 def proven(fingerprint: str, basis: str = "") -> WeightIdentity:

@@ -43,6 +43,13 @@ def test_bench_fingerprint_smoke_prints_the_table():
     assert re.search(r"^tiny llama \(module\) +torch +cpu +\d+ ", out, re.M)
 
 
+def test_bench_identity_smoke_proves_one_identity_on_every_tp_size():
+    out = run_script("benchmark/kernels/bench_identity.py", "--mib", "1", "--tensors", "16", "--tp", "1", "2", "4")
+    rows = re.findall(r"^ +(\d) +[\d.]+ +(\d+) +[\d.]+ +[\d.]+  ([0-9a-f]{32}) \(complete\)$", out, re.M)
+    assert [r[0] for r in rows] == ["1", "2", "4"] and len({r[2] for r in rows}) == 1, out
+    assert int(rows[0][1]) > int(rows[1][1]) > int(rows[2][1])  # each rank digests less as TP grows
+
+
 @pytest.mark.e2e
 @pytest.mark.long
 @pytest.mark.timeout(1200)

@@ -9,6 +9,9 @@ with TP. Every rank keeps the names it saw. At the identity point (engine start,
 exchange what they hold once (`vradix.scheduler.publication`, one all-gather) and `identity_of` hashes the union, in
 name order.
 
+Assumption: every rank that receives a name receives the same tensor under it, as `load_weights` expects (it
+takes unsharded tensors and slices them itself); a name only one rank digests vouches for all ranks.
+
 Invariants:
 - `fingerprint_of` depends only on the engine salt (architecture, dtype, quantization: what turns the same tensors
   into the same computation) and the name -> (dtype, shape, bytes) mapping: not on the TP size, the rank that owned
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import secrets
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -84,7 +88,7 @@ class Pending:
     def share(self) -> dict:
         """This rank's part of the exchange (picklable)."""
         return {"records": self.records(), "names": names_digest(self.names), "count": len(self.names),
-                "tainted": self.tainted}
+                "tainted": self.tainted, "nonce": secrets.token_hex(16)}
 
 
 @dataclass
@@ -187,26 +191,29 @@ def names_digest(names: Iterable[str]) -> str:
 
 @dataclass(frozen=True)
 class Merged:
-    """The ranks' shares of one publication, combined: every owned record, the names (when all ranks agree), and
-    whether any rank's load raised."""
+    """The ranks' shares of one publication, combined: every owned record, the names (when all ranks agree),
+    whether any rank's load raised, and a nonce every rank derives equally from the ranks' random draws (the
+    identity of a tainted publication: one per engine, not one per rank)."""
 
     records: Dict[str, bytes]
     names: Optional[frozenset]
     tainted: bool
+    nonce: str = ""
 
 
 def merge(shares: List[dict], names: Iterable[str]) -> Merged:
     """Combine the ranks' `Pending.share()`s; `names` are this rank's (all ranks saw the same ones, or `names` is
     None). A name owned by no rank that saw it makes the names inconsistent too."""
     tainted = any(s["tainted"] for s in shares)
+    nonce = hashlib.sha256("|".join(s["nonce"] for s in shares).encode()).hexdigest()[:32]
     records: Dict[str, bytes] = {}
     for s in shares:
         records.update(s["records"])
     agreed = len({(s["names"], s["count"]) for s in shares}) == 1
     names = frozenset(names)
     if not agreed or set(records) != names:
-        return Merged(records, None, tainted)
-    return Merged(records, names, tainted)
+        return Merged(records, None, tainted, nonce)
+    return Merged(records, names, tainted, nonce)
 
 
 def fingerprint_of(records: Dict[str, bytes], salt: str) -> str:

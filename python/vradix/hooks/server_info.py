@@ -1,6 +1,8 @@
 """Step 4 hooks (scheduler process): what /flush_cache and /get_server_info report."""
 from __future__ import annotations
 
+import torch.distributed as dist
+
 from vradix import __version__
 from vradix.core import host_tier, mm_embeddings
 from vradix.observability import metrics
@@ -35,8 +37,28 @@ def report_server_info(result, internal_state, *args, **kwargs):
         gauges = metrics.metrics_of(scheduler)
         if gauges is not None:
             gauges.export(block)
+    ranks = tp_rank_blocks(block) if getattr(scheduler, "tp_size", 1) > 1 else None
+    if ranks is not None:
+        block["tp_ranks"] = ranks
     result.internal_state["vradix"] = block
     return result
+
+
+def tp_rank_blocks(block: dict):
+    """Every TP rank's `vradix` block, in rank order, or None on a one-rank engine and with DP attention.
+
+    SGLang answers /get_server_info from TP rank 0 only, yet each rank keeps its own epoch, identity, ledger and
+    pools. Every rank of the TP group handles the same broadcast control requests in the same order, so all of them
+    run this hook for one server-info request and the all-gather over the group's CPU (gloo) group cannot hang. With
+    DP attention a control request may be broadcast within an attention-TP group only: no gather then."""
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel = get_parallel()  # what SGLang's request receiver broadcasts control requests by
+    if parallel.tp_size <= 1 or parallel.attn_dp_enabled:
+        return None
+    blocks = [None] * parallel.tp_size
+    dist.all_gather_object(blocks, block, group=parallel.tp_group.cpu_group)
+    return blocks
 
 
 def req_slots_total(pool) -> int:

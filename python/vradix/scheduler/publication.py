@@ -101,7 +101,7 @@ def published_identity(scheduler, previous: Optional[identity.WeightIdentity] = 
     if outcome == published.Outcome.TAINTED:
         logger.error("vradix: a weight load raised on some rank, so the weights are partly written: this epoch gets "
                      "a fresh nonce identity")
-        return identity.nonce()
+        return identity.nonce(merged.nonce)
     if outcome in (published.Outcome.UNTAPPED, published.Outcome.INCONSISTENT):
         logger.warning("vradix: the weights changed where vradix saw no published tensor (%s: a direct or P2P "
                        "write, or a loader that bypasses load_weights): this epoch's identity is the fingerprint of "
@@ -172,7 +172,7 @@ def engine_salt(scheduler) -> str:
     runner = scheduler.tp_worker.model_runner
     config = getattr(runner, "model_config", None)
     arch = ",".join(getattr(getattr(config, "hf_config", None), "architectures", None) or [type(runner.model).__name__])
-    dtype = getattr(config, "dtype", None) or getattr(model_dtype(runner.model), "__str__", lambda: None)()
+    dtype = getattr(config, "dtype", None) or model_dtype(runner.model)
     quant = getattr(getattr(scheduler, "server_args", None), "quantization", None)
     return f"{arch}|{dtype}|{quant}"
 

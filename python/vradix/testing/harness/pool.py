@@ -98,17 +98,19 @@ HELD: Dict[str, List] = {}
 
 
 @contextlib.contextmanager
-def stopped_while_unused(request, *servers):
+def stopped_while_unused(request, *servers, fixture: str = ""):
     """In a module-scoped pytest fixture (`request`) that holds `servers`: every test that does not request the
     fixture runs with their process groups stopped (SIGSTOP; conftest calls `run_held_servers_for` before each
     test), so an idle SGLang scheduler, which polls its sockets without sleeping, takes no core from the servers under
-    test; a test that requests it finds them continued. Exit this before stopping the servers (a stopped process acts
-    on no SIGTERM until continued)."""
-    HELD[request.fixturename] = processes_of(*servers)
+    test; a test that requests it finds them continued. `fixture`: the name of the fixture whose tests run them
+    (default: the one holding them), for servers that start together in one fixture and are handed out by several.
+    Exit this before stopping the servers (a stopped process acts on no SIGTERM until continued)."""
+    name = fixture or request.fixturename
+    HELD[name] = processes_of(*servers)
     try:
         yield
     finally:
-        for process in HELD.pop(request.fixturename):
+        for process in HELD.pop(name):
             signal_group(process, signal.SIGCONT)
 
 

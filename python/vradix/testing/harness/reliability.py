@@ -3,7 +3,7 @@
 - `strict_idle_check`: SGLang's idle memory invariant, read from the scheduler through `/get_server_info`
   (`vradix.pool`, one snapshot taken on the scheduler thread): once the engine is fully idle,
   `available + evictable + protected == total`, nothing is protected, every request slot is free, and no stale KV is
-  pinned by a crossing request.
+  pinned by a crossing request; on every TP rank of a multi-rank engine.
 - `oracle_outputs`: greedy outputs of a *fresh* server on given weights (the no-stale-hit oracle).
 - `publish`: one `update_weights_from_disk` publication that must succeed.
 """
@@ -36,13 +36,23 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
 
 
 def strict_idle_check(server: CpuServer, timeout: float = 60.0) -> dict:
-    """Wait until the engine is fully idle (not paused), then assert the exact idle memory invariant. Returns the
-    vradix block."""
+    """Wait until the engine is fully idle (not paused), then assert the exact idle memory invariant, on every TP
+    rank of a multi-rank engine (`tp_ranks`). Returns the vradix block (rank 0's)."""
     def idle_block():
         v = server.vradix_info()
-        return v if v["pool"]["idle"] and not v["pool"]["paused"] else None
+        ranks = v.get("tp_ranks") or [v]
+        return v if all(r["pool"]["idle"] and not r["pool"]["paused"] for r in ranks) else None
 
     v = wait_until(idle_block, timeout, "the engine to become idle")
+    problems = [f"rank {rank}: {what}" for rank, block in enumerate(v.get("tp_ranks") or [v])
+                for what in idle_problems(block)]
+    if problems:
+        raise LeakError(f"{'; '.join(problems)}: {v}")
+    return v
+
+
+def idle_problems(v: dict) -> list:
+    """What breaks the idle invariant in one rank's vradix block (empty when it holds)."""
     p = v["pool"]
     problems = []
     if p["available"] + p["evictable"] + p["protected"] != p["total"]:
@@ -53,9 +63,7 @@ def strict_idle_check(server: CpuServer, timeout: float = 60.0) -> dict:
         problems.append("request slots not all free")
     if v["crossing_requests"] or v["stale_tokens_pinned"]:
         problems.append("stale KV still pinned while idle")
-    if problems:
-        raise LeakError(f"{'; '.join(problems)}: {v}")
-    return v
+    return problems
 
 
 def oracle_outputs(model_path: str, prompts: Dict[str, Sequence[Sequence[int]]], max_new_tokens: int = 4,
