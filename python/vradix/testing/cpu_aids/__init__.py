@@ -44,17 +44,23 @@ def transfer_kv_direct(src_layers, dst_layers, src_indices, dst_indices, page_si
         dst[dst_idx.to(dst.device)] = src[src_idx.to(src.device)].to(dst.device)
 
 
-def _unpinned(init):
-    sig = inspect.signature(init)
+def forcing_argument(fn, name: str, value):
+    """`fn` with its argument `name` forced to `value`, however the caller passed it; marked (`_vradix_cpu_aid`) so an
+    aid installed twice wraps once."""
+    sig = inspect.signature(fn)
 
-    @functools.wraps(init)
+    @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         bound = sig.bind(*args, **kwargs)
-        bound.arguments["pin_memory"] = False
-        return init(*bound.args, **bound.kwargs)
+        bound.arguments[name] = value
+        return fn(*bound.args, **bound.kwargs)
 
     wrapper._vradix_cpu_aid = True
     return wrapper
+
+
+def _unpinned(init):
+    return forcing_argument(init, "pin_memory", False)
 
 
 def apply() -> None:

@@ -20,11 +20,11 @@ CUDA is available.
 """
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 
 import torch
+
+from vradix.testing import cpu_aids
 
 #: the folder to put on PYTHONPATH so a TP server process loads this aid as a plugin
 PLUGIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tp_plugin")
@@ -39,16 +39,7 @@ def tp_cpu_env(tp_size: int) -> dict:
 def without_pynccl(init_group):
     """`init_group` (SGLang's `init_model_parallel_group`) with `use_pynccl=False` forced, whatever the caller
     passed; marked so a second `apply()` does not wrap it again."""
-    sig = inspect.signature(init_group)
-
-    @functools.wraps(init_group)
-    def wrapper(*args, **kwargs):
-        bound = sig.bind(*args, **kwargs)
-        bound.arguments["use_pynccl"] = False
-        return init_group(*bound.args, **bound.kwargs)
-
-    wrapper._vradix_cpu_aid = True
-    return wrapper
+    return cpu_aids.forcing_argument(init_group, "use_pynccl", False)
 
 
 def apply() -> None:
