@@ -137,8 +137,12 @@ def tp_rank_and_size() -> tuple:
 
 def model_device(model):
     """The device of the model's first parameter (where its published tensors are digested), or None."""
-    param = next(iter(model.parameters()), None)
+    param = first_parameter(model)
     return param.device if param is not None else None
+
+
+def first_parameter(model):
+    return next(iter(model.parameters()), None)
 
 
 def loaded_shards_identity(scheduler) -> identity.WeightIdentity:
@@ -172,14 +176,9 @@ def engine_salt(scheduler) -> str:
     runner = scheduler.tp_worker.model_runner
     config = getattr(runner, "model_config", None)
     arch = ",".join(getattr(getattr(config, "hf_config", None), "architectures", None) or [type(runner.model).__name__])
-    dtype = getattr(config, "dtype", None) or model_dtype(runner.model)
+    dtype = getattr(config, "dtype", None) or getattr(first_parameter(runner.model), "dtype", None)
     quant = getattr(getattr(scheduler, "server_args", None), "quantization", None)
     return f"{arch}|{dtype}|{quant}"
-
-
-def model_dtype(model):
-    param = next(iter(model.parameters()), None)
-    return param.dtype if param is not None else None
 
 
 def refuse_reused_declaration(state: EpochState, label, output_type):
