@@ -36,7 +36,7 @@ def test_defaults():
     assert settings.load({}) == {
         "VRADIX_DISABLE": False, "VRADIX_VERIFY": "strict", "VRADIX_VERIFY_SAMPLE_EVERY": 16,
         "VRADIX_AUDIT": "report", "VRADIX_PREFILL_DEDUP": "on", "VRADIX_WEIGHT_IDENTITY": "auto",
-        "VRADIX_RECLAIM_SLICE_NODES": 16, "VRADIX_KERNELS": "auto", "VRADIX_ALLOW_UNTESTED_SGLANG": False,
+        "VRADIX_MAX_STALENESS": 0, "VRADIX_RECLAIM_SLICE_NODES": 16, "VRADIX_KERNELS": "auto", "VRADIX_ALLOW_UNTESTED_SGLANG": False,
         "VRADIX_RAY_CHAINED_SETUP_HOOK": "", "VRADIX_FAULT_MISSING_HOOK": "", "VRADIX_FAULT_IMPORT": "",
         "VRADIX_FAULT_NO_NAMESPACE": False}
 
@@ -47,6 +47,7 @@ def test_defaults():
     ("VRADIX_VERIFY_SAMPLE_EVERY", "0", "VRADIX_VERIFY_SAMPLE_EVERY='0': expected a positive integer"),
     ("VRADIX_VERIFY_SAMPLE_EVERY", "-3", "VRADIX_VERIFY_SAMPLE_EVERY='-3': expected a positive integer"),
     ("VRADIX_PREFILL_DEDUP", "maybe", "VRADIX_PREFILL_DEDUP='maybe': expected one of on, off"),
+    ("VRADIX_MAX_STALENESS", "-1", "VRADIX_MAX_STALENESS='-1': expected a non-negative integer"),
     ("VRADIX_WEIGHT_IDENTITY", "Sometimes", "VRADIX_WEIGHT_IDENTITY='Sometimes': expected one of auto, "
                                             "nonce, fingerprint, declared"),
     ("VRADIX_RECLAIM_SLICE_NODES", "lots", "VRADIX_RECLAIM_SLICE_NODES='lots': expected a positive integer"),

@@ -48,6 +48,14 @@ class ReqState:
     #: on a P/D decode role, once a publication revoked the request's unfulfilled prefix promise: the 503 reason it
     #: fails with (`vradix.pd.revocation`), whichever SGLang path then fails it
     revoked: Optional[str] = None
+    #: bounded staleness (`vradix.core.staleness`): how many epochs old the KV this request reuses may be (0: exact,
+    #: `epoch` is then always the epoch it is computed under)
+    max_staleness: int = 0
+    #: a bounded request's admission epoch, the epoch whose weights compute it (`epoch` is the namespace it matched,
+    #: at most `max_staleness` older); None for an exact request
+    admitted_epoch: Optional[int] = None
+    #: a bounded request's response fields, fixed when it released its KV (`vradix.core.staleness.report_at_release`)
+    bounded_report: Optional[dict] = None
 
 
 def of(req) -> Optional[ReqState]:

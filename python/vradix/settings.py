@@ -70,6 +70,13 @@ def _positive_int(name: str, raw: str) -> int:
     return int(text)
 
 
+def _non_negative_int(name: str, raw: str) -> int:
+    text = raw.strip()
+    if not text.isdigit():
+        raise SettingsError(f"{name}={text!r}: expected a non-negative integer")
+    return int(text)
+
+
 def _true_word(name: str, raw: str) -> bool:
     return raw.strip().lower() in TRUE_WORDS
 
@@ -106,6 +113,11 @@ _TABLE = (
             "server flag `--vradix-weight-identity` exports it.",
             "vradix.identity (scheduler startup, P/D role check, declared-label refusal)",
             _choice(IDENTITY_MODES, echo_raw=True, empty_is_default=True)),
+    Setting("VRADIX_MAX_STALENESS", "0", "a non-negative integer",
+            "Bounded staleness: the server's window K, the epochs older than the current one whose cached KV is kept, "
+            "and the bound of a request that names none (0: exact reuse only); a request lowers it with "
+            "`custom_params.vradix_max_staleness`. The server flag `--vradix-max-staleness` exports it.",
+            "vradix.core.staleness (launcher request check, scheduler admission and reclaim)", _non_negative_int),
     Setting("VRADIX_RECLAIM_SLICE_NODES", "16", "a positive integer",
             "Stale tree nodes one scheduler iteration frees at most after a bump (read once, at import).",
             "vradix.core.deferred_reclaim", _positive_int),

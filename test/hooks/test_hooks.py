@@ -27,6 +27,7 @@ TEST_DIR = pathlib.Path(__file__).parents[1]
 
 #: hook body (module.function) -> "test_file.py::test_name" that runs it
 DRIVEN_BY = {
+    "vradix.hooks.launcher.reject_bad_staleness_bound": "test_staleness.py::test_a_bound_above_the_window_is_refused_with_a_400_error",
     "vradix.hooks.launcher.add_identity_flag": "test_identity.py::test_server_flag_sets_the_mode_for_scheduler_processes",
     "vradix.hooks.launcher.refuse_reused_declared_label": "test_e2e_identity.py::test_a_reused_declaration_is_refused_on_every_path_and_changes_nothing",
     "vradix.hooks.launcher.export_identity_flag": "test_identity.py::test_server_flag_sets_the_mode_for_scheduler_processes",

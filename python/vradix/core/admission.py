@@ -9,22 +9,26 @@ Invariants:
 - A request that holds KV is never re-bound: its row points at slots of its own epoch (it is a crossing request).
   Nor is a request whose KV lives in a P/D decode retraction backup (`vradix.core.retraction`): it resumes from that KV.
 - A request that reaches a match without a `ReqState` is refused (`request.UnstampedRequestError`).
+- A bounded request (`vradix.core.staleness`) holding no KV adopts, before every match, the namespace of one epoch of
+  its window (`choose_for_match`); with bound 0 nothing here differs from an exact request.
 """
 from __future__ import annotations
 
 from vradix import namespace, request, settings
-from vradix.core import lora, provenance, retraction
+from vradix.core import lora, provenance, retraction, staleness
 from vradix.core.state import EpochState
 
 
 def stamp(state: EpochState, req) -> None:
-    """Bind a newly admitted request to the current epoch. Raises ReservedNamespaceError on a forged key."""
+    """Bind a newly admitted request to the current epoch. Raises ReservedNamespaceError on a forged key and
+    `staleness.StalenessError` on a bound above the server window."""
     user_key = req.extra_key
     namespace.check_user_key(user_key)
     namespace.check_user_key(getattr(req, "cache_salt", None))
     st = request.attach(req, user_key, state.epoch)
     st.adapter = lora.adapter_identity_of(state, getattr(req, "lora_id", None))
     _bind(state, req, st)
+    staleness.bind_bound(st, req, state.staleness.window)
 
 
 def stamp_refused(state: EpochState, req) -> None:
@@ -50,6 +54,16 @@ def rebind_if_unheld(state: EpochState, req) -> bool:
         return False
     _bind(state, req, st)
     return True
+
+
+def choose_for_match(state: EpochState, cache, req, token_ids=None) -> None:
+    """Before a match: a bounded request that holds no KV adopts one window epoch's namespace
+    (`staleness.choose_namespace`); its provenance then starts with that epoch."""
+    st = request.require(req)
+    if not staleness.is_bounded(st) or holds_kv(req) or retraction.retracted_with_backup(req):
+        return
+    chosen = staleness.choose_namespace(state, cache, req, token_ids)
+    st.kv_history = [(0, chosen, state.label_of(chosen), state.identities[chosen].identity.weight_id)]
 
 
 def _bind(state: EpochState, req, st: request.ReqState) -> None:

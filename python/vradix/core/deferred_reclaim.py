@@ -107,6 +107,17 @@ def is_stale(q: DeferredReclaim, node_id) -> bool:
     return q.watermark is None or node_id < q.watermark
 
 
+def reclaimable(state, cache, node_id) -> bool:
+    """Whether the deferred reclaim may free `node_id`: below the watermark; with a staleness window
+    (`vradix.core.staleness`), in a namespace older than the window (bounded requests insert into older namespaces, so
+    node ids no longer order the epochs: the node's own key names its namespace)."""
+    if state.staleness.window == 0:
+        return is_stale(state.deferred, node_id)
+    extra_key, _ = cache.tree_core.prefetch_anchor_info(node_id)
+    epoch = state.epoch_of(extra_key)
+    return epoch is None or epoch < max(0, state.epoch - state.staleness.window)
+
+
 def note_insert(state, cache, node_id) -> None:
     """After an insert: the first one after the bump fixes the watermark (the lowest id on the path it ended on,
     all of which it created: its namespace was empty)."""
@@ -181,7 +192,7 @@ def _walk(state, cache, *, max_nodes=None, max_visits=None, need_tokens=None) ->
                     exhausted = True
                     break
                 visits += 1
-                if is_stale(q, node_id) and free_stale_leaf(cache, node_id, tracker):
+                if reclaimable(state, cache, node_id) and free_stale_leaf(cache, node_id, tracker):
                     nodes += 1
         finally:
             core.evict_device_end(ComponentType.FULL)

@@ -30,7 +30,8 @@ import time
 from typing import Iterable, Optional
 
 from vradix import identity as weight_identity, request
-from vradix.core import admission, host_tier, provenance, reclaim, deferred_reclaim, retraction, sessions
+from vradix.core import (admission, host_tier, provenance, reclaim, deferred_reclaim, retraction, sessions,
+                         staleness)
 from vradix.core.state import EpochState, Invalidation
 
 #: longest accepted publication label (SGLang `weight_version`); labels travel in every response's meta_info
@@ -97,7 +98,9 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
     with host_tier.counting_freed(cache) as host:
         host_tier.settle_transfers(cache)
         # the reset drops session slots without freeing their rows: only once every slot was released above
-        if holders == 0 and not sessions.slots_of(cache) and cache.protected_size() == 0 and reclaim.resettable(cache):
+        # a staleness window keeps the older epochs' KV: never drop the whole tree then
+        if (holders == 0 and not sessions.slots_of(cache) and cache.protected_size() == 0 and reclaim.resettable(cache)
+                and state.staleness.window == 0):
             inv.tokens_freed = reclaim.free_all_by_reset(cache)
             deferred_reclaim.cancel(state)
         elif deferred_reclaim.supported(cache):
@@ -153,13 +156,14 @@ def on_release(state: EpochState, cache, req, released_node) -> int:
     resumes from its mixed KV, so it stays crossing and never inserts it.
     """
     freed = 0
-    if state.crossing.pop(id(req), None) is not None:
+    st = request.of(req)
+    in_window = st is not None and st.epoch >= staleness.window_floor(state) and state.staleness.window > 0
+    if state.crossing.pop(id(req), None) is not None and not in_window:
         with host_tier.counting_freed(cache) as host:
             freed = reclaim.free_released_path(cache, released_node)
         state.freed.tokens_total += freed
         state.freed.tokens_at_release += freed
         state.freed.count_host(host.tokens)
-    st = request.of(req)
     if st is not None and st.crossed and not req.finished() and not retraction.holds_backup(req):
         req.skip_radix_cache_insert = st.skip_insert_before
         st.crossed = False

@@ -127,6 +127,10 @@ def response_provenance(req) -> Optional[dict]:
     if prefix is None:
         return None
     out = {"prefix_cache": prefix}
+    bounded = request.of(req).bounded_report
+    if bounded is not None:
+        out.update(bounded)  # a bounded request's spans come from the ledger (`vradix.core.staleness`)
+        return out
     roles = pd_spans(req)
     if roles is not None:
         out["pd_spans"] = roles

@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional
 from vradix import __version__, identity, kernels, namespace
 from vradix.core.prefix_hits import PrefixHits
 from vradix.core import dedup
+from vradix.core.staleness import StalenessRecord
 from vradix.core.deferred_reclaim import DeferredReclaim
 from vradix.ledger.guard import GuardConfig, GuardStats
 from vradix.ledger.device import PageLedger
@@ -203,6 +204,9 @@ class EpochState:
     #: the cached prefixes admitted requests reused, for the cache inspector (`vradix.observability.snapshot`; written
     #: only by `vradix.core.prefix_hits`, at admission)
     prefix_hits: PrefixHits = field(default_factory=PrefixHits)
+    #: bounded staleness: the server window and what bounded requests reused (written only by
+    #: `vradix.core.staleness`; the window at attach)
+    staleness: StalenessRecord = field(default_factory=StalenessRecord)
 
     def bind_identity(self, epoch: int, ident: identity.WeightIdentity) -> str:
         """Record `ident` as epoch `epoch`'s identity and return its namespace prefix: the bare `weight_id` the
@@ -268,6 +272,8 @@ class EpochState:
             "kv_ledger": self.ledger_dict(),
             "weight_session": self.session.as_dict() if self.session is not None else None,
             "prefill_dedup": self.dedup.stats.as_dict(self.dedup.enabled),
+            "bounded_staleness": self.staleness.as_dict(),
+            "stale_tokens_reused_total": self.staleness.stale_tokens_total,
         }
 
     def ledger_dict(self) -> dict:
@@ -313,13 +319,15 @@ class WeightSession:
 
 
 def attach(tree_cache, with_ledger: bool = True, weight_identity: Optional[identity.WeightIdentity] = None,
-           identity_mode: str = "nonce", scope: Optional[str] = None) -> EpochState:
+           identity_mode: str = "nonce", scope: Optional[str] = None, staleness_window: int = 0) -> EpochState:
     """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0 under `weight_identity` (a fresh nonce when
     None), with a KV page ledger on its allocator unless `with_ledger` is False; on a P/D role every namespace starts
-    with its `scope` (`vradix.pd.layout`). Raises `settings.SettingsError` for an
+    with its `scope` (`vradix.pd.layout`); `staleness_window` epochs older than the current one keep their KV for
+    bounded requests (`vradix.core.staleness`). Raises `settings.SettingsError` for an
     invalid VRADIX_VERIFY / VRADIX_AUDIT / VRADIX_VERIFY_SAMPLE_EVERY / VRADIX_PREFILL_DEDUP setting."""
     state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardRecord(GuardConfig.from_env()),
-                       identity_mode=identity_mode, dedup=DedupRecord(enabled=dedup.enabled_from_env()), scope=scope)
+                       identity_mode=identity_mode, dedup=DedupRecord(enabled=dedup.enabled_from_env()), scope=scope,
+                       staleness=StalenessRecord(window=staleness_window))
     state.bind_identity(0, weight_identity or identity.nonce())
     if with_ledger:
         state.ledger = kv_ledger.attach(tree_cache.token_to_kv_pool_allocator)

@@ -3,7 +3,7 @@ the HiCache host pool would add to a match (what a match adopts is checked befor
 from __future__ import annotations
 
 from vradix import request
-from vradix.core import admission, lora, sessions
+from vradix.core import admission, lora, sessions, staleness
 from vradix.ledger import guard, host as host_ledger
 from vradix.ledger.device import ledger_of
 from vradix.namespace import ReservedNamespaceError
@@ -19,6 +19,8 @@ def stamp_request(_result, scheduler, req, *args, **kwargs):
     lora.identify_adapter(state, scheduler, getattr(req, "lora_id", None))
     try:
         admission.stamp(state, req)
+    except staleness.StalenessError as e:
+        req.set_finish_with_abort(f"Invalid request: {e}")
     except ReservedNamespaceError as e:
         state.forged_keys_rejected += 1
         admission.stamp_refused(state, req)  # bound without the forged key, so it can match nothing foreign
@@ -40,6 +42,7 @@ def rebind_before_match(req, tree_cache, *args, **kwargs):
     state = state_of(tree_cache)
     if state is not None:
         admission.rebind_if_unheld(state, req)
+        admission.choose_for_match(state, tree_cache, req, kwargs.get("token_ids", args[0] if args else None))
 
 
 def release_stale_session_slot(session, params, *args, **kwargs):
@@ -57,7 +60,7 @@ def sample_verify_prefill_batch(_result, batch, *args, **kwargs):
     if state is None or state.ledger is None or not guard.should_sample_batch(state.guard.config, state.guard.stats):
         return
     reusing = [(r, request.require(r)) for r in batch.reqs if r.prefix_len > 0]
-    picked = [(r, st) for r, st in reusing if not st.crossed]
+    picked = [(r, st) for r, st in reusing if not st.crossed and not st.max_staleness]
     if not picked:
         return
     rows = [r.kv.req_pool_idx for r, _ in picked]

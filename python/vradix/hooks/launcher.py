@@ -9,7 +9,7 @@ import typing
 
 from vradix import identity
 from vradix.closed_world import epd, unversioned
-from vradix.core import epochs
+from vradix.core import epochs, staleness
 
 logger = logging.getLogger("vradix")
 
@@ -24,6 +24,7 @@ def refuse_unversioned_paths_at_startup(_result, server_args, *args, **kwargs):
     UnversionedPathError naming the flag."""
     unversioned.check(server_args)
     epd.check(server_args)
+    staleness.check_server(server_args, staleness.server_window())
 
 
 def reject_bad_version_label(tokenizer_manager, obj, *args, **kwargs):
@@ -141,6 +142,10 @@ FLAG = "--vradix-weight-identity"
 
 def add_identity_flag(_result, parser, *args, **kwargs):
     """AFTER ServerArgs.add_cli_args: the server flag that chooses how each epoch's weight identity is set."""
+    parser.add_argument(staleness.FLAG, type=int, default=None, metavar="K",
+                        help="vradix bounded staleness: keep the KV of the K epochs before the current one for "
+                             "requests that accept it (custom_params.vradix_max_staleness, at most K; a request "
+                             f"naming none gets K). Default 0: exact reuse only. Same as {staleness.ENV}.")
     parser.add_argument(FLAG, choices=identity.MODES, default=None,
                         help="vradix: how each epoch's global weight_id is chosen: auto (default: fingerprint on a "
                              "P/D role, nonce otherwise), nonce (no reuse across restarts), fingerprint (content hash "
@@ -155,9 +160,12 @@ def export_identity_flag(original, argv, *args, **kwargs):
     usage error."""
     parser = argparse.ArgumentParser(prog="sglang serve", add_help=False)
     parser.add_argument(FLAG, choices=identity.MODES, default=None)
+    parser.add_argument(staleness.FLAG, type=int, default=None)
     known, _ = parser.parse_known_args(argv)
     if known.vradix_weight_identity is not None:
         os.environ[identity.ENV] = known.vradix_weight_identity
+    if known.vradix_max_staleness is not None:
+        os.environ[staleness.ENV] = str(known.vradix_max_staleness)
     return original(argv, *args, **kwargs)
 
 
@@ -179,3 +187,13 @@ async def refuse_reused_declared_label(original, tokenizer_manager, obj, *args, 
             f"declared weight identity {obj.new_version!r} was already used by an earlier publication of this "
             f"engine; the label stays {before!r}")
     return result
+
+
+def reject_bad_staleness_bound(tokenizer_manager, obj, *args, **kwargs):
+    """BEFORE TokenizerManager._validate_one_request (per request, and per element of a batch): a
+    `custom_params.vradix_max_staleness` that is not an integer from 0 to the server window raises StalenessError,
+    which SGLang's HTTP layer answers with HTTP 400, before the request reaches a scheduler."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    if isinstance(obj, GenerateReqInput):
+        staleness.check_request(obj, staleness.server_window())

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vradix import request
-from vradix.core import epochs, host_tier, mm_embeddings, provenance, deferred_reclaim
+from vradix.core import epochs, host_tier, mm_embeddings, provenance, deferred_reclaim, staleness
 from vradix.observability import metrics
 from vradix.ledger import device as kv_ledger
 from vradix.scheduler.publication import bump_scheduler, current_label, publish_without_tree
@@ -18,7 +18,8 @@ def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
     lock = getattr(req, "lock", None)
     node = lock.node if lock is not None else None
     state = state_of(tree_cache)
-    if state is not None and state.ledger is not None and req.kv.holds_kv and provenance.crossed(req):
+    bounded = staleness.is_bounded(request.of(req))
+    if state is not None and state.ledger is not None and req.kv.holds_kv and (provenance.crossed(req) or bounded):
         # the row is freed by the release: read the device-side provenance witness first
         r2t = tree_cache.req_to_token_pool.req_to_token
         request.require(req).ledger_spans = kv_ledger.kv_spans(state.ledger, r2t, req)
@@ -27,6 +28,8 @@ def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
     result = original(req, tree_cache, *args, **kwargs)
     if state is not None:
         epochs.on_release(state, tree_cache, req, node)
+        if bounded:
+            staleness.report_at_release(state, req)
     if pending:
         deferred_reclaim.note_release(state, evictable_before, tree_cache.evictable_size())
     return result

@@ -17,7 +17,7 @@ from typing import Optional
 
 from vradix.core import provenance
 
-META_KEYS = ("prefix_cache", "kv_weight_versions", "kv_ledger_spans", "pd_spans")
+META_KEYS = ("prefix_cache", "kv_weight_versions", "kv_ledger_spans", "pd_spans", "vradix_staleness")
 
 
 # ---- per-response provenance ------------------------------------------------------------------------------------

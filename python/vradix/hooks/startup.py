@@ -8,7 +8,7 @@ from vradix import __version__, identity
 from vradix.closed_world import epd
 from vradix.ledger import host as host_ledger
 from vradix.observability import metrics
-from vradix.core import published
+from vradix.core import published, staleness
 from vradix.scheduler.publication import current_label, published_identity, tp_rank_and_size
 from vradix.pd import layout
 from vradix.core.state import attach, attach_treeless
@@ -42,10 +42,12 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
         # KV written by these paths bypasses run_batch's stamp; a strict guard would reject every such prefix.
         logger.warning("vradix: KV page ledger disabled (KV also arrives via %s); the epoch namespace still applies",
                        ", ".join(unobserved))
+    window = staleness.server_window()
+    staleness.check_cache(cache, window)
     mode = engine_identity_mode(scheduler.server_args)
     scope = role_scope(scheduler)
     state = attach(cache, with_ledger=not unobserved, weight_identity=startup_identity(scheduler, mode),
-                   identity_mode=mode, scope=scope)
+                   identity_mode=mode, scope=scope, staleness_window=window)
     if state.ledger is not None and getattr(scheduler, "enable_hierarchical_cache", False):
         host_ledger.attach(cache, state.ledger)
     state.guard.config = state.guard.config.for_ranks(getattr(scheduler, "tp_size", 1),

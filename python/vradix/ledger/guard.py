@@ -99,7 +99,8 @@ def allowed_epochs(st: Optional[ReqState], current: int) -> tuple[int, int]:
     read only current-epoch KV (fail closed)."""
     if st is None:
         return current, current
-    return (st.epoch, current) if st.crossed else (st.epoch, st.epoch)
+    # a bounded request's namespace holds KV computed from its epoch up to now (`vradix.core.staleness`)
+    return (st.epoch, current) if st.crossed or st.max_staleness else (st.epoch, st.epoch)
 
 
 def prefix_reads(batch, current: int) -> list[PrefixRead]:

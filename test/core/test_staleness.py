@@ -1,0 +1,91 @@
+"""Bounded staleness at cache level (`vradix.core.staleness`): SGLang's real UnifiedRadixCache on both tree cores,
+page sizes 1 and 16, with the vradix hooks installed."""
+import pytest
+
+from vradix.core import deferred_reclaim, epochs, staleness
+from vradix.core.admission import stamp
+from vradix.testing.harness.cache_fixture import seq
+
+from test_cache_level import check
+
+
+def run(fx, state, tokens, bound=None):
+    req = fx.make_req(tokens)
+    if bound is not None:
+        req.sampling_params.custom_params = {"vradix_max_staleness": bound}
+    stamp(state, req)
+    hit = fx.admit(req)
+    fx.prefill(req)
+    fx.finish(req)
+    return hit, req
+
+
+def bump(fx, state):
+    inv = epochs.bump(state, fx.cache, [], [], reason="test", label=f"v{state.epoch + 1}")
+    deferred_reclaim.finish(state, fx.cache)
+    return inv
+
+
+def test_bounded_request_reuses_the_window_and_exact_requests_never_see_its_kv(env):
+    fx, state = env
+    state.staleness.window = 1
+    P = seq(10, 64)
+    assert run(fx, state, P + [1], bound=0)[0] == 0
+    bump(fx, state)  # epoch 1: epoch 0's KV stays for bounded requests
+    hit, bounded = run(fx, state, P + [3], bound=1)
+    assert hit == 64 and bounded._vradix.epoch == 0 and bounded._vradix.admitted_epoch == 1
+    assert bounded._vradix.bounded_report["vradix_staleness"]["staleness"] == 1
+    assert run(fx, state, P + [3], bound=0)[0] == 0, "an exact request matched KV a bounded request computed on stale KV"
+    assert run(fx, state, P + [3], bound=0)[0] == 64  # exact requests cache in their own namespace
+    hit, bounded = run(fx, state, P + [3], bound=1)
+    assert hit == 64 and bounded._vradix.epoch == 1  # a tie: the current epoch wins
+    check(fx)
+    bump(fx, state)  # epoch 2: epoch 0 ages out and is reclaimed; epoch 1 is in the window
+    hit, bounded = run(fx, state, P + [4], bound=1)
+    assert hit == 64 and bounded._vradix.epoch == 1
+    assert run(fx, state, P + [9])[0] >= 64  # no bound named: the server window is the bound
+    bump(fx, state)
+    bump(fx, state)  # epoch 4: nothing in the window holds P (epoch 3 computed nothing)
+    assert run(fx, state, P + [5], bound=1)[0] == 0
+    check(fx)
+    assert state.staleness.bounded_requests == 5
+    assert state.staleness.stale_tokens_by_staleness == {1: 192}
+
+
+def test_a_bound_above_the_window_is_refused_with_a_400_error(monkeypatch):
+    """The launcher's check (a ValueError: HTTP 400) before the request reaches a scheduler."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from vradix.hooks.launcher import reject_bad_staleness_bound
+
+    def req(k):
+        return GenerateReqInput(input_ids=[1, 2], sampling_params={"custom_params": {staleness.PARAM: k}})
+
+    monkeypatch.setenv(staleness.ENV, "2")
+    reject_bad_staleness_bound(None, req(2))
+    reject_bad_staleness_bound(None, req(0))
+    reject_bad_staleness_bound(None, GenerateReqInput(input_ids=[1], sampling_params={"custom_params": {"x": 1}}))
+    for bad in (3, -1, "1", True, 1.0):
+        with pytest.raises(staleness.StalenessError, match="vradix_max_staleness"):
+            reject_bad_staleness_bound(None, req(bad))
+    monkeypatch.setenv(staleness.ENV, "0")
+    with pytest.raises(staleness.StalenessError, match="exceeds this server's window"):
+        reject_bad_staleness_bound(None, req(1))
+
+
+def test_a_window_is_refused_at_startup_with_the_paths_it_does_not_support():
+    from types import SimpleNamespace
+
+    staleness.check_server(SimpleNamespace(disaggregation_mode="prefill"), 0)  # no window: nothing refused
+    for attr, flag, _ in staleness.REFUSED_WITH:
+        args = SimpleNamespace(**{a: None for a, _, _ in staleness.REFUSED_WITH})
+        setattr(args, attr, "decode" if attr == "disaggregation_mode" else True)
+        with pytest.raises(staleness.StalenessError, match=flag):
+            staleness.check_server(args, 1)
+    staleness.check_server(SimpleNamespace(disaggregation_mode="null", enable_hierarchical_cache=False,
+                                           enable_lora=None), 1)
+
+
+def test_the_current_epoch_wins_ties_and_the_newer_epoch_wins_older_ties():
+    assert staleness.pick({3: 10, 2: 10, 1: 10}, 3) == 3
+    assert staleness.pick({3: 0, 2: 10, 1: 10}, 3) == 2
+    assert staleness.pick({3: 5, 2: 4, 1: 9}, 3) == 1
