@@ -89,3 +89,17 @@ def test_the_current_epoch_wins_ties_and_the_newer_epoch_wins_older_ties():
     assert staleness.pick({3: 10, 2: 10, 1: 10}, 3) == 3
     assert staleness.pick({3: 0, 2: 10, 1: 10}, 3) == 2
     assert staleness.pick({3: 5, 2: 4, 1: 9}, 3) == 1
+
+
+def test_the_server_flag_exports_the_window_for_scheduler_processes(models, monkeypatch):
+    """`--vradix-max-staleness` is accepted by SGLang's own parser and exported to the environment the scheduler
+    processes inherit; a value that is not an integer is argparse's usage error."""
+    import os
+
+    from sglang.srt.server_args import prepare_server_args
+
+    monkeypatch.delenv(staleness.ENV, raising=False)
+    prepare_server_args(["--model-path", models[0], "--vradix-max-staleness", "2"])
+    assert os.environ[staleness.ENV] == "2" and staleness.server_window() == 2
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", models[0], "--vradix-max-staleness", "two"])

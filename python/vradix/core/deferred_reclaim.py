@@ -42,6 +42,7 @@ from typing import Optional
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
 from vradix import settings
+from vradix.core import staleness
 from vradix.core.reclaim import batched_frees, free_stale_leaf
 
 #: nodes one scheduler iteration frees at most (~20 us each on the Rust TreeCore, plus one allocator free per slice)
@@ -115,7 +116,7 @@ def reclaimable(state, cache, node_id) -> bool:
         return is_stale(state.deferred, node_id)
     extra_key, _ = cache.tree_core.prefetch_anchor_info(node_id)
     epoch = state.epoch_of(extra_key)
-    return epoch is None or epoch < max(0, state.epoch - state.staleness.window)
+    return epoch is None or epoch < staleness.window_floor(state)
 
 
 def note_insert(state, cache, node_id) -> None:

@@ -157,7 +157,7 @@ def on_release(state: EpochState, cache, req, released_node) -> int:
     """
     freed = 0
     st = request.of(req)
-    in_window = st is not None and st.epoch >= staleness.window_floor(state) and state.staleness.window > 0
+    in_window = state.staleness.window > 0 and st is not None and st.epoch >= staleness.window_floor(state)
     if state.crossing.pop(id(req), None) is not None and not in_window:
         with host_tier.counting_freed(cache) as host:
             freed = reclaim.free_released_path(cache, released_node)

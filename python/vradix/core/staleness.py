@@ -17,7 +17,7 @@ namespace. So:
   reclaim frees it (`deferred_reclaim`, window mode);
 - the strict guard lets a bounded request read pages written under epochs n .. current (`guard.allowed_epochs`);
 - its response reports the KV page ledger's spans (exact per token: a match is page aligned) with each epoch's label
-  and weight_id, and its staleness e - (oldest epoch it read) (`response_fields`).
+  and weight_id, and its staleness e - (oldest epoch it read) (`report_at_release`).
 
 Where it does not apply (refused when the window is above 0: at startup per server, `check_server`, and per request
 as a 400): P/D roles, HiCache host/L3 tiers, LoRA, and trees with hybrid (Mamba/SWA) components; the deferred
@@ -94,11 +94,10 @@ def check_server(server_args, window: int) -> None:
                                  f"Start without {FLAG} (exact reuse), or without {flag}.")
 
 
-def check_cache(cache, window: int) -> None:
-    """At scheduler start: a window above 0 needs a tree that ages epochs out after a bump (`deferred_reclaim`)."""
-    from vradix.core import deferred_reclaim
-
-    if window > 0 and not deferred_reclaim.supported(cache):
+def check_cache(cache, window: int, can_age_out: bool) -> None:
+    """At scheduler start: a window above 0 needs a tree that ages epochs out after a bump (`can_age_out`:
+    `deferred_reclaim.supported`)."""
+    if window > 0 and not can_age_out:
         raise StalenessError(f"vradix: {FLAG} {window} needs a full-attention radix cache without a HiCache tier; "
                              f"this model's tree holds {[str(c) for c in cache.tree_components]} components")
 
@@ -106,7 +105,7 @@ def check_cache(cache, window: int) -> None:
 @dataclass
 class StalenessRecord:
     """The window and what bounded requests reused (server info `bounded_staleness`). `window` is written at attach;
-    the counters only by `count_reuse`, when a bounded request releases its KV."""
+    the counters only by `report_at_release`, when a bounded request releases its KV."""
 
     window: int = 0
     bounded_requests: int = 0
@@ -140,7 +139,7 @@ def is_bounded(st: Optional[request.ReqState]) -> bool:
 
 def candidates(state, bound: int) -> List[int]:
     """The epochs a request admitted now with `bound` may match, newest first (current first)."""
-    lo = max(window_floor(state), state.epoch - bound, 0)
+    lo = max(window_floor(state), state.epoch - bound)
     return [e for e in range(state.epoch, lo - 1, -1) if e in state.identities]
 
 

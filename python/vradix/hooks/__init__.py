@@ -25,9 +25,9 @@ DEFERRED_MODULES = ("sglang.srt.ray.scheduler_actor", "sglang.srt.disaggregation
 
 #: (target, hook type, hook) — the complete list of places vradix attaches, in data-path order.
 HOOKS = [
-    # server flags (launcher process): --vradix-weight-identity
+    # server flags (launcher process): --vradix-weight-identity, --vradix-max-staleness
     ("sglang.srt.server_args.ServerArgs.add_cli_args", "AFTER", launcher.add_identity_flag),
-    # --vradix-max-staleness rides the same flag hooks; a bound above it is refused per request (HTTP 400)
+    # a staleness bound above the server window is refused per request (HTTP 400)
     (f"{_TM}._validate_one_request", "BEFORE", launcher.reject_bad_staleness_bound),
     ("sglang.srt.server_args.prepare_server_args", "AROUND", launcher.export_identity_flag),
     # the closed world: a flag that turns on a path vradix cannot version does not start (docs/coverage.md)

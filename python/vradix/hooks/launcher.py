@@ -141,7 +141,8 @@ FLAG = "--vradix-weight-identity"
 
 
 def add_identity_flag(_result, parser, *args, **kwargs):
-    """AFTER ServerArgs.add_cli_args: the server flag that chooses how each epoch's weight identity is set."""
+    """AFTER ServerArgs.add_cli_args: the server flags that choose how each epoch's weight identity is set and the
+    bounded-staleness window (`vradix.core.staleness`)."""
     parser.add_argument(staleness.FLAG, type=int, default=None, metavar="K",
                         help="vradix bounded staleness: keep the KV of the K epochs before the current one for "
                              "requests that accept it (custom_params.vradix_max_staleness, at most K; a request "

@@ -8,7 +8,7 @@ from vradix import __version__, identity
 from vradix.closed_world import epd
 from vradix.ledger import host as host_ledger
 from vradix.observability import metrics
-from vradix.core import published, staleness
+from vradix.core import deferred_reclaim, published, staleness
 from vradix.scheduler.publication import current_label, published_identity, tp_rank_and_size
 from vradix.pd import layout
 from vradix.core.state import attach, attach_treeless
@@ -43,7 +43,7 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
         logger.warning("vradix: KV page ledger disabled (KV also arrives via %s); the epoch namespace still applies",
                        ", ".join(unobserved))
     window = staleness.server_window()
-    staleness.check_cache(cache, window)
+    staleness.check_cache(cache, window, deferred_reclaim.supported(cache))
     mode = engine_identity_mode(scheduler.server_args)
     scope = role_scope(scheduler)
     state = attach(cache, with_ledger=not unobserved, weight_identity=startup_identity(scheduler, mode),
