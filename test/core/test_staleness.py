@@ -103,3 +103,55 @@ def test_the_server_flag_exports_the_window_for_scheduler_processes(models, monk
     assert os.environ[staleness.ENV] == "2" and staleness.server_window() == 2
     with pytest.raises(SystemExit):
         prepare_server_args(["--model-path", models[0], "--vradix-max-staleness", "two"])
+
+
+def start(fx, state, tokens, bound):
+    """A bounded request admitted and prefilled, still running: it locks the prefix it matched."""
+    req = fx.make_req(tokens)
+    req.sampling_params.custom_params = {"vradix_max_staleness": bound}
+    stamp(state, req)
+    fx.admit(req)
+    fx.prefill(req)
+    return req
+
+
+def tree_slots(fx):
+    return set(fx.cache.tree_core.all_values_flatten().tolist())
+
+
+def test_memory_pressure_evicts_older_in_window_kv_before_current_epoch_kv(env):
+    """The second eviction tier: under pressure, KV of in-window older namespaces goes before current-epoch KV,
+    although LRU ranks it hotter (bounded requests touched it last); a locked older node is never touched."""
+    from sglang.srt.mem_cache import common
+
+    fx, state = env
+    state.staleness.window = 1
+    olds = [seq(1000 + 100 * g, 64) for g in range(4)]
+    for P in olds:
+        run(fx, state, P + [1], bound=0)
+    bump(fx, state)  # epoch 1: epoch 0's KV stays in the window
+    older = tree_slots(fx)
+    for g in range(2):
+        run(fx, state, seq(5000 + 100 * g, 64) + [2], bound=0)
+    current = tree_slots(fx) - older
+    for P in olds[1:]:  # the most recently used KV is now the older namespace's
+        run(fx, state, P + [3], bound=1)
+    holder = start(fx, state, olds[0] + [4], bound=1)
+    assert holder._vradix.epoch == 0
+    held = set(fx.req_pool.req_to_token[holder.kv.req_pool_idx, :64].tolist())
+    older = tree_slots(fx) - current
+    check(fx, [holder])
+    need = fx.allocator.available_size() + 64
+    common.evict_from_tree_cache(fx.cache, need)
+    assert fx.allocator.available_size() >= need
+    assert current <= tree_slots(fx), "current-epoch KV was evicted while older in-window KV was left"
+    assert held <= tree_slots(fx), "a locked older node was evicted"
+    assert state.staleness.tokens_evicted_in_window >= 64
+    check(fx, [holder])
+    common.evict_from_tree_cache(fx.cache, fx.allocator.available_size() + len(older))  # more than the older KV
+    assert not (tree_slots(fx) & older) - held, "older unlocked KV left while current-epoch KV was evicted"
+    assert state.staleness.tokens_evicted_in_window == len(older - held)
+    check(fx, [holder])
+    fx.finish(holder)
+    common.evict_from_tree_cache(fx.cache, fx.total)
+    assert fx.idle_invariant_holds() and fx.allocator.available_size() == fx.total, fx.accounting()
