@@ -13,6 +13,10 @@ reclaim (`defer`), and the stale nodes are freed afterwards, by the same per-nod
    stale KV is left to free;
 3. `finish`: to completion when the engine is fully idle, before SGLang's strict idle check and its idle sleep.
 
+With a staleness window (`vradix.core.staleness`) an eviction on demand has a second tier: once no KV older than the
+window is left to free, in-window KV of older namespaces goes before any current-epoch KV (`evict_older_in_window`);
+only then does SGLang's own eviction run.
+
 Which node is stale: node ids are minted from one increasing counter and never reused, by both tree cores
 (`test_node_ids_only_grow`). Nothing is inserted into an old namespace after its bump (crossing requests skip
 insertion, queued ones are re-bound), and a bump leaves the new namespace empty, so the first insert after the bump
@@ -171,33 +175,37 @@ def finish(state, cache) -> int:
     return freed
 
 
+def evict_older_in_window(state, cache, need_tokens: int) -> int:
+    """The second eviction tier (window above 0, under memory pressure, after the deferred reclaim and before
+    SGLang's own eviction): free up to `need_tokens` of KV in namespaces older than the current epoch but still in the
+    window, in SGLang's device eviction order. Returns tokens freed, also counted in
+    `state.staleness.tokens_evicted_in_window`.
+
+    Invariants: only unlocked leaves SGLang's eviction walk yields are freed, each once, through SGLang's own device
+    eviction (`reclaim.free_stale_leaf`), so `available + evictable + protected == total` holds after it; a
+    current-epoch node, or one whose key names no known namespace, is never freed here (SGLang's own eviction
+    decides about those). Cost: at most one pass of SGLang's eviction order, only while an older epoch is in the
+    window."""
+    if need_tokens <= 0 or staleness.window_floor(state) >= state.epoch:
+        return 0
+
+    def older_in_window(node_id) -> bool:
+        extra_key, _ = cache.tree_core.prefetch_anchor_info(node_id)
+        epoch = state.epoch_of(extra_key)
+        return epoch is not None and epoch < state.epoch
+
+    freed, _, _, _ = _free_leaves(cache, older_in_window, max_tokens=need_tokens)
+    state.staleness.tokens_evicted_in_window += freed
+    return freed
+
+
 def _walk(state, cache, *, max_nodes=None, max_visits=None, need_tokens=None) -> tuple[int, int, int]:
-    """Walk SGLang's device eviction order once, freeing only stale leaves (a freed leaf's parent joins the walk when
-    it becomes a leaf), until a bound is reached, nothing stale is pending, or the candidates run out. Returns
-    (tokens freed, nodes freed, candidates visited)."""
+    """The deferred reclaim's walk: free reclaimable leaves until a bound is reached, nothing stale is pending, or the
+    candidates run out (then the reclaim is complete). Returns (tokens freed, nodes freed, candidates visited)."""
     q = state.deferred
-    core = cache.tree_core
-    tracker = {ct: 0 for ct in cache.tree_components}
-    nodes = visits = 0
-    exhausted = False
-    with batched_frees(cache.token_to_kv_pool_allocator):
-        core.evict_device_start(ComponentType.FULL, cache.evictable_size() + 1)
-        try:
-            while q.pending_tokens - tracker[ComponentType.FULL] > 0:
-                if ((max_nodes is not None and nodes >= max_nodes)
-                        or (max_visits is not None and visits >= max_visits)
-                        or (need_tokens is not None and tracker[ComponentType.FULL] >= need_tokens)):
-                    break
-                node_id, _ = cache._evict_device_next_node(ComponentType.FULL, tracker)
-                if node_id is None:
-                    exhausted = True
-                    break
-                visits += 1
-                if reclaimable(state, cache, node_id) and free_stale_leaf(cache, node_id, tracker):
-                    nodes += 1
-        finally:
-            core.evict_device_end(ComponentType.FULL)
-    freed = tracker[ComponentType.FULL]
+    budget = q.pending_tokens if need_tokens is None else min(q.pending_tokens, need_tokens)
+    freed, nodes, visits, exhausted = _free_leaves(cache, lambda node_id: reclaimable(state, cache, node_id),
+                                                   max_tokens=budget, max_nodes=max_nodes, max_visits=max_visits)
     state.freed.tokens_total += freed
     q.pending_tokens = max(0, q.pending_tokens - freed)
     if q.pending_tokens == 0 or exhausted:
@@ -205,3 +213,29 @@ def _walk(state, cache, *, max_nodes=None, max_visits=None, need_tokens=None) ->
         q.active = False
         q.completed += 1
     return freed, nodes, visits
+
+
+def _free_leaves(cache, is_victim, *, max_tokens, max_nodes=None, max_visits=None) -> tuple[int, int, int, bool]:
+    """Walk SGLang's device eviction order once, freeing only the leaves `is_victim` names (a freed leaf's parent
+    joins the walk when it becomes a leaf), until `max_tokens` are freed, a bound is reached, or the candidates run
+    out. Returns (tokens freed, nodes freed, candidates visited, whether the candidates ran out)."""
+    core = cache.tree_core
+    tracker = {ct: 0 for ct in cache.tree_components}
+    nodes = visits = 0
+    exhausted = False
+    with batched_frees(cache.token_to_kv_pool_allocator):
+        core.evict_device_start(ComponentType.FULL, cache.evictable_size() + 1)
+        try:
+            while tracker[ComponentType.FULL] < max_tokens:
+                if (max_nodes is not None and nodes >= max_nodes) or (max_visits is not None and visits >= max_visits):
+                    break
+                node_id, _ = cache._evict_device_next_node(ComponentType.FULL, tracker)
+                if node_id is None:
+                    exhausted = True
+                    break
+                visits += 1
+                if is_victim(node_id) and free_stale_leaf(cache, node_id, tracker):
+                    nodes += 1
+        finally:
+            core.evict_device_end(ComponentType.FULL)
+    return tracker[ComponentType.FULL], nodes, visits, exhausted

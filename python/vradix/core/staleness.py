@@ -111,6 +111,9 @@ class StalenessRecord:
     bounded_requests: int = 0
     #: staleness (epochs) -> prompt tokens bounded requests read from KV that old
     stale_tokens_by_staleness: Dict[int, int] = field(default_factory=dict)
+    #: tokens of in-window older namespaces evicted under memory pressure before current-epoch KV (written only by
+    #: `deferred_reclaim.evict_older_in_window`)
+    tokens_evicted_in_window: int = 0
 
     @property
     def stale_tokens_total(self) -> int:
@@ -120,7 +123,8 @@ class StalenessRecord:
         return {"window": self.window, "bounded_requests": self.bounded_requests,
                 "stale_tokens_reused_total": self.stale_tokens_total,
                 "stale_tokens_reused_by_staleness": {str(k): v for k, v in
-                                                     sorted(self.stale_tokens_by_staleness.items())}}
+                                                     sorted(self.stale_tokens_by_staleness.items())},
+                "tokens_evicted_in_window": self.tokens_evicted_in_window}
 
 
 def window_floor(state) -> int:

@@ -87,14 +87,17 @@ def note_first_insert(result, cache, params, *args, **kwargs):
 
 
 def reclaim_stale_first(original, cache, params, *args, **kwargs):
-    """AROUND UnifiedRadixCache._evict (every eviction: `evict`, `evict_for_alloc`): while stale KV awaits its deferred
-    reclaim, free stale KV first, whatever SGLang's eviction policy, and let SGLang evict only what is still needed.
-    An allocation's availability target (`evict_for_alloc`) was fixed before this call, so SGLang's walk counts the
-    stale frees toward it."""
+    """AROUND UnifiedRadixCache._evict (every eviction: `evict`, `evict_for_alloc`): free stale KV first, whatever
+    SGLang's eviction policy: KV that aged out of the window (the deferred reclaim), then, with a staleness window,
+    in-window KV of older namespaces (`deferred_reclaim.evict_older_in_window`), and let SGLang evict only what is
+    still needed. An allocation's availability target (`evict_for_alloc`) was fixed before this call, so SGLang's walk
+    counts these frees toward it."""
     state = state_of(cache)
-    if state is None or not state.deferred.active or params.num_tokens <= 0:
+    if (state is None or params.num_tokens <= 0
+            or not (state.deferred.active or state.staleness.window > 0)):
         return original(cache, params, *args, **kwargs)
     freed = deferred_reclaim.reclaim(state, cache, params.num_tokens)
+    freed += deferred_reclaim.evict_older_in_window(state, cache, params.num_tokens - freed)
     result = original(cache, replace(params, num_tokens=max(0, params.num_tokens - freed)), *args, **kwargs)
     result.num_tokens_evicted += freed
     return result
