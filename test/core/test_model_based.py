@@ -40,7 +40,7 @@ from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from vradix import namespace, request
-from vradix.core import deferred_reclaim
+from vradix.core import deferred_reclaim, staleness
 from vradix.core.admission import stamp
 from vradix.scheduler.publication import bump_scheduler
 from vradix.hooks.reclaim import finish_reclaim_when_idle, lock_aware_flush, reclaim_slice
@@ -62,6 +62,10 @@ PROFILES = {  # examples per configuration, steps per example
 PROFILE = os.environ.get("VRADIX_MBT_PROFILE", "ci")
 #: the HiCache configurations' share of the profile (their steps cost more)
 HICACHE_PROFILE = {"ci": dict(max_examples=60), "long": {}}[PROFILE]
+#: staleness windows: each core and page size once, windows 1 and 2 twice each
+WINDOW_CONFIGS = [("rust", 1, 1), ("rust", 16, 2), ("python", 1, 2), ("python", 16, 1)]
+#: the windowed configurations' share of the profile
+WINDOW_PROFILE = {"ci": dict(max_examples=30), "long": {}}[PROFILE]
 RULES_RUN: Counter = Counter()
 
 #: a small vocabulary of shared prefixes so that prompts collide (paged: multiples of and across page boundaries)
@@ -96,7 +100,8 @@ class VersionedCacheMachine(RuleBasedStateMachine):
 
     # ---- helpers --------------------------------------------------------------------------------------------------
     def meta_at(self, slot):
-        """(epoch, user key, prefix hash) of the KV in device slot `slot`: what computed it."""
+        """(epoch, user key, prefix hash[, namespace epoch]) of the KV in device slot `slot`: what computed it, and
+        the namespace of the request that computed it."""
         return self.slot_meta.get(slot)
 
     def count(self, name):
@@ -127,8 +132,9 @@ class VersionedCacheMachine(RuleBasedStateMachine):
             self.fx.prefill(req, upto=upto)
         toks = self.tokens(req)
         key = request.of(req).user_key
+        ns = request.of(req).epoch
         for pos, slot in enumerate(self.row(req, req.extend_end)[start:], start):
-            self.slot_meta[slot] = (self.state.epoch, key, prefix_hash(toks, pos + 1))
+            self.slot_meta[slot] = (self.state.epoch, key, prefix_hash(toks, pos + 1), ns)
 
     def release(self, req):
         self.held.remove(req)
@@ -175,16 +181,20 @@ class VersionedCacheMachine(RuleBasedStateMachine):
         self.fx.admit(req)
         self.queued.remove(req)
         self.held.append(req)
-        assert self.state.epoch_of(req.extra_key) == self.state.epoch, "admitted under an old epoch"
-        toks, key = self.tokens(req), request.of(req).user_key
-        for pos, slot in enumerate(self.row(req, req.prefix_len)):
-            got = self.meta_at(slot)
-            assert got == (self.state.epoch, key, prefix_hash(toks, pos + 1)), (
-                f"match returned slot {slot} at position {pos} holding {got}, expected epoch {self.state.epoch}")
+        self.check_match(req)
         upto = min(len(req.origin_input_ids), req.prefix_len + n)
         if self.can_allocate(req.extend_end, upto):  # a HiCache load-back may have taken the space
             self.compute(req, upto)
         return True
+
+    def check_match(self, req):
+        """The match just made returned only slots of the current epoch, user key and token prefix."""
+        assert self.state.epoch_of(req.extra_key) == self.state.epoch, "admitted under an old epoch"
+        toks, key = self.tokens(req), request.of(req).user_key
+        for pos, slot in enumerate(self.row(req, req.prefix_len)):
+            got = self.meta_at(slot)
+            assert got[:3] == (self.state.epoch, key, prefix_hash(toks, pos + 1)), (
+                f"match returned slot {slot} at position {pos} holding {got}, expected epoch {self.state.epoch}")
 
     @precondition(lambda self: any(r.extend_end < len(r.origin_input_ids) for r in self.held) and not self.paused)
     @rule(i=st.integers(0, 100), n=st.integers(1, 40))
@@ -411,15 +421,27 @@ class VersionedCacheMachine(RuleBasedStateMachine):
 
     def check_no_stale_unpinned(self):
         cache = self.fx.cache
-        pinned = set()
-        for r in self.state.crossing.values():
-            if r.lock is not None and not cache.is_root(r.lock.node):
-                pinned.update(cache.tree_core.collect_full_device_indices(r.lock.node, cache.root_node_handle())
-                              .tolist())
+        pinned = self.locked_slots(self.state.crossing.values())
         for slot in cache.tree_core.all_values_flatten().tolist():
-            epoch = self.meta_at(slot)[0]
-            assert epoch == self.state.epoch or slot in pinned, (
-                f"tree slot {slot} of epoch {epoch} (current {self.state.epoch}) is neither fresh nor pinned")
+            epoch = self.kept_epoch(self.meta_at(slot))
+            assert epoch >= self.oldest_kept() or slot in pinned, (
+                f"tree slot {slot} of epoch {epoch} (current {self.state.epoch}) is neither kept nor pinned")
+
+    def kept_epoch(self, meta):
+        """The epoch that decides whether a tree slot may stay: the epoch that computed it (no window)."""
+        return meta[0]
+
+    def oldest_kept(self):
+        return self.state.epoch
+
+    def locked_slots(self, reqs):
+        """Tree slots on the locked paths of `reqs`."""
+        cache = self.fx.cache
+        out = set()
+        for r in reqs:
+            if getattr(r, "lock", None) is not None and not cache.is_root(r.lock.node):
+                out.update(cache.tree_core.collect_full_device_indices(r.lock.node, cache.root_node_handle()).tolist())
+        return out
 
     @invariant()
     def crossing_bookkeeping_matches_model(self):
@@ -432,6 +454,124 @@ class VersionedCacheMachine(RuleBasedStateMachine):
     def teardown(self):
         if getattr(self, "fx", None) is not None:
             self.drain()
+
+
+class WindowedCacheMachine(VersionedCacheMachine):
+    """The same machine with a staleness window (`vradix.core.staleness`): the server keeps the namespaces of the
+    last `window` epochs, and bounded requests (bound 0 .. window) adopt the window namespace with the longest match.
+    The model records, per slot, the namespace epoch of the request that computed it. Extra rules: bounded admissions,
+    window expiry across publications, eviction under pressure (older in-window KV before current-epoch KV).
+    Invariants (besides the base ones):
+    - a bounded request's match returns only slots of its adopted namespace (within its bound, never older than the
+      window), computed at epochs from that namespace's to the current one, for the same token prefix and user key;
+    - an exact request's match returns only slots computed under the current epoch by requests whose namespace was the
+      current one (never KV computed on top of stale KV);
+    - every tree slot of a namespace older than the window is pinned by a crossing request or awaits the deferred
+      reclaim, and after draining and `window + 1` publications the pool is full."""
+    window = 1
+
+    def start_vradix(self):
+        state = attach(self.fx.cache)
+        state.staleness.window = self.window
+        return state
+
+    def kept_epoch(self, meta):
+        return meta[3]
+
+    def oldest_kept(self):
+        return staleness.window_floor(self.state)
+
+    def check_match(self, req):
+        st_ = request.of(req)
+        epoch, toks = self.state.epoch, self.tokens(req)
+        bound = self.bound_asked(req)
+        ns = st_.epoch
+        assert st_.max_staleness == bound, f"bound {st_.max_staleness} bound, {bound} asked"
+        assert self.state.epoch_of(req.extra_key) == ns, "matched outside the adopted namespace"
+        assert max(epoch - bound, self.oldest_kept()) <= ns <= epoch, (
+            f"adopted namespace {ns} outside bound {bound} at epoch {epoch}")
+        lo = ns if bound else epoch
+        if ns < epoch and req.prefix_len:
+            self.count("matched_older_namespace")
+        for pos, slot in enumerate(self.row(req, req.prefix_len)):
+            got = self.meta_at(slot)
+            assert got[1:] == (st_.user_key, prefix_hash(toks, pos + 1), ns) and lo <= got[0] <= epoch, (
+                f"bound {bound}: match returned slot {slot} at position {pos} holding {got}, "
+                f"namespace {ns}, epoch {epoch}")
+
+    def bound_asked(self, req):
+        """The bound the model asked for: the request's own `custom_params` value, else the server window."""
+        params = req.sampling_params.custom_params or {}
+        return params.get(staleness.PARAM, self.window)
+
+    @precondition(lambda self: len(self.queued) + len(self.held) < 12)
+    @rule(p=st.integers(0, len(PREFIXES) - 1), suffix=st.lists(st.integers(1, 3), min_size=1, max_size=24),
+          k=st.integers(0, len(USER_KEYS) - 1), bound=st.integers(0, 2))
+    def new_request_with_bound(self, p, suffix, k, bound):
+        """A request naming its bound (0: exact); `new_request` names none, so it gets the server window."""
+        req = self.fx.make_req((PREFIXES[p] + suffix)[:MAX_PROMPT], extra_key=USER_KEYS[k])
+        req.sampling_params.custom_params = {staleness.PARAM: min(bound, self.window)}
+        stamp(self.state, req)
+        self.queued.append(req)
+        self.count("new_request_with_bound")
+
+    def older_unlocked_slots(self):
+        """Tree slots computed in an older (in-window) namespace that no held request locks."""
+        older = {s for s in self.tree_slots() if self.meta_at(s)[3] < self.state.epoch}
+        return older - self.locked_slots(self.held)
+
+    @precondition(lambda self: self.state.epoch > 0 and self.older_unlocked_slots())
+    @rule(n=st.integers(1, 64))
+    def allocate_under_pressure(self, n):
+        """An allocation that needs memory: KV older than the window, then in-window KV of older namespaces, go
+        before any current-epoch KV; current-epoch KV is evicted only once every older slot left is locked."""
+        cur = lambda: {s for s in self.tree_slots() if self.meta_at(s)[3] == self.state.epoch}
+        current = cur()
+        want = self.fx.allocator.available_size() + n
+        evicted_in_window = self.state.staleness.tokens_evicted_in_window
+        common.evict_from_tree_cache(self.fx.cache, want)
+        if self.state.staleness.tokens_evicted_in_window > evicted_in_window:
+            self.count("evicted_older_in_window")
+        if not current <= cur():
+            older = {s for s in self.tree_slots() if self.meta_at(s)[3] < self.state.epoch}
+            assert older <= self.locked_slots(self.held), "current-epoch KV evicted while older unlocked KV was left"
+        self.count("allocate_under_pressure")
+
+    @rule(rare=st.integers(1, 3))
+    def window_expiry(self, rare):
+        """`window + 1` publications: every namespace that held KV before them ages out; the deferred reclaim (one
+        slice per scheduler iteration) frees all of it that no crossing request pins, and it is never matched again
+        (the match invariants)."""
+        if rare != 2:  # hypothesis favours boundary values; act on a middle one to keep this rule rare
+            return
+        before = self.state.epoch
+        for _ in range(self.window + 1):
+            self.bump()
+        assert staleness.window_floor(self.state) > before
+        for _ in range(10_000):
+            if not self.state.deferred.active:
+                break
+            reclaim_slice(self.scheduler())
+        assert not self.state.deferred.active
+        self.check_no_stale_unpinned()
+        self.count("window_expiry")
+
+    def tree_slots(self):
+        return set(self.fx.cache.tree_core.all_values_flatten().tolist())
+
+    def drain(self):
+        """Release everything, then `window + 1` publications and the idle reclaim: the pool is full."""
+        for req in list(self.held):
+            self.fx.finish(req)
+            self.release(req)
+        self.paused = False
+        for _ in range(self.window + 1):
+            self.bump()
+        finish_reclaim_when_idle(self.fx.scheduler_view())
+        fx = self.fx
+        assert fx.cache.evictable_size() == 0 and fx.cache.protected_size() == 0, fx.accounting()
+        assert fx.allocator.available_size() == fx.total, fx.accounting()
+        assert fx.req_pool.available_size() == fx.req_pool.size
 
 
 class HiCacheMachine(VersionedCacheMachine):
@@ -550,6 +690,12 @@ def free_slots(fx):
     return [p * fx.page_size + i for p in pages for i in range(fx.page_size)]
 
 
+def windowed_machine_for(core, page_size, window):
+    return type(f"Windowed{window}_{core}_ps{page_size}", (WindowedCacheMachine,),
+                {"core": core, "page_size": page_size, "window": window,
+                 "eviction_policy": EVICTION_POLICY.get((core, page_size), "lru")})
+
+
 def machine_for(core, page_size, write_policy=None):
     if write_policy is None:
         return type(f"VersionedCache_{core}_ps{page_size}", (VersionedCacheMachine,),
@@ -588,3 +734,11 @@ def test_versioned_cache_state_machine(core, page_size, monkeypatch):
 @pytest.mark.parametrize("core,page_size,policy", HICACHE_CONFIGS, ids=[f"{c}-ps{p}-{w}" for c, p, w in HICACHE_CONFIGS])
 def test_hicache_state_machine(core, page_size, policy):
     run_state_machine_as_test(machine_for(core, page_size, policy), settings=profile_settings(**HICACHE_PROFILE))
+
+
+@pytest.mark.timeout(3600 * 6)
+@pytest.mark.parametrize("core,page_size,window", WINDOW_CONFIGS, ids=[f"{c}-ps{p}-k{w}" for c, p, w in WINDOW_CONFIGS])
+def test_windowed_cache_state_machine(core, page_size, window, monkeypatch):
+    monkeypatch.setattr(deferred_reclaim, "SLICE_NODES", 2)
+    monkeypatch.setattr(deferred_reclaim, "SLICE_VISITS", 4)
+    run_state_machine_as_test(windowed_machine_for(core, page_size, window), settings=profile_settings(**WINDOW_PROFILE))
