@@ -25,6 +25,7 @@ if __name__ == "__main__" and not __package__:
 from vradix.testing.harness.http import ServerClient
 
 import rl_rollout
+from . import divergence
 from .client import run_rollout
 from .modes import MODE_NAMES, MODES, Mode
 from .report import check_targets, dump_raw, print_report, reanalyze, summarize, write_png
@@ -48,11 +49,9 @@ def local_runs(a, modes: List[Mode]) -> List[dict]:
     for m in modes:
         groups.setdefault(m.server_group(), []).append(m)
     for group, members in groups.items():
-        flags = ["--enable-metrics", *a.server_args.split()]
-        if group == "radix-off":
-            flags.append("--disable-radix-cache")
+        flags = ["--enable-metrics", *a.server_args.split(), *members[0].server_flags()]
         log(f"starting CPU server ({group}) ...")
-        with CpuServer(weights[0], vradix=group == "vradix", extra_args=flags, max_total_tokens=a.max_total_tokens,
+        with CpuServer(weights[0], vradix=members[0].vradix, extra_args=flags, max_total_tokens=a.max_total_tokens,
                        timeout=a.request_timeout) as server:
             for m in members:
                 m.check_server(server.server_info())
@@ -70,6 +69,9 @@ def run_mode(server: ServerClient, mode: Mode, a, weights: Sequence[str]) -> Lis
             log(f"{w} / {mode.name} / every {k}: {sum(len(t.turns) for t in tasks)} requests ...")
             label = f"{w}-{mode.name}" + (f"-k{k}" if len(a.publish_every_requests) > 1 else "")
             raw = run_rollout(server, mode, tasks, a.concurrency, k, a.publish_every_seconds, weights, label)
+            if mode.radix and not a.no_divergence:
+                log(f"{w} / {mode.name} / every {k}: scoring log-probs on exact servers ...")
+                raw["divergence"] = divergence.measure(server, raw, weights, label)
             if a.raw:
                 dump_raw(a.raw, w, mode, k, raw)
             row = summarize(w, mode, raw, k)
@@ -154,6 +156,8 @@ def parse_args(argv=None):
     g.add_argument("--server-args", default="--schedule-policy lpm",
                    help="extra flags for every local server (lpm: see docs/benchmarks.md)")
     g.add_argument("--workdir")
+    p.add_argument("--no-divergence", action="store_true",
+                   help="skip the log-prob divergence scoring after each run (see divergence.py)")
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--json", default="rl_rollout.json")
     p.add_argument("--png", default="rl_rollout.png")

@@ -33,7 +33,7 @@ def run_task(server: ServerClient, schedule: Schedule, task: Task) -> List[Recor
         schedule.before_submit()
         sent = time.time()
         try:
-            out = server.generate(history, turn.max_new_tokens)
+            out = server.generate(history, turn.max_new_tokens, return_logprob=True)  # divergence.py
         finally:
             schedule.after_complete()
         records.append(Record(task.name, t, list(history), out["output_ids"], out["meta_info"], sent, time.time()))

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from typing import List, Optional
 
 from .client import Record
+from .divergence import stale_by_staleness
 from .ideal import ideal_work
 from .modes import MODE_NAMES, Mode
 from .schedule import Publication
@@ -19,7 +20,8 @@ from .workload import WORKLOADS
 
 #: work / ideal prompt tokens allowed for in_place+vradix
 IDEAL_TARGET = 1.10
-COLORS = {"radix-off": "#999999", "retract+flush": "#e69f00", "in_place": "#d55e00", "in_place+vradix": "#0072b2"}
+COLORS = {"radix-off": "#999999", "retract+flush": "#e69f00", "in_place": "#d55e00", "in_place+vradix": "#0072b2",
+          "in_place+vradix(1)": "#56b4e9", "in_place+vradix(2)": "#009e73"}
 
 
 def percentile(xs: List[float], q: float) -> float:
@@ -69,6 +71,8 @@ def summarize(workload: str, mode: Mode, raw: dict, publish_every: int) -> dict:
         "output_tok_per_s": round(out_tokens / raw["wall_s"], 1),
         "publication_log": [asdict(p) for p in raw["publications"]],
     }
+    row["stale_tokens_by_staleness"] = stale_by_staleness(recs)
+    row.update(raw.get("divergence") or {})
     if raw.get("vradix"):
         v = raw["vradix"]
         row["vradix_server"] = {k: v.get(k) for k in ("epoch", "publications", "stale_tokens_freed_total",
@@ -147,6 +151,15 @@ MISSED_COLUMNS = [("workload", "workload"), ("mode", "mode"), ("publish_every", 
                   ("reprefilled_tokens", "re-prefilled"), ("cached_beyond_ideal_tokens", "cached beyond ideal")]
 
 
+#: the bounded-staleness trade: prompt work against the stale reuse and the log-prob divergence it causes
+TRADE_COLUMNS = [("workload", "workload"), ("mode", "mode"), ("publish_every", "pub every"),
+                 ("work_over_ideal", "work / ideal"), ("stale_tokens_reused", "stale tokens reused"),
+                 ("stale_tokens_by_staleness", "bounded reuse by staleness"),
+                 ("scored_tokens", "tokens scored"), ("logprob_delta_mean", "|d logprob| mean"),
+                 ("logprob_delta_p99", "p99"), ("older_kv_scored_tokens", "tokens over older KV"),
+                 ("older_kv_logprob_delta_mean", "|d logprob| mean"), ("older_kv_logprob_delta_p99", "p99")]
+
+
 def table(rows: List[dict], columns=COLUMNS) -> str:
     lines = ["| " + " | ".join(h for _, h in columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
@@ -190,6 +203,12 @@ def print_report(rows: List[dict], targets: List[dict]) -> None:
         print("\nExtra prompt work over the ideal, by what was missed (computed earlier = in the tree when the "
               "request was scheduled; in flight = still being prefilled):\n")
         print(table(radix, MISSED_COLUMNS))
+    scored = [r for r in rows if "scored_tokens" in r]
+    if scored:
+        print("\nThe trade: prompt work against stale reuse and the log-prob divergence it causes (rollout log-probs vs "
+              "an exact server on the request's weights, same tokens; requests that crossed a publication are not "
+              "scored):\n")
+        print(table(scored, TRADE_COLUMNS))
     if targets:
         print()
         for t in targets:
@@ -219,7 +238,37 @@ def write_png(rows: List[dict], path: str) -> Optional[str]:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    if any("scored_tokens" in r for r in rows):
+        fig = trade_figure(plt, rows)
+        fig.savefig(trade_png(path), dpi=110)
+        plt.close(fig)
     return None
+
+
+def trade_png(path: str) -> str:
+    """Where the trade plot goes: beside the main PNG (`x.png` -> `x-trade.png`)."""
+    root, ext = os.path.splitext(path)
+    return f"{root}-trade{ext or '.png'}"
+
+
+def trade_figure(plt, rows: List[dict]):
+    """Prompt work over the ideal against the mean |delta log-prob| per token, a point per (mode, schedule), a
+    panel per workload."""
+    workloads = _workloads(rows)
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4), squeeze=False)
+    for ax, w in zip(axes[0], workloads):
+        for m in _modes(rows):
+            pts = [(r["work_over_ideal"], r["logprob_delta_mean"]) for r in rows
+                   if r["workload"] == w and r["mode"] == m and "logprob_delta_mean" in r]
+            if pts:
+                ax.scatter([x for x, _ in pts], [y for _, y in pts], label=m, color=COLORS[m])
+        ax.axvline(1.0, color="black", lw=0.8)
+        ax.set_xlabel("prompt work / ideal correct engine")
+        ax.set_ylabel("mean |delta log-prob| per sampled token")
+        ax.set_title(f"{w}: the bounded-staleness trade")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
 
 def _modes(rows):

@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmark"))
 from rl_rollout.__main__ import parse_args, sized_to_schedule  # noqa: E402
 from rl_rollout.client import Record  # noqa: E402
 from rl_rollout.ideal import ideal_work  # noqa: E402
+from rl_rollout.divergence import checkpoint_of_version, single_version, stale_by_staleness  # noqa: E402
 from rl_rollout.modes import MODES  # noqa: E402
 from rl_rollout.report import check_targets, write_png  # noqa: E402
 from rl_rollout.schedule import Publication  # noqa: E402
@@ -207,6 +208,40 @@ def test_each_mode_refuses_a_server_started_for_another():
         MODES["in_place"].check_server({**stock, "enable_metrics": False})
 
 
+def test_a_bounded_mode_needs_a_server_with_its_window():
+    def vradix(window):
+        return {"disable_radix_cache": False, "enable_metrics": True,
+                "internal_states": [{"vradix": {"active": True, "bounded_staleness": {"window": window}}}]}
+    MODES["in_place+vradix(1)"].check_server(vradix(1))
+    MODES["in_place+vradix"].check_server(vradix(0))
+    assert MODES["in_place+vradix(2)"].server_flags() == ["--vradix-max-staleness", "2"]
+    for mode, window in (("in_place+vradix(1)", 0), ("in_place+vradix(2)", 1), ("in_place+vradix", 2)):
+        with pytest.raises(SystemExit, match="staleness window"):
+            MODES[mode].check_server(vradix(window))
+
+
+def test_divergence_scores_only_requests_that_ran_under_one_version():
+    lp = {"output_token_logprobs": [[-0.5, 1, None], [-0.25, 2, None]]}
+    before = rec(SYS + Q1, [1, 2], 0, [("v0", 0, 2)], fe=1.0, name="before")
+    crossed = rec(SYS + Q2, [3, 4], 0, [("v0", 0, 1), ("v1", 1, 2)], fe=1.5, name="crossed")
+    after = rec(SYS + Q2, [5, 6], 20, [("v1", 0, 2)], fe=3.0, name="after")
+    late_span = rec(SYS + Q2, [7, 8], 0, [("v1", 0, 2)], fe=1.8, name="matched under v0, decoded under v1")
+    no_lp = rec(SYS + Q1, [9, 9], 0, [("v1", 0, 2)], fe=3.5, name="no log-probs")
+    for r in (before, crossed, after, late_span):
+        r.meta.update(lp)
+    pubs = [Publication(1, "v1", "requests", in_flight=1, boundary=2.0)]
+    for r in (before, crossed, after, late_span, no_lp):   # one host: server and client clocks agree
+        r.sent, r.received = r.meta["forward_entry_time"], r.meta["request_finished_ts"]
+        r.meta["request_received_ts"] = r.sent
+    got = [(r.task, v) for r, v in single_version([before, crossed, after, late_span, no_lp], pubs, "v0")]
+    assert got == [("before", "v0"), ("after", "v1")]
+    assert checkpoint_of_version(pubs + [Publication(2, "v2", "requests", 0, boundary=3.0)], "v0", ["A", "B"]) == \
+        {"v0": "A", "v1": "B", "v2": "A"}
+    after.meta["vradix_staleness"] = {"staleness": 1, "stale_tokens": 20}
+    before.meta["vradix_staleness"] = {"staleness": 0, "stale_tokens": 0}
+    assert stale_by_staleness([before, after, crossed]) == {"1": 20}
+
+
 def test_bad_arguments_get_a_clear_error(capsys):
     for argv in (["--url", "http://x", "--mode", "in_place,radix-off"], ["--mode", "flush"],
                  ["--publish-every-requests", "0"], ["--publish-every-requests", "16,x"],
@@ -222,7 +257,7 @@ def test_bad_arguments_get_a_clear_error(capsys):
 def test_smoke_all_modes_on_cpu_servers(tmp_path):
     """A few seconds of traffic per (mode, workload) on 3 CPU servers (the two stock modes share one)."""
     out = tmp_path / "rl.json"
-    cmd = [sys.executable, SCRIPT, "--prompts", "2", "--samples", "4", "--sessions", "2", "--turns", "3",
+    cmd = [sys.executable, SCRIPT, "--mode", "radix-off,retract+flush,in_place,in_place+vradix", "--prompts", "2", "--samples", "4", "--sessions", "2", "--turns", "3",
            "--concurrency", "4", "--publish-every-requests", "3", "--system-tokens", "64",
            "--question-tokens", "8,16", "--response-tokens", "4,8", "--tool-tokens", "4,8",
            "--workdir", str(tmp_path / "models"), "--json", str(out), "--png", str(tmp_path / "rl.png"),
@@ -265,3 +300,29 @@ def test_smoke_all_modes_on_cpu_servers(tmp_path):
     again = {(r["workload"], r["mode"]): r for r in json.loads(out.read_text())["rows"]}
     for key in ("stale_tokens_reused", "ideal_prompt_tokens", "missed_tokens", "missed_in_flight_tokens"):
         assert {k: r[key] for k, r in again.items()} == {k: r[key] for k, r in rows.items()}, key
+
+
+@pytest.mark.e2e
+@pytest.mark.long  # two more CPU servers (one per window): the benchmark's profile
+@pytest.mark.timeout(900)
+def test_smoke_bounded_modes_on_cpu_servers(tmp_path):
+    """The in_place+vradix(K) modes: bounded reuse is reported by staleness, and the divergence is scored."""
+    out = tmp_path / "rl.json"
+    cmd = [sys.executable, SCRIPT, "--mode", "in_place+vradix,in_place+vradix(1),in_place+vradix(2)",
+           "--prompts", "2", "--samples", "4", "--sessions", "2", "--turns", "3", "--concurrency", "4",
+           "--publish-every-requests", "3", "--system-tokens", "64", "--question-tokens", "8,16",
+           "--response-tokens", "4,8", "--tool-tokens", "4,8", "--workdir", str(tmp_path / "models"),
+           "--json", str(out), "--png", str(tmp_path / "rl.png")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=840, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "the log-prob divergence it causes" in proc.stdout
+    rows = {(r["workload"], r["mode"]): r for r in json.loads(out.read_text())["rows"]}
+    for w in ("grpo", "agent"):
+        exact, bounded = rows[(w, "in_place+vradix")], rows[(w, "in_place+vradix(1)")]
+        assert exact["stale_tokens_by_staleness"] == {} and exact["stale_tokens_reused"] == 0
+        assert exact["scored_tokens"] > 0 and exact["logprob_delta_p99"] < 0.05  # the scoring's numerical floor
+        # the bounded server reuses the older system prompt: less work than exact, reported by staleness 1
+        assert bounded["stale_tokens_by_staleness"].get("1", 0) >= 64
+        assert bounded["prefill_computed"] < exact["prefill_computed"]
+        assert bounded["older_kv_scored_tokens"] > 0

@@ -1,0 +1,93 @@
+"""The divergence reuse of older KV causes, measured, not assumed: for the tokens a rollout sampled, the log-probs
+the serving engine returned against the log-probs an exact engine on the request's own weights gives the same tokens.
+
+The exact engine is the same server after the run, reset to each version's checkpoint (`ServerClient.reset`: load
+and flush, idle), scoring `prompt + output` from `logprob_start_len = len(prompt) - 1` (teacher forcing: the output
+tokens' log-probs given the exact prefix). Only requests that ran under one version from their first forward to their
+last token are scored (a request that crossed a publication decoded under two weights: no single exact reference).
+|delta log-prob| per token, mean and p99, over every scored token and over the tokens of requests whose response
+says they read KV older than their admission epoch (`vradix_staleness.staleness > 0`, bounded modes only).
+On a mode that never reuses older KV the numbers are the scoring's numerical floor (prefill vs decode kernels).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+from .trace import spans_of, version_at, version_clock
+
+
+def single_version(records, publications, first_version) -> List[Tuple[object, str]]:
+    """(record, its version) for every record that ran under one version and returned its output log-probs."""
+    boundaries, versions = version_clock(records, publications, first_version)
+    out = []
+    for r in records:
+        spans = spans_of(r)
+        if len(spans) != 1 or not r.meta.get("output_token_logprobs"):
+            continue
+        v = spans[0]["version"]
+        if publications and version_at(boundaries, versions, r.meta["forward_entry_time"]) != v:
+            continue
+        out.append((r, v))
+    return out
+
+
+def checkpoint_of_version(publications, first_version: str, weights: Sequence[str]) -> Dict[str, str]:
+    """Version label -> the checkpoint the schedule loaded for it (publication i loads weights[i % len])."""
+    out = {first_version: weights[0]}
+    for p in publications:
+        out[p.version] = weights[p.index % len(weights)]
+    return out
+
+
+def exact_logprobs(server, r) -> List[float]:
+    """The log-probs of r's output tokens given its prompt, on the server's current (exact, flushed) weights."""
+    n = len(r.input_ids)
+    # SGLang gives the first token of the scored range no log-prob: start one token early and drop it
+    meta = server.generate(r.input_ids + r.output_ids, 1, return_logprob=True, logprob_start_len=n - 1)["meta_info"]
+    scored = meta["input_token_logprobs"][1:len(r.output_ids) + 1]
+    if [tok for _, tok, *_ in scored] != r.output_ids or any(lp is None for lp, *_ in scored):
+        raise RuntimeError(f"scoring returned other tokens than {r.task} turn {r.turn} sampled")
+    return [lp for lp, *_ in scored]
+
+
+def rollout_logprobs(r) -> List[float]:
+    return [lp for lp, *_ in r.meta["output_token_logprobs"]]
+
+
+def read_older_kv(r) -> bool:
+    return (r.meta.get("vradix_staleness") or {}).get("staleness", 0) > 0
+
+
+def measure(server, raw: dict, weights: Sequence[str], label: str) -> dict:
+    """Score every single-version record of `raw` on an exact server per checkpoint; the divergence columns."""
+    from .report import percentile
+
+    pubs, first = raw["publications"], raw["first_version"]
+    ckpt = checkpoint_of_version(pubs, first, weights)
+    by_ckpt: Dict[str, list] = {}
+    for r, v in single_version(raw["records"], pubs, first):
+        by_ckpt.setdefault(ckpt[v], []).append(r)
+    every, older = [], []
+    for i, (path, recs) in enumerate(by_ckpt.items()):
+        server.reset(path, f"{label}-exact{i}")
+        for r in recs:
+            deltas = [abs(a - b) for a, b in zip(rollout_logprobs(r), exact_logprobs(server, r))]
+            every += deltas
+            if read_older_kv(r):
+                older += deltas
+    def stats(xs):
+        return (round(sum(xs) / len(xs), 6) if xs else 0.0), round(percentile(xs, 0.99), 6)
+    (m, p), (om, op) = stats(every), stats(older)
+    return {"scored_tokens": len(every), "logprob_delta_mean": m, "logprob_delta_p99": p,
+            "older_kv_scored_tokens": len(older), "older_kv_logprob_delta_mean": om,
+            "older_kv_logprob_delta_p99": op}
+
+
+def stale_by_staleness(records) -> Dict[str, int]:
+    """Prompt tokens bounded requests read from older KV, by staleness, from the responses (`vradix_staleness`)."""
+    out: Dict[str, int] = {}
+    for r in records:
+        st = r.meta.get("vradix_staleness") or {}
+        if st.get("staleness", 0) > 0:
+            out[str(st["staleness"])] = out.get(str(st["staleness"]), 0) + st["stale_tokens"]
+    return dict(sorted(out.items()))
