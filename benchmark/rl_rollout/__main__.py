@@ -29,7 +29,7 @@ from . import divergence
 from .client import run_rollout
 from .modes import MODE_NAMES, MODES, Mode
 from .report import check_targets, dump_raw, print_report, reanalyze, summarize, write_png
-from .workload import WORKLOADS, build_tasks
+from .workload import DEFAULT_WORKLOADS, WORKLOADS, build_tasks
 
 
 def log(msg: str) -> None:
@@ -126,7 +126,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="drive an existing server (one --mode per server; see above)")
     p.add_argument("--mode", "--modes", dest="modes", type=_list(MODE_NAMES), default=list(MODE_NAMES))
-    p.add_argument("--workload", type=_list(WORKLOADS), default=list(WORKLOADS))
+    p.add_argument("--workload", type=_list(WORKLOADS), default=list(DEFAULT_WORKLOADS))
     p.add_argument("--weights", help="comma-separated checkpoint dirs for publications (--url; default: the "
                                      "server's model_path)")
     p.add_argument("--seed", type=int, default=0)
@@ -138,6 +138,9 @@ def parse_args(argv=None):
     g.add_argument("--sessions", type=int, default=16)
     g.add_argument("--turns", type=int, default=4)
     g.add_argument("--tool-tokens", type=_range, default=(16, 64))
+    g = p.add_argument_group("sharegpt (agent sessions from real conversations; --sessions of them)")
+    g.add_argument("--sharegpt-message-tokens", type=int, default=256, help="cap per human message")
+    g.add_argument("--sharegpt-context", type=int, default=3072, help="a session stops before its history passes this")
     g = p.add_argument_group("shared shape")
     g.add_argument("--system-tokens", type=int, default=384)
     g.add_argument("--question-tokens", type=_range, default=(32, 64))

@@ -1,4 +1,4 @@
-"""Seeded RL traffic: GRPO groups and multi-turn agent sessions, as tasks a rollout worker runs start to finish."""
+"""Seeded RL traffic: GRPO groups, synthetic multi-turn agent sessions and real ones (ShareGPT, sharegpt.py), as tasks a rollout worker runs start to finish."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,9 @@ import random
 from dataclasses import dataclass
 from typing import List
 
-WORKLOADS = ("grpo", "agent")
+WORKLOADS = ("grpo", "agent", "sharegpt")
+#: what runs without --workload (sharegpt needs a dataset download: sharegpt.py)
+DEFAULT_WORKLOADS = ("grpo", "agent")
 FIRST_TOKEN_ID = 3  # ids 0-2 are bos/eos/pad in the tiny model; ids are drawn from [3, vocab)
 
 
@@ -58,4 +60,7 @@ def agent_tasks(a, rng: random.Random) -> List[Task]:
 
 def build_tasks(workload: str, a) -> List[Task]:
     rng = random.Random(f"{a.seed}:{workload}")
+    if workload == "sharegpt":
+        from .sharegpt import sharegpt_tasks
+        return sharegpt_tasks(a, rng)
     return grpo_tasks(a, rng) if workload == "grpo" else agent_tasks(a, rng)

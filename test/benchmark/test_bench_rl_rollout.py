@@ -326,3 +326,27 @@ def test_smoke_bounded_modes_on_cpu_servers(tmp_path):
         assert bounded["stale_tokens_by_staleness"].get("1", 0) >= 64
         assert bounded["prefill_computed"] < exact["prefill_computed"]
         assert bounded["older_kv_scored_tokens"] > 0
+
+
+def test_sharegpt_keeps_the_complete_records_of_a_truncated_file():
+    from rl_rollout.sharegpt import complete_records
+    whole = '[{"id": "a", "conversations": []}, {"id": "b", "conversations": []}]'
+    assert complete_records(whole) == ([{"id": "a", "conversations": []}, {"id": "b", "conversations": []}], False)
+    cut = whole[:-20]  # mid-record, as the package's file ends
+    assert complete_records(cut) == ([{"id": "a", "conversations": []}], True)
+
+
+def test_a_sharegpt_session_appends_each_human_turn_after_the_models_reply():
+    from argparse import Namespace
+    from rl_rollout.sharegpt import alternating, session, token_ids
+    a = Namespace(vocab=512, sharegpt_message_tokens=5, sharegpt_context=60, response_tokens=(2, 4))
+    conv = [{"from": "human", "value": "one two three four five six seven"},
+            {"from": "gpt", "value": "a"}, {"from": "human", "value": "why?"},
+            {"from": "gpt", "value": "b c d e f g h"}]
+    assert alternating(conv) and not alternating(conv[:2]) and not alternating(conv[1:])
+    task = session("s", [7, 8], conv, a)
+    assert task.prefix == [7, 8] + token_ids(conv[0]["value"], 512, 5) and len(task.prefix) == 7
+    assert [(t.max_new_tokens, t.tool_result) for t in task.turns] == [(2, token_ids("why?", 512, 5)), (4, [])]
+    assert all(3 <= t < 512 for t in task.prefix)
+    a.sharegpt_context = 10  # the second turn would pass it: the session stops after the first
+    assert [t.tool_result for t in session("s", [7, 8], conv, a).turns] == [[]]
