@@ -74,6 +74,12 @@ def render(view: dict, now: Optional[float] = None) -> str:
         mark = "*" if row["current"] else " "
         lines.append(f" {mark}{row['epoch']:>5} {str(row['label']):<16} {row['cached_tokens']:>8} {nodes:>6} "
                      f"{row['pinned_tokens']:>7}  {who}")
+    w = view.get("window")
+    if w:
+        split = w["tokens_by_namespace"] or "not split on this tree core (the current row includes them)"
+        lines.append(f"  staleness window {w['window']}: epochs {w['epochs']} kept; tokens by namespace {split}; "
+                     f"{w['bounded_requests']} bounded request(s) reused {w['stale_tokens_reused_by_staleness']} "
+                     "stale tokens by staleness")
     stale = view["stale"]
     lines.append(f"  stale: {stale['pinned_tokens']} tokens pinned by {stale['crossing_requests']} crossing "
                  f"request(s), {stale['awaiting_reclaim_tokens']} awaiting reclaim")

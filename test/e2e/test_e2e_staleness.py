@@ -52,7 +52,7 @@ def weights(models, tmp_path_factory):
 def server(weights, server_pool):
     """The module's bounded server (window 1, with its tokenizer for the OpenAI endpoints), used by this module only."""
     with server_pool.lease(weights["A"], once=True, skip_tokenizer_init=False,
-                           extra_args=["--vradix-max-staleness", str(WINDOW)]) as s:
+                           extra_args=["--vradix-max-staleness", str(WINDOW), "--enable-metrics"]) as s:
         yield s
         assert "Traceback" not in s.logs()
 
@@ -189,6 +189,11 @@ def test_the_server_counts_stale_tokens_by_staleness(run, server):
     assert block["window"] == WINDOW and block["bounded_requests"] >= 6
     assert block["stale_tokens_reused_by_staleness"] == {"1": sum(reused)}
     assert block["stale_tokens_reused_total"] == sum(reused)
+    metrics = requests.get(server.url + "/metrics", timeout=30).text  # refreshed by the server-info read above
+    line = next(l for l in metrics.splitlines() if l.startswith("sglang:vradix_stale_tokens_reused{"))
+    assert 'staleness="1"' in line and float(line.rsplit(" ", 1)[1]) == sum(reused)
+    line = next(l for l in metrics.splitlines() if l.startswith("sglang:vradix_bounded_requests{"))
+    assert float(line.rsplit(" ", 1)[1]) == block["bounded_requests"]
 
 
 def bounded_requests(s) -> int:

@@ -162,3 +162,30 @@ def test_query_bounds_and_the_hit_table_capacity():
         hits.record(node, 0, 16, range(32), now=float(node))
     assert list(hits.entries) == list(range(12, 20))  # the least recently hit are dropped
     assert all(len(h.head) == prefix_hits.MAX_HEAD_TOKENS for h in hits.entries.values())
+
+
+def test_a_staleness_window_keeps_older_namespaces_and_the_snapshot_says_so(env):
+    from vradix.inspector import render
+    fx, state = env
+    ps = fx.page_size
+    assert snap(fx, state)["window"] is None and "includes_in_window_older" in snap(fx, state)["epochs"][0]
+    state.staleness.window = 1
+    old = finished(fx, state, seq(1000, 3 * ps) + [7])
+    epochs.bump(state, fx.cache, [], [], reason="test", label="v1")
+    from vradix.core import deferred_reclaim
+    assert deferred_reclaim.finish(state, fx.cache) == 0  # the walk after the bump: nothing aged out of the window
+    new = finished(fx, state, seq(4000, 2 * ps) + [7])
+    old_tokens, new_tokens = ((3 * ps + 1) // ps * ps), ((2 * ps + 1) // ps * ps)  # whole pages of each prompt
+    view = snap(fx, state)
+    w = view["window"]
+    assert (w["window"], w["floor"], w["epochs"]) == (1, 0, [1, 0])
+    # the older namespace is kept unlocked (not pinned, not awaiting reclaim): the walk-free current row includes it
+    assert view["stale"]["pinned_tokens"] == view["stale"]["awaiting_reclaim_tokens"] == 0
+    current = view["epochs"][0]
+    assert current["includes_in_window_older"] and current["cached_tokens"] == old_tokens + new_tokens
+    if is_python(fx):
+        assert w["tokens_by_namespace"] == {"0": old_tokens, "1": new_tokens}
+    else:
+        assert w["tokens_by_namespace"] is None
+    assert "staleness window 1: epochs [1, 0] kept" in render(view)
+    assert old.rid != new.rid

@@ -1,4 +1,4 @@
-"""Prometheus gauges `sglang:vradix_*`, refreshed from the engine state after every invalidation and on every
+"""Prometheus gauges `sglang:vradix_*` (bounded staleness too: `bounded_requests`, `stale_tokens_reused{staleness}`), refreshed from the engine state after every invalidation and on every
 server-info read (only when SGLang runs with `--enable-metrics`)."""
 from __future__ import annotations
 
@@ -18,6 +18,12 @@ GAUGES = {
     "last_publication_latency_ms": ("last_publication_latency_ms", "Latency of the last epoch bump (ms)."),
 }
 
+#: bounded staleness (`bounded_staleness` block): name suffix -> documentation; the per-staleness gauge carries a
+#: `staleness` label (epochs between a request's admission and the oldest KV it read)
+BOUNDED_REQUESTS = ("bounded_requests", "Requests admitted with a staleness bound above 0.")
+STALE_REUSED = ("stale_tokens_reused", "Prompt tokens bounded requests read from KV computed by older weights, "
+                                       "by staleness.")
+
 
 class Metrics:
     """`sglang:vradix_*` gauges with the scheduler collector's labels (multiprocess mode 'mostrecent', like SGLang's
@@ -30,11 +36,20 @@ class Metrics:
         self.gauges = {key: Gauge(name=f"sglang:vradix_{name}", documentation=doc, labelnames=list(labels.keys()),
                                   multiprocess_mode="mostrecent")
                        for name, (key, doc) in GAUGES.items()}
+        names = list(labels.keys())
+        self.bounded = Gauge(name=f"sglang:vradix_{BOUNDED_REQUESTS[0]}", documentation=BOUNDED_REQUESTS[1],
+                             labelnames=names, multiprocess_mode="mostrecent")
+        self.stale_reused = Gauge(name=f"sglang:vradix_{STALE_REUSED[0]}", documentation=STALE_REUSED[1],
+                                  labelnames=names + ["staleness"], multiprocess_mode="mostrecent")
 
     def export(self, block: dict) -> None:
         for key, gauge in self.gauges.items():
             value = block.get(key)
             gauge.labels(**self.labels).set(0 if value is None else value)
+        bounded = block.get("bounded_staleness") or {}
+        self.bounded.labels(**self.labels).set(bounded.get("bounded_requests", 0))
+        for staleness, tokens in (bounded.get("stale_tokens_reused_by_staleness") or {}).items():
+            self.stale_reused.labels(**self.labels, staleness=str(staleness)).set(tokens)
 
 
 def metrics_for(scheduler) -> Optional[Metrics]:

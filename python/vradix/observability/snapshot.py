@@ -7,6 +7,8 @@ view of one engine's cache:
 - `stale`: pinned tokens, unlocked stale tokens awaiting the deferred reclaim, the crossing requests (first `limit`);
 - `host` / `storage`: the HiCache host pool (tokens per epoch from the host ledger) and the L3 pages this process
   backed up per weight_id, when HiCache is on;
+- `window`: with a staleness window, the epochs it keeps, their tokens per namespace where a census has them, and
+  what bounded requests reused (`window_view`);
 - `top_prefixes`: the cached prefixes requests reused most, by hits, with epoch, label, lock count and last access,
   paginated by `limit` / `offset`.
 
@@ -107,6 +109,7 @@ def snapshot(state: EpochState, cache, live_reqs: Iterable, query: Query = Query
         "storage": storage_view(state, cache),
         "top_prefixes": top_prefixes(state, cache, holders, query),
         "census": census_view,
+        "window": window_view(state, census_view),
     }
     view["snapshot_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
     return view
@@ -144,6 +147,7 @@ def epoch_rows(state: EpochState, cached: int, stale: dict, census_view: Optiona
         **epoch_names(state, state.epoch),
         "current": True,
         "cached_tokens": current_tokens,
+        "includes_in_window_older": state.staleness.window > 0,
         "nodes": census_view["epochs"].get(str(state.epoch), {}).get("nodes", 0) if exact_nodes else None,
         "pinned_tokens": 0,
         "crossing_requests": 0,
@@ -162,6 +166,25 @@ def epoch_rows(state: EpochState, cached: int, stale: dict, census_view: Optiona
             "pinned_by": pinned["requests"][:limit],
         })
     return rows
+
+
+def window_view(state: EpochState, census_view: Optional[dict]) -> Optional[dict]:
+    """With a staleness window (`vradix.core.staleness`; None without one): the epochs whose namespaces are kept, and
+    the tokens per namespace when a complete census has them. Older in-window namespaces hold unlocked KV, so the
+    walk-free split above cannot separate them from the current epoch: the current row's `cached_tokens` then
+    includes them (`includes_in_window_older`), and only the Python core's census splits them. Until the deferred
+    reclaim's walk after a bump completes, `stale.awaiting_reclaim_tokens` is an upper bound (a bump cannot tell, in
+    O(1), which evictable KV is in the window)."""
+    from vradix.core import staleness
+
+    if state.staleness.window == 0:
+        return None
+    floor = staleness.window_floor(state)
+    complete = census_view is not None and not census_view["truncated"]
+    return {"window": state.staleness.window, "floor": floor,
+            "epochs": [e for e in range(state.epoch, floor - 1, -1) if e in state.identities],
+            "tokens_by_namespace": {k: v["tokens"] for k, v in census_view["epochs"].items()} if complete else None,
+            **state.staleness.as_dict()}
 
 
 def epoch_names(state: EpochState, epoch: Optional[int]) -> dict:
