@@ -4,14 +4,15 @@ the serving engine returned against the log-probs an exact engine on the request
 The exact engine is the same server after the run, reset to each version's checkpoint (`ServerClient.reset`: load
 and flush, idle), scoring `prompt + output` from `logprob_start_len = len(prompt) - 1` (teacher forcing: the output
 tokens' log-probs given the exact prefix). Only requests that ran under one version from their first forward to their
-last token are scored (a request that crossed a publication decoded under two weights: no single exact reference).
+last token are scored (and not those whose output the server does not take back as the same input ids:
+`unscored_requests`) (a request that crossed a publication decoded under two weights: no single exact reference).
 |delta log-prob| per token, mean and p99, over every scored token and over the tokens of requests whose response
 says they read KV older than their admission epoch (`vradix_staleness.staleness > 0`, bounded modes only).
 On a mode that never reuses older KV the numbers are the scoring's numerical floor (prefill vs decode kernels).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .trace import spans_of, version_at, version_clock
 
@@ -39,14 +40,16 @@ def checkpoint_of_version(publications, first_version: str, weights: Sequence[st
     return out
 
 
-def exact_logprobs(server, r) -> List[float]:
-    """The log-probs of r's output tokens given its prompt, on the server's current (exact, flushed) weights."""
+def exact_logprobs(server, r) -> Optional[List[float]]:
+    """The log-probs of r's output tokens given its prompt, on the server's current (exact, flushed) weights; None
+    when the server does not take r's output back as the same input ids (the tiny models can sample an id their
+    input path maps to another, so no teacher-forced reference exists for that request)."""
     n = len(r.input_ids)
     # SGLang gives the first token of the scored range no log-prob: start one token early and drop it
     meta = server.generate(r.input_ids + r.output_ids, 1, return_logprob=True, logprob_start_len=n - 1)["meta_info"]
     scored = meta["input_token_logprobs"][1:len(r.output_ids) + 1]
     if [tok for _, tok, *_ in scored] != r.output_ids or any(lp is None for lp, *_ in scored):
-        raise RuntimeError(f"scoring returned other tokens than {r.task} turn {r.turn} sampled")
+        return None
     return [lp for lp, *_ in scored]
 
 
@@ -67,18 +70,22 @@ def measure(server, raw: dict, weights: Sequence[str], label: str) -> dict:
     by_ckpt: Dict[str, list] = {}
     for r, v in single_version(raw["records"], pubs, first):
         by_ckpt.setdefault(ckpt[v], []).append(r)
-    every, older = [], []
+    every, older, unscored = [], [], 0
     for i, (path, recs) in enumerate(by_ckpt.items()):
         server.reset(path, f"{label}-exact{i}")
         for r in recs:
-            deltas = [abs(a - b) for a, b in zip(rollout_logprobs(r), exact_logprobs(server, r))]
+            exact = exact_logprobs(server, r)
+            if exact is None:
+                unscored += 1
+                continue
+            deltas = [abs(a - b) for a, b in zip(rollout_logprobs(r), exact)]
             every += deltas
             if read_older_kv(r):
                 older += deltas
     def stats(xs):
         return (round(sum(xs) / len(xs), 6) if xs else 0.0), round(percentile(xs, 0.99), 6)
     (m, p), (om, op) = stats(every), stats(older)
-    return {"scored_tokens": len(every), "logprob_delta_mean": m, "logprob_delta_p99": p,
+    return {"scored_tokens": len(every), "unscored_requests": unscored, "logprob_delta_mean": m, "logprob_delta_p99": p,
             "older_kv_scored_tokens": len(older), "older_kv_logprob_delta_mean": om,
             "older_kv_logprob_delta_p99": op}
 

@@ -155,7 +155,7 @@ MISSED_COLUMNS = [("workload", "workload"), ("mode", "mode"), ("publish_every", 
 TRADE_COLUMNS = [("workload", "workload"), ("mode", "mode"), ("publish_every", "pub every"),
                  ("work_over_ideal", "work / ideal"), ("stale_tokens_reused", "stale tokens reused"),
                  ("stale_tokens_by_staleness", "bounded reuse by staleness"),
-                 ("scored_tokens", "tokens scored"), ("logprob_delta_mean", "|d logprob| mean"),
+                 ("scored_tokens", "tokens scored"), ("unscored_requests", "reqs not scorable"), ("logprob_delta_mean", "|d logprob| mean"),
                  ("logprob_delta_p99", "p99"), ("older_kv_scored_tokens", "tokens over older KV"),
                  ("older_kv_logprob_delta_mean", "|d logprob| mean"), ("older_kv_logprob_delta_p99", "p99")]
 

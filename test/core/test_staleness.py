@@ -52,6 +52,22 @@ def test_bounded_request_reuses_the_window_and_exact_requests_never_see_its_kv(e
     assert state.staleness.stale_tokens_by_staleness == {1: 192}
 
 
+def test_a_request_never_reuses_kv_older_than_its_own_bound(env):
+    """Window 2, bound 1: epoch 0's longer match is inside the window but outside the request's bound."""
+    fx, state = env
+    state.staleness.window = 2
+    P, Q = seq(10, 64), seq(200, 32)
+    run(fx, state, P + Q + [1], bound=0)   # epoch 0 holds P + Q
+    bump(fx, state)
+    run(fx, state, P + [2], bound=0)       # epoch 1 holds P only
+    bump(fx, state)                        # epoch 2: epochs 0 and 1 are both in the window
+    hit, req = run(fx, state, P + Q + [4], bound=2)
+    assert req._vradix.epoch == 0 and hit == 96  # the window's longest match, when the bound allows it
+    hit, req = run(fx, state, P + Q + [3], bound=1)
+    assert req._vradix.epoch == 1 and hit == 64, "a bound-1 request read KV two publications old"
+    check(fx)
+
+
 def test_a_bound_above_the_window_is_refused_with_a_400_error(monkeypatch):
     """The launcher's check (a ValueError: HTTP 400) before the request reaches a scheduler."""
     from sglang.srt.managers.io_struct import GenerateReqInput
