@@ -2,7 +2,8 @@
 the serving engine returned against the log-probs an exact engine on the request's own weights gives the same tokens.
 
 The exact engine is the same server after the run, reset to each version's checkpoint (`ServerClient.reset`: load
-and flush, idle), scoring `prompt + output` from `logprob_start_len = len(prompt) - 1` (teacher forcing: the output
+and flush, idle), with exact requests (bound 0: on a bounded server a reset is a publication bump, and its window
+keeps the older namespaces for bounded requests), scoring `prompt + output` from `logprob_start_len = len(prompt) - 1` (teacher forcing: the output
 tokens' log-probs given the exact prefix). Only requests that ran under one version from their first forward to their
 last token are scored (and not those whose output the server does not take back as the same input ids:
 `unscored_requests`) (a request that crossed a publication decoded under two weights: no single exact reference).
@@ -45,8 +46,16 @@ def exact_logprobs(server, r) -> Optional[List[float]]:
     when the server does not take r's output back as the same input ids (the tiny models can sample an id their
     input path maps to another, so no teacher-forced reference exists for that request)."""
     n = len(r.input_ids)
+    # exact: bound 0, so a bounded server's kept older namespaces cannot serve the reference (the reset before the
+    # scoring is a publication bump, and a window keeps what it left behind)
+    sampling = {"temperature": 0, "max_new_tokens": 1, "custom_params": {"vradix_max_staleness": 0}}
     # SGLang gives the first token of the scored range no log-prob: start one token early and drop it
-    meta = server.generate(r.input_ids + r.output_ids, 1, return_logprob=True, logprob_start_len=n - 1)["meta_info"]
+    payload = {"input_ids": r.input_ids + r.output_ids, "sampling_params": sampling, "return_logprob": True,
+               "logprob_start_len": n - 1}
+    response = server.post("/generate", payload)
+    if response.status_code != 200:
+        raise RuntimeError(f"scoring {r.task} turn {r.turn} failed ({response.status_code}): {response.text[:300]}")
+    meta = response.json()["meta_info"]
     scored = meta["input_token_logprobs"][1:len(r.output_ids) + 1]
     if [tok for _, tok, *_ in scored] != r.output_ids or any(lp is None for lp, *_ in scored):
         return None
