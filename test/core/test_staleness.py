@@ -68,6 +68,28 @@ def test_a_request_never_reuses_kv_older_than_its_own_bound(env):
     check(fx)
 
 
+def test_a_flush_ages_the_whole_window_out(env):
+    """A lock-aware flush (the engine is not idle) with a window: bounded requests no longer reuse what was cached
+    before it, and the deferred reclaim frees it (what the crossing request pins goes when it finishes)."""
+    from vradix.hooks.reclaim import lock_aware_flush
+
+    def stock_flush(*_):
+        raise AssertionError("the stock reset runs only on an idle engine")
+
+    fx, state = env
+    state.staleness.window = 1
+    P = seq(10, 64)
+    run(fx, state, P + [1], bound=0)
+    held = fx.running(state, seq(500, 32) + [2])
+    assert lock_aware_flush(stock_flush, fx.scheduler_view(running=[held]))
+    assert staleness.window_floor(state) == state.epoch
+    hit, req = run(fx, state, P + [3], bound=1)
+    assert hit == 0 and req._vradix.epoch == state.epoch, "a bounded request reused KV cached before a flush"
+    fx.finish(held)
+    deferred_reclaim.finish(state, fx.cache)
+    check(fx)
+
+
 def test_a_bound_above_the_window_is_refused_with_a_400_error(monkeypatch):
     """The launcher's check (a ValueError: HTTP 400) before the request reaches a scheduler."""
     from sglang.srt.managers.io_struct import GenerateReqInput

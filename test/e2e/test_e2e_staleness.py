@@ -253,3 +253,13 @@ def test_the_bound_travels_through_the_smg_router(run, server):
     with Gateway([server.url]) as gw:
         for send in (via_generate, via_completions, via_chat):
             check_bound_travels(server, gw.url, send)
+
+
+def test_an_update_that_asks_for_a_flush_ages_the_window_out(run, server, weights):
+    """`flush_cache=True` on an update: bounded requests reuse nothing cached before it (a flush is a flush), and
+    the exact output is a fresh server's. Last in the module: it leaves the server on a new epoch."""
+    server.update_weights(weights["C"], "vC-flushed", flush=True)
+    again = ask(server, run["H3"])  # P3 and XP3 cached this prompt one epoch ago: inside the window
+    assert again["meta_info"]["cached_tokens"] == 0
+    assert again["meta_info"]["vradix_staleness"]["staleness"] == 0
+    assert again["output_ids"] == run["XP3"]["output_ids"]

@@ -108,6 +108,8 @@ class StalenessRecord:
     the counters only by `report_at_release`, when a bounded request releases its KV."""
 
     window: int = 0
+    #: the oldest epoch a flush left reusable (`hooks.reclaim.age_out_on_flush`): a flush ages the whole window out
+    floor: int = 0
     bounded_requests: int = 0
     #: staleness (epochs) -> prompt tokens bounded requests read from KV that old
     stale_tokens_by_staleness: Dict[int, int] = field(default_factory=dict)
@@ -128,8 +130,9 @@ class StalenessRecord:
 
 
 def window_floor(state) -> int:
-    """The oldest epoch whose KV is kept: current - window (0 with no window: only the current one matters)."""
-    return max(0, state.epoch - state.staleness.window)
+    """The oldest epoch whose KV is kept: current - window (0 with no window: only the current one matters), and
+    never one before the last flush (`StalenessRecord.floor`; at most the current epoch)."""
+    return min(state.epoch, max(0, state.epoch - state.staleness.window, state.staleness.floor))
 
 
 def bind_bound(st: request.ReqState, req, window: int) -> None:

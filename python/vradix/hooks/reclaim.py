@@ -45,6 +45,7 @@ def lock_aware_flush(original, scheduler, *args, **kwargs):
         return flush_without_tree(original, scheduler, *args, **kwargs)
     scope = state.update_scope
     if state.session is not None or (scope is not None and scope.bumped is not None):
+        age_out_on_flush(state, scheduler.tree_cache, after_next_bump=state.session is not None)
         return True
     if scheduler.is_fully_idle(ignore_waiting=scheduler._engine_paused):
         cached = scheduler.tree_cache.evictable_size() + scheduler.tree_cache.protected_size()
@@ -65,7 +66,21 @@ def lock_aware_flush(original, scheduler, *args, **kwargs):
         scope.bumped = bump_scheduler(scheduler, reason=f"failed {scope.source} (conservative)", label=current_label())
         return True
     bump_scheduler(scheduler, reason="lock-aware flush", is_publication=False)
+    age_out_on_flush(state, scheduler.tree_cache)
     return True
+
+
+def age_out_on_flush(state, cache, after_next_bump: bool = False) -> None:
+    """A flush with a staleness window: nothing computed before it stays reusable, not even by bounded requests (a
+    flush is a flush). The floor is the current epoch (the flush's own bump, or the bump of the update that asked
+    for it), or the next one inside a weight-update session (its bump comes at `end_weight_update`); the deferred
+    reclaim then frees every older namespace. No window: nothing to do (the bump already made older KV
+    unmatchable)."""
+    if state.staleness.window == 0:
+        return
+    state.staleness.floor = state.epoch + (1 if after_next_bump else 0)
+    if not after_next_bump and not state.deferred.active:
+        deferred_reclaim.defer(state, cache)
 
 
 def flush_without_tree(original, scheduler, *args, **kwargs):
