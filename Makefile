@@ -29,7 +29,7 @@ bench-kernels: setup  ## KV page-epoch kernels (torch reference on CPU; all impl
 csrc: setup  ## compile csrc/ into vradix._C for sm_90 (build/csrc-sm90; compile check on CPU machines)
 	PY=$(PY) bash scripts/build_csrc.sh
 
-bench-rl: setup  ## RL rollout benchmark, four publication modes on CPU servers (table + JSON + PNG, ~10 min)
+bench-rl: setup  ## RL rollout benchmark, every publication mode (exact, and bounded K = 1, 2) on CPU servers (tables + JSON + PNGs, ~15 min)
 	$(PY) benchmark/rl_rollout
 
 wheel: setup  ## dist/: the plugin wheel and the replacement sglang-0.5.23+vradix wheel (docs/packaging.md)
