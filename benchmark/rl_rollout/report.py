@@ -254,9 +254,8 @@ def trade_png(path: str) -> str:
 def trade_figure(plt, rows: List[dict]):
     """Prompt work over the ideal against the mean |delta log-prob| per token, a point per (mode, schedule), a
     panel per workload."""
-    workloads = _workloads(rows)
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4), squeeze=False)
-    for ax, w in zip(axes[0], workloads):
+    fig, panels = workload_panels(plt, rows)
+    for ax, w in panels:
         for m in _modes(rows):
             pts = [(r["work_over_ideal"], r["logprob_delta_mean"]) for r in rows
                    if r["workload"] == w and r["mode"] == m and "logprob_delta_mean" in r]
@@ -266,9 +265,16 @@ def trade_figure(plt, rows: List[dict]):
         ax.set_xlabel("prompt work / ideal correct engine")
         ax.set_ylabel("mean |delta log-prob| per sampled token")
         ax.set_title(f"{w}: the bounded-staleness trade")
-    axes[0][0].legend(fontsize=8)
+    panels[0][0].legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def workload_panels(plt, rows: List[dict]):
+    """A figure with one panel per workload in `rows`: (figure, [(axes, workload), ...])."""
+    workloads = _workloads(rows)
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4), squeeze=False)
+    return fig, list(zip(axes[0], workloads))
 
 
 def _modes(rows):
@@ -305,9 +311,9 @@ def bars_figure(plt, rows: List[dict]):
 
 
 def sweep_figure(plt, rows: List[dict]):
-    workloads, modes = _workloads(rows), _modes(rows)
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4), squeeze=False)
-    for ax, w in zip(axes[0], workloads):
+    modes = _modes(rows)
+    fig, panels = workload_panels(plt, rows)
+    for ax, w in panels:
         for m in modes:
             pts = sorted((r["publish_every"], r["work_over_ideal"]) for r in rows
                          if r["workload"] == w and r["mode"] == m)
@@ -326,6 +332,6 @@ def sweep_figure(plt, rows: List[dict]):
         ax.set_xlabel("publication every K completed requests")
         ax.set_ylabel("prompt work / ideal correct engine")
         ax.set_title(f"{w}: prefill work vs ideal (dashed: {IDEAL_TARGET:.2f}x)")
-    axes[0][0].legend(fontsize=8)
+    panels[0][0].legend(fontsize=8)
     fig.tight_layout()
     return fig
