@@ -118,9 +118,14 @@ def reclaimable(state, cache, node_id) -> bool:
     node ids no longer order the epochs: the node's own key names its namespace)."""
     if state.staleness.window == 0:
         return is_stale(state.deferred, node_id)
-    extra_key, _ = cache.tree_core.prefetch_anchor_info(node_id)
-    epoch = state.epoch_of(extra_key)
+    epoch = namespace_epoch(state, cache, node_id)
     return epoch is None or epoch < staleness.window_floor(state)
+
+
+def namespace_epoch(state, cache, node_id):
+    """The epoch of the namespace `node_id`'s key names (None: no namespace vradix knows)."""
+    extra_key, _ = cache.tree_core.prefetch_anchor_info(node_id)
+    return state.epoch_of(extra_key)
 
 
 def note_insert(state, cache, node_id) -> None:
@@ -190,8 +195,7 @@ def evict_older_in_window(state, cache, need_tokens: int) -> int:
         return 0
 
     def older_in_window(node_id) -> bool:
-        extra_key, _ = cache.tree_core.prefetch_anchor_info(node_id)
-        epoch = state.epoch_of(extra_key)
+        epoch = namespace_epoch(state, cache, node_id)
         return epoch is not None and epoch < state.epoch
 
     freed, _, _, _ = _free_leaves(cache, older_in_window, max_tokens=need_tokens)
