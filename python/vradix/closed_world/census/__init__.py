@@ -1,0 +1,107 @@
+"""The census: the closed world taken from SGLang's live objects, not from a list written by reading it.
+
+Each census table maps a name SGLang has (a request type its scheduler dispatches, an HTTP route, a `ServerArgs`
+field, an environment setting, ...) to an `Entry` that classifies it. A table module (`control`, `environ`, `flags`)
+offers, per table, an `enumerate_*()` that reads SGLang 0.5.23's live objects and the table itself; the tests assert
+`unclassified(table, live)` and `vanished(table, live)` are empty, so an entry SGLang adds fails until it is
+classified, and an entry SGLang drops fails until its row goes.
+
+docs/coverage.md embeds every table as a generated block between `<!-- census:NAME -->` and `<!-- /census:NAME -->`
+(`render_table`); `python -m vradix.closed_world.census --write` regenerates them and the tests check them.
+
+Invariants: every entry's verdict is one of `VERDICTS`; an entry whose verdict needs proof names its tests as
+`file.py::function` (checked to exist by the tests); a `refused` entry names the alternative its error names.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+#: verdict -> what it means (rendered under each table)
+VERDICTS = {
+    "publication": "changes the weights (or their label): bumps the epoch exactly once",
+    "generation control": "pauses, resumes or aborts generation; its behaviour inside a pause and inside a "
+                          "weight-update session is stated and tested",
+    "versioned": "carries weight-derived state or KV that vradix versions; its tests prove it",
+    "read-only": "reads state and changes nothing a later response is computed from",
+    "irrelevant": "cannot carry cached or weight-derived state into a response (the reason says why)",
+    "refused": "does not start, or the call is refused; the error names the alternative",
+}
+#: verdicts whose entries must name the tests that prove them
+NEEDS_TEST = ("publication", "generation control", "versioned", "refused")
+#: modules of this package that hold census tables; each defines `TABLES`: {block name: (title, enumerate, table)}
+TABLE_MODULES = ("control", "environ", "flags")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One classified census entry. `tests` are `file.py::function` names; `alternative` is what a refusal's error
+    names instead."""
+
+    verdict: str
+    why: str
+    tests: tuple = ()
+    alternative: str = ""
+
+
+def unclassified(table: Mapping[str, Entry], live: Iterable[str]) -> list[str]:
+    """What SGLang has that the table does not classify."""
+    return sorted(set(live) - set(table))
+
+
+def vanished(table: Mapping[str, Entry], live: Iterable[str]) -> list[str]:
+    """What the table classifies that SGLang no longer has."""
+    return sorted(set(table) - set(live))
+
+
+def malformed(table: Mapping[str, Entry]) -> list[str]:
+    """Entries with an unknown verdict, no reason, a missing proof or a refusal without its alternative."""
+    bad = []
+    for name, e in table.items():
+        if e.verdict not in VERDICTS:
+            bad.append(f"{name}: unknown verdict {e.verdict!r}")
+        if not e.why.strip():
+            bad.append(f"{name}: no reason given")
+        if e.verdict in NEEDS_TEST and not e.tests:
+            bad.append(f"{name}: a {e.verdict} entry must name its tests")
+        if e.verdict == "refused" and not e.alternative.strip():
+            bad.append(f"{name}: a refused entry must name the alternative")
+        bad += [f"{name}: test name {t!r} is not file.py::function" for t in e.tests
+                if not re.fullmatch(r"[\w/]+\.py::\w+", t)]
+    return bad
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_table(title: str, table: Mapping[str, Entry]) -> str:
+    """The markdown block docs/coverage.md embeds for one table (rows sorted by name)."""
+    lines = [f"**{title}** ({len(table)} entries)", "",
+             "| name | verdict | why | tests | alternative |", "|---|---|---|---|---|"]
+    for name in sorted(table):
+        e = table[name]
+        tests = ", ".join(f"`{t}`" for t in e.tests) or "—"
+        lines.append(f"| `{_cell(name)}` | {e.verdict} | {_cell(e.why)} | {tests} | {_cell(e.alternative) or '—'} |")
+    return "\n".join(lines)
+
+
+def marker(block: str) -> tuple[str, str]:
+    return f"<!-- census:{block} -->", f"<!-- /census:{block} -->"
+
+
+def embedded(doc: str, block: str) -> str | None:
+    """The text between a block's markers in `doc` (None when the markers are missing)."""
+    start, end = marker(block)
+    m = re.search(re.escape(start) + r"\n(.*?)" + re.escape(end), doc, re.S)
+    return None if m is None else m.group(1).removesuffix("\n")
+
+
+def embed(doc: str, block: str, text: str) -> str:
+    """`doc` with the block's text replaced (markers must exist)."""
+    start, end = marker(block)
+    if embedded(doc, block) is None:
+        raise ValueError(f"docs/coverage.md has no {start} ... {end} block")
+    return re.sub(re.escape(start) + r"\n.*?" + re.escape(end), lambda _: f"{start}\n{text}\n{end}", doc,
+                  flags=re.S)

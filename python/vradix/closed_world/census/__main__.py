@@ -1,0 +1,51 @@
+"""`python -m vradix.closed_world.census --write`: regenerate the census blocks of docs/coverage.md (without
+`--write`: exit 1 and name the blocks that are out of date)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pathlib
+import sys
+
+from vradix.closed_world import census
+
+
+def rendered_blocks() -> dict:
+    """{block name: markdown} for every table of every census module present."""
+    blocks = {}
+    for name in census.TABLE_MODULES:
+        try:
+            module = importlib.import_module(f"vradix.closed_world.census.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"vradix.closed_world.census.{name}":
+                raise
+            continue
+        for block, (title, _enumerate, table) in module.TABLES.items():
+            blocks[block] = census.render_table(title, table)
+    return blocks
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--doc", default=str(pathlib.Path(__file__).resolve().parents[4] / "docs" / "coverage.md"))
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args(argv)
+    path = pathlib.Path(args.doc)
+    doc = path.read_text()
+    stale = []
+    for block, text in rendered_blocks().items():
+        if census.embedded(doc, block) != text:
+            stale.append(block)
+            doc = census.embed(doc, block, text)
+    if args.write:
+        path.write_text(doc)
+        print(f"wrote {len(stale)} block(s): {', '.join(stale) or 'none changed'}")
+        return 0
+    if stale:
+        print(f"out of date: {', '.join(stale)} (run python -m vradix.closed_world.census --write)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
