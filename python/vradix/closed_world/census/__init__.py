@@ -30,7 +30,8 @@ VERDICTS = {
 }
 #: verdicts whose entries must name the tests that prove them
 NEEDS_TEST = ("publication", "generation control", "versioned", "refused")
-#: modules of this package that hold census tables; each defines `TABLES`: {block name: (title, enumerate, table)}
+#: modules of this package that hold census tables; each defines `TABLES`: {block name: (title, enumerate, table)},
+#: where `enumerate()` returns the names SGLang has now, and may define `EXTRA_BLOCKS`: {block name: render()}
 TABLE_MODULES = ("control", "environ", "flags")
 
 

@@ -11,7 +11,8 @@ from vradix.closed_world import census
 
 
 def rendered_blocks() -> dict:
-    """{block name: markdown} for every table of every census module present."""
+    """{block name: markdown} for every table of every census module present, and the blocks a module renders its
+    own way (`EXTRA_BLOCKS`: {block name: callable returning markdown}, e.g. a matrix)."""
     blocks = {}
     for name in census.TABLE_MODULES:
         try:
@@ -22,6 +23,8 @@ def rendered_blocks() -> dict:
             continue
         for block, (title, _enumerate, table) in module.TABLES.items():
             blocks[block] = census.render_table(title, table)
+        for block, render in getattr(module, "EXTRA_BLOCKS", {}).items():
+            blocks[block] = render()
     return blocks
 
 
