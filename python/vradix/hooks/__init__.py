@@ -2,8 +2,8 @@
 every vradix step; `vradix.plugin.register()` does so only inside its fail-closed install."""
 from __future__ import annotations
 
-from vradix.hooks import (admission, hicache, inspector, launcher, ledger, lora, pd, prefill, publication, ray_actor,
-                          reclaim, report, server_info, startup, storage)
+from vradix.hooks import (admission, control, hicache, inspector, launcher, ledger, lora, pd, prefill, publication,
+                          ray_actor, reclaim, report, server_info, startup, storage)
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
@@ -90,9 +90,21 @@ HOOKS = [
     (f"{_UPDATER}.begin_weight_update", "AROUND", publication.open_weight_session),
     (f"{_UPDATER}.end_weight_update", "AROUND", publication.publish_on_session_end),
     (f"{_SCHED}.record_weight_version_change", "AROUND", publication.publish_on_version_change),
+    # control requests that write the weights outside every update_weights_* call are publications too
+    (f"{_UPDATER}.check_weights", "AROUND", publication.publish_weights_checker_reset),
+    (f"{_UPDATER}.resume_memory_occupation", "AROUND", publication.publish_weights_resumed_without_backup),
+    # control requests that would change what responses are computed from without a publication are refused:
+    # resuming generation inside an open weight-update session (here, and in the launcher, below), relaxing
+    # speculative acceptance at runtime (launcher), an RPC to a state-changing scheduler method
+    (f"{_SCHED}.continue_generation", "AROUND", control.refuse_continue_inside_session),
+    (f"{_SCHED}.handle_rpc_request", "AROUND", control.refuse_state_changing_rpc),
     # a weight-update session holds generation (in place) from its begin to its end (launcher process)
     (f"{_TCM}.begin_weight_update", "AROUND", launcher.hold_generation_for_session),
     (f"{_TCM}.end_weight_update", "AROUND", launcher.release_generation_after_session),
+    (f"{_TM}.continue_generation", "BEFORE", launcher.refuse_continue_inside_session),
+    ("sglang.srt.managers.multi_tokenizer_mixin.TokenizerWorker.continue_generation", "BEFORE",
+     launcher.refuse_continue_inside_session),
+    (f"{_TCM}.set_internal_state", "BEFORE", launcher.refuse_relaxed_speculative_acceptance),
     # bad input: an invalid publication request is refused in the launcher before anything changes
     (f"{_TCM}.update_weight_version", "BEFORE", launcher.reject_bad_version_label),
     (f"{_TCM}.update_weight_version", "AROUND", launcher.refuse_reused_declared_label),

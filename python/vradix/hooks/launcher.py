@@ -107,6 +107,8 @@ async def hold_generation_for_session(original, tokenizer_manager, obj, *args, *
         if paused_here:  # no session was opened: do not leave generation paused behind an error
             await resume_generation(tokenizer_manager)
         raise
+    if success:
+        tokenizer_manager._vradix_session_open = True
     if paused_here:
         if success:
             tokenizer_manager._vradix_session_paused = True
@@ -120,6 +122,8 @@ async def release_generation_after_session(original, tokenizer_manager, obj, *ar
     """AROUND TokenizerControlMixin.end_weight_update: resume generation once the session ended, only if its begin
     paused it (an explicit pause stays the caller's) and nobody resumed it meanwhile."""
     success, message = await original(tokenizer_manager, obj, *args, **kwargs)
+    if success or NO_SESSION_OPEN in message:
+        tokenizer_manager._vradix_session_open = False
     held = getattr(tokenizer_manager, "_vradix_session_paused", False)
     if held and not success:
         message += (" [vradix: generation stays paused (the session's begin paused it); resume it with "
@@ -130,6 +134,47 @@ async def release_generation_after_session(original, tokenizer_manager, obj, *ar
             await resume_generation(tokenizer_manager)
             message += " [vradix: generation resumed]"
     return success, message
+
+
+#: what SGLang's end_weight_update answers when no session is open (the session is over either way)
+NO_SESSION_OPEN = "no weight-update session is open"
+
+
+def refuse_continue_inside_session(tokenizer_manager, obj, *args, **kwargs):
+    """BEFORE TokenizerManager.continue_generation (and a multi-tokenizer worker's): inside a weight-update session
+    this TokenizerManager opened, `/continue_generation` is refused with HTTP 400 naming `end_weight_update`;
+    generation stays paused. The session is open from a successful begin to an end that closed it
+    (`hold_generation_for_session`, `release_generation_after_session`); the scheduler refuses it too
+    (`hooks.control.refuse_continue_inside_session`)."""
+    from fastapi import HTTPException
+
+    from vradix.hooks.control import CONTINUE_INSIDE_SESSION
+
+    if getattr(tokenizer_manager, "_vradix_session_open", False):
+        raise HTTPException(status_code=400, detail=CONTINUE_INSIDE_SESSION)
+
+
+#: the runtime settings that relax speculative acceptance below lossless verification (1.0)
+ACCEPT_THRESHOLDS = ("speculative_accept_threshold_single", "speculative_accept_threshold_acc")
+
+
+def refuse_relaxed_speculative_acceptance(tokenizer_manager, obj, *args, **kwargs):
+    """BEFORE TokenizerControlMixin.set_internal_state: a threshold of `ACCEPT_THRESHOLDS` below 1 is refused with
+    HTTP 400, as the same flags are at launch (`closed_world.unversioned`): relaxed acceptance lets the draft model,
+    whose state no publication versions, decide outputs. Nothing is sent to a scheduler; other keys pass."""
+    from fastapi import HTTPException
+
+    for key in ACCEPT_THRESHOLDS:
+        value = (obj.server_args or {}).get(key)
+        try:
+            relaxed = value is not None and not float(value) >= 1.0  # NaN is not lossless either
+        except (TypeError, ValueError):
+            continue  # SGLang's own validation answers a value that is not a number
+        if relaxed:
+            raise HTTPException(status_code=400, detail=(
+                f"vradix refused set_internal_state {key}={value!r}: relaxed speculative acceptance lets the draft "
+                "model, which a publication does not version, decide outputs. Keep the thresholds at 1.0 (lossless "
+                "verification), or serve relaxed acceptance with VRADIX_DISABLE=1 (docs/coverage.md)"))
 
 
 async def resume_generation(tokenizer_manager) -> None:

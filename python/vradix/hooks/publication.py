@@ -314,3 +314,56 @@ def skip_drained_result(original, scheduler, batch, result, *args, **kwargs):
     if result is overlap.DRAINED:
         return None
     return original(scheduler, batch, result, *args, **kwargs)
+
+
+def publish_weight_write(scheduler, reason: str) -> str:
+    """One publication for a control request that writes the weights outside every `update_weights_*` call. Inside
+    an open weight-update session it is one more write of that session (its end bumps, once). Returns what was done,
+    for the log and the response."""
+    state = state_of_scheduler(scheduler)
+    if state is not None:
+        if state.session is not None:
+            return f"vradix: {reason} inside a weight-update session; the epoch bumps at end_weight_update"
+        return bump_scheduler(scheduler, reason=reason, label=current_label()).summary()
+    treeless = treeless_of(scheduler.tree_cache)
+    if treeless is None or treeless.session_open:
+        return f"vradix: {reason}"
+    publish_without_tree(scheduler, reason)
+    return f"vradix: {reason} without a radix cache: weight-derived caches dropped"
+
+
+def publish_weights_checker_reset(original, updater, recv_req, *args, **kwargs):
+    """AROUND SchedulerWeightUpdaterManager.check_weights: the `reset_tensors` action overwrites every checked
+    parameter with random values, so it is a publication (bumps once, success or not: it may have written some);
+    `snapshot` and `compare` only read the weights and run unchanged."""
+    if recv_req.action != "reset_tensors" or updater.scheduler is None:
+        return original(updater, recv_req, *args, **kwargs)
+    overlap.drain_inflight_batch(updater.scheduler)
+    try:
+        return original(updater, recv_req, *args, **kwargs)
+    finally:
+        logger.info(publish_weight_write(updater.scheduler, "weights_checker reset_tensors"))
+
+
+def weights_restored_from_backup(updater) -> bool:
+    """Whether resuming the weights' memory restores their contents: SGLang keeps a CPU backup of the target's (and
+    the draft's) weights only with `--enable-weights-cpu-backup` (`--enable-draft-weights-cpu-backup`), and never in
+    zero-copy IPC mode; without one, `resume_memory_occupation` remaps the memory without its contents."""
+    from sglang.srt.runtime_context import get_exec, get_model
+
+    features = get_exec().features
+    draft_backed = updater.draft_worker is None or features.enable_draft_weights_cpu_backup
+    return bool(features.enable_weights_cpu_backup and draft_backed and get_model().weight_cache_mode == "off")
+
+
+def publish_weights_resumed_without_backup(original, updater, recv_req, *args, **kwargs):
+    """AROUND SchedulerWeightUpdaterManager.resume_memory_occupation: resuming the `weights` tag (an empty tag list
+    means every tag) without a CPU backup leaves weights nobody published in the model, so it is a publication: KV
+    of the released weights is never matched again. With a backup the same weights come back: no publication."""
+    from sglang.srt.constants import GPU_MEMORY_TYPE_WEIGHTS
+
+    out = original(updater, recv_req, *args, **kwargs)
+    tags = recv_req.tags or [GPU_MEMORY_TYPE_WEIGHTS]
+    if updater.scheduler is not None and GPU_MEMORY_TYPE_WEIGHTS in tags and not weights_restored_from_backup(updater):
+        logger.info(publish_weight_write(updater.scheduler, "weights resumed without a CPU backup"))
+    return out

@@ -1,0 +1,59 @@
+"""Scheduler-side control requests that would change what later responses are computed from without a publication:
+each is refused per call, and the refusal says what to do instead.
+
+- `/continue_generation` while a weight-update session is open: the session's buckets are live in the model as soon
+  as each returns, but the epoch bumps only at `end_weight_update`, so a request resumed inside the session would
+  compute on partly written weights and reuse the old epoch's KV under it. The launcher refuses it with HTTP 400
+  (`launcher.refuse_continue_inside_session`); this is the scheduler's own check for callers that bypass that
+  TokenizerManager (a multi-tokenizer worker): generation stays paused until the session ends.
+- an RPC (`Engine.collective_rpc`, `RpcReqInput`) calls any scheduler method by name, so it could flush, load, relabel
+  or write weights around every hook; only methods that change no served state run.
+"""
+from __future__ import annotations
+
+import logging
+
+from vradix.core.state import state_of_scheduler, treeless_of
+
+logger = logging.getLogger("vradix")
+
+#: scheduler methods an RPC may call: each reads the served weights or state and changes nothing a response reads
+READ_ONLY_RPC_METHODS = ("save_remote_model", "save_sharded_model")
+
+CONTINUE_INSIDE_SESSION = (
+    "vradix refused continue_generation: a weight-update session is open, its buckets are already in the model and "
+    "the publication happens at end_weight_update. Call end_weight_update first (it resumes generation when its "
+    "begin paused it), or continue_generation after it")
+
+
+def weight_session_open(scheduler) -> bool:
+    """Whether a `begin_weight_update ... end_weight_update` session is open on the scheduler's engine."""
+    state = state_of_scheduler(scheduler)
+    if state is not None:
+        return state.session is not None
+    treeless = treeless_of(scheduler.tree_cache)
+    return treeless is not None and treeless.session_open
+
+
+def refuse_continue_inside_session(original, scheduler, recv_req, *args, **kwargs):
+    """AROUND Scheduler.continue_generation: inside an open weight-update session generation stays paused (nothing
+    resumes on half-published weights); outside one, SGLang's continue runs unchanged."""
+    if weight_session_open(scheduler):
+        logger.error(CONTINUE_INSIDE_SESSION)
+        return None
+    return original(scheduler, recv_req, *args, **kwargs)
+
+
+def refuse_state_changing_rpc(original, scheduler, recv_req, *args, **kwargs):
+    """AROUND Scheduler.handle_rpc_request: an RPC to a method outside `READ_ONLY_RPC_METHODS` fails with a message
+    naming the method and the endpoints that do the same under vradix's publication rules; nothing is called."""
+    from sglang.srt.managers.io_struct import RpcReqOutput
+
+    if recv_req.method in READ_ONLY_RPC_METHODS:
+        return original(scheduler, recv_req, *args, **kwargs)
+    message = (f"vradix refused rpc {recv_req.method!r}: an RPC may only call {', '.join(READ_ONLY_RPC_METHODS)}; "
+               "a method called by name bypasses the publication every change of weights, labels or cache goes "
+               "through. Use the engine's own endpoint instead (update_weights_*, update_weight_version, "
+               "flush_cache, load_lora_adapter, ...), or VRADIX_DISABLE=1 for stock behaviour")
+    logger.error(message)
+    return RpcReqOutput(success=False, message=message)
