@@ -75,10 +75,13 @@ def dispatched(scheduler_class=None) -> dict:
     return dict(probe._request_dispatcher._mapping)
 
 
-def internal_state_keys(scheduler_class=None) -> list[str]:
-    """The keys `SetInternalStateReq` may change: those `SchedulerInternalStateController` has a handler for."""
-    from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
-    controller = SchedulerInternalStateController(scheduler_probe(scheduler_class), record_step_time=False)
+def internal_state_keys(scheduler_class=None, controller_class=None) -> list[str]:
+    """The keys `SetInternalStateReq` may change: those the internal-state controller (SGLang's
+    `SchedulerInternalStateController` by default) has an update handler for."""
+    if controller_class is None:
+        from sglang.srt.managers.scheduler_components.internal_state import (
+            SchedulerInternalStateController as controller_class)
+    controller = controller_class(scheduler_probe(scheduler_class), record_step_time=False)
     return sorted(controller._update_handlers())
 
 
@@ -397,8 +400,8 @@ REQUESTS = {
         "configuration it was built with from the launch environment and is not reconfigured by this request"),
 }
 
-#: what a coroutine does when it only forwards one request type
-_FORWARDS = {
+#: coroutine -> the one request type it forwards to the scheduler (it shares that type's `Entry`)
+FORWARDS = {
     "flush_cache": "FlushCacheReqInput", "update_weights_from_disk": "UpdateWeightFromDiskReqInput",
     "update_weights_from_distributed": "UpdateWeightsFromDistributedReqInput",
     "update_weights_from_tensor": "UpdateWeightsFromTensorReqInput",
@@ -435,7 +438,7 @@ _GENERATE = Entry(
                            "test_staleness.py::test_a_bound_above_the_window_is_refused_with_a_400_error"))
 
 COROUTINES = {
-    **{name: REQUESTS[request] for name, request in _FORWARDS.items()},
+    **{name: REQUESTS[request] for name, request in FORWARDS.items()},
     "generate_request": _GENERATE,
     "score_prompts": Entry("versioned", "scores prompts through `generate_request` (its row)", _GENERATE.tests),
     "score_request": Entry("versioned", "scores items through `score_prompts` (its row)", _GENERATE.tests),
