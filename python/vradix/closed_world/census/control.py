@@ -15,6 +15,11 @@ public coroutine of its TokenizerManager, read from SGLang 0.5.23's live objects
 A route or coroutine that only forwards one request type shares that type's `Entry`, so a route, its coroutine and
 its request never disagree.
 
+Outside these objects, so outside this census: `BlockReqInput`, which the scheduler's input blocker consumes before
+the dispatcher (it only holds requests back); the front ends that replace the Python server and its TokenizerManager
+(`SGLANG_RUST_SERVER`, `--smg-grpc-mode`), which the environment and flag censuses classify. The native gRPC server
+(`--grpc-port`) calls the TokenizerManager coroutines listed here.
+
 Invariants: the enumerations import SGLang but never start it; each returns names only; a table has exactly the
 names its enumeration returns (test/closed_world/test_census.py).
 """
