@@ -280,8 +280,8 @@ REQUESTS = {
         "generation control", "pauses generation: `in_place` keeps requests and their KV (vradix first drains the "
         "overlap queue, so a batch in flight is labelled with the weights that computed it), `retract` frees running "
         "requests' KV and re-queues them, `abort` aborts them. Inside a pause it pauses again (same state); inside a "
-        "weight-update session generation is already held, and an explicit pause stays the caller's after the "
-        "session ends",
+        "weight-update session generation is already held and the session's end resumes it (a pause made before "
+        "the session's begin stays the caller's)",
         ("test_e2e_server.py::test_overlap_batch_in_flight_at_pause_is_labelled_with_its_weights",
          "test_fault_injection.py::test_in_place_pauses_under_decode_load_lose_no_request",
          "test_weight_sessions.py::test_a_session_without_buckets_bumps_once_and_an_explicit_pause_stays")),
@@ -295,8 +295,9 @@ REQUESTS = {
     "AbortReq": Entry(
         "generation control", "ends the requests it names (or all): queued ones leave the queue, running ones end "
         "after one more step and release their KV through `release_kv_cache`, where a crossing request frees its "
-        "stale path. Inside a pause it ends paused requests and the engine stays paused; inside a weight-update "
-        "session likewise, and the session stays open",
+        "stale path. Inside a pause it marks paused requests to end (queued ones leave at once, running ones end at "
+        "their next step after the resume) and the engine stays paused, across a publication too; inside a "
+        "weight-update session likewise, and the session stays open",
         ("test_fault_injection.py::test_abort_of_requests_paused_in_place",
          "test_cache_level.py::test_crossing_request_keeps_its_kv_and_frees_stale_path_at_release")),
     "BeginWeightUpdateReqInput": Entry(
@@ -480,7 +481,7 @@ ROUTES = {
     "GET /": Entry("read-only", "'SGLang is running'"), "HEAD /": Entry("read-only", "'SGLang is running'"),
     "GET /health": Entry(
         "versioned", "health check: a one-token generate request through `generate_request`, stamped like any, whose "
-        "answer is only a status code (without SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION: a flag check)",
+        "answer is only a status code (with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0: a flag check)",
         ("test_pd_rules.py::test_sglangs_own_health_and_warmup_requests_pass",) + _GENERATE_TESTS[:1]),
     "GET /health_generate": Entry(
         "versioned", "health check: a one-token generate request through `generate_request`, stamped like any, whose "
