@@ -1,0 +1,402 @@
+"""The publication fuzzer: random supported flag combinations, random traffic and random control requests on real CPU
+servers, every exact response checked against stock SGLang on the weights it is labelled with.
+
+One run (`fuzz`) draws `combinations` server configurations from a seed (`draw_combination`: page size, chunked
+prefill, radix cache on or off, overlap scheduling on or off, scheduling policy, a staleness window, HiCache). On
+each it starts a vradix server on weights A, runs load workers (single prompts, GRPO groups sent as one batch,
+multi-turn conversations whose history grows with the model's own replies, aborted requests) and, between bursts of
+traffic, `publications` random control steps (`CONTROL_STEPS`: a disk update paused in place, paused with retract,
+or unpaused; a bucketed tensor session; a label alone; a lock-aware flush; an abort-mode pause), each publication
+naming one of the weights A, B, C in its label.
+
+The oracle: a response whose request overlapped no weight change (no crossing request) and that asked for exact KV
+must equal a stock server on the weights its label names (`oracle_sets`: one stock server, weights switched by an
+idle flush; solo and batched outputs accepted, since float32 batched matmuls flip a few greedy near-ties). A
+mismatch is a stale hit. Requests that overlapped a step that changed the weights (crossing requests) are counted,
+not checked; bounded requests (a window server) are counted, not checked (their reference is the cache state their
+spans describe).
+
+Invariants: every HTTP error other than an abort is recorded and fails the run; each server ends with SGLang's
+strict idle memory check (`reliability.strict_idle_check`) and no Traceback in its log.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import glob
+import os
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import requests
+
+from vradix.testing.harness.hicache_store import hicache_server
+from vradix.testing.harness.reliability import STRICT_CHECK_ENV, strict_idle_check
+from vradix.testing.harness.server import CpuServer
+
+WEIGHTS = ("A", "B", "C")
+MAX_NEW_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class Combination:
+    """One server configuration the census supports (a window is refused with HiCache and without a radix cache)."""
+
+    page_size: int = 1
+    chunked_prefill_size: int = 1024
+    radix: bool = True
+    overlap: bool = True
+    policy: str = "fcfs"
+    window: int = 0
+    hicache: bool = False
+
+    def args(self) -> List[str]:
+        out = ["--page-size", str(self.page_size), "--schedule-policy", self.policy]
+        if not self.radix:
+            out.append("--disable-radix-cache")
+        if not self.overlap:
+            out.append("--disable-overlap-schedule")
+        if self.window:
+            out += ["--vradix-max-staleness", str(self.window)]
+        return out
+
+    def name(self) -> str:
+        return (f"ps{self.page_size}-chunk{self.chunked_prefill_size}-{'radix' if self.radix else 'noradix'}-"
+                f"{'overlap' if self.overlap else 'normal'}-{self.policy}-K{self.window}"
+                f"{'-hicache' if self.hicache else ''}")
+
+
+def draw_combination(rng: random.Random) -> Combination:
+    radix = rng.random() < 0.85
+    hicache = radix and rng.random() < 0.2
+    return Combination(page_size=rng.choice((1, 1, 4)), chunked_prefill_size=rng.choice((64, 1024)), radix=radix,
+                       overlap=rng.random() < 0.7, policy=rng.choice(("fcfs", "lpm")),
+                       window=rng.choice((0, 0, 1)) if radix and not hicache else 0, hicache=hicache)
+
+
+@dataclass
+class Response:
+    prompt: Tuple[int, ...]
+    t0: float
+    t1: float
+    label: str
+    output: Tuple[int, ...]
+    exact: bool
+
+
+def prefix_pool(rng: random.Random, n: int = 4, length: int = 96) -> List[List[int]]:
+    """Shared prefixes (two of them share their first half), so prefixes are reused across requests and weights."""
+    base = [[rng.randrange(20, 480) for _ in range(length)] for _ in range(n)]
+    base[1] = base[0][:length // 2] + base[1][length // 2:]
+    return base
+
+
+@dataclass
+class Run:
+    """One server's traffic: load workers append responses; control steps that change the weights append their time
+    windows."""
+
+    server: CpuServer
+    rng: random.Random
+    prefixes: List[List[int]]
+    bounded_server: bool
+    responses: List[Response] = field(default_factory=list)
+    windows: List[Tuple[float, float]] = field(default_factory=list)
+    errors: List[str] = field(default_factory=list)
+    counts: Dict[str, int] = field(default_factory=dict)
+    #: every label the server served under -> the weights it names (its start label: A)
+    label_weights: Dict[str, str] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count(self, what: str, n: int = 1) -> None:
+        with self.lock:
+            self.counts[what] = self.counts.get(what, 0) + n
+
+    def payload(self, prompts, exact: bool) -> dict:
+        sp = {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
+        if self.bounded_server:
+            sp["custom_params"] = {"vradix_max_staleness": 0 if exact else 1}
+        return {"input_ids": prompts, "sampling_params": sp}
+
+    def send(self, prompts: List[List[int]], exact: bool = True, **extra) -> Optional[list]:
+        """One /generate call (a list of prompts: one batch); records each answer. None when it was aborted."""
+        t0 = time.monotonic()
+        r = requests.post(self.server.url + "/generate", json={**self.payload(prompts, exact), **extra}, timeout=300)
+        t1 = time.monotonic()
+        if r.status_code != 200:
+            if "abort" in r.text.lower():
+                return None
+            raise AssertionError(f"HTTP {r.status_code}: {r.text[:300]}")
+        answers = r.json()
+        answers = answers if isinstance(answers, list) else [answers]
+        with self.lock:
+            for p, a in zip(prompts, answers):
+                if (a["meta_info"].get("finish_reason") or {}).get("type") == "abort":
+                    continue
+                self.responses.append(Response(tuple(p), t0, t1, a["meta_info"]["weight_version"],
+                                               tuple(a["output_ids"]), exact or not self.bounded_server))
+        return answers
+
+    @staticmethod
+    def tail(rng: random.Random) -> List[int]:
+        return [rng.randrange(20, 480) for _ in range(rng.randint(1, 6))]
+
+    def single(self, rng: random.Random) -> None:
+        self.send([rng.choice(self.prefixes) + self.tail(rng)], exact=rng.random() < 0.8)
+        self.count("single")
+
+    def group(self, rng: random.Random) -> None:
+        prompt = rng.choice(self.prefixes) + self.tail(rng)
+        self.send([prompt] * 4)
+        self.count("grpo_group")
+
+    def conversation(self, rng: random.Random) -> None:
+        history = list(rng.choice(self.prefixes))
+        for _ in range(rng.randint(2, 4)):
+            history += self.tail(rng)
+            answers = self.send([history])
+            if answers is None:
+                return
+            history += answers[0]["output_ids"]
+            self.count("turn")
+
+    def aborted(self, rng: random.Random) -> None:
+        """A long request aborted while it runs (or before it starts): its answer is never checked."""
+        rid = uuid.uuid4().hex
+        body = self.payload([rng.choice(self.prefixes) + self.tail(rng)], True)
+        body["sampling_params"]["max_new_tokens"] = 64
+        body["input_ids"], body["rid"] = body["input_ids"][0], rid
+        t = threading.Thread(target=requests.post, args=(self.server.url + "/generate",),
+                             kwargs={"json": body, "timeout": 300}, daemon=True)
+        t.start()
+        time.sleep(rng.random() * 0.2)
+        requests.post(self.server.url + "/abort_request", json={"rid": rid}, timeout=60)
+        t.join(300)
+        self.count("abort")
+
+    def worker(self, seed: int) -> None:
+        rng = random.Random(seed)
+        kinds = (self.single, self.single, self.group, self.conversation, self.aborted)
+        while not self.stop.is_set():
+            try:
+                rng.choice(kinds)(rng)
+            except Exception as e:  # recorded: the run fails on any error
+                self.errors.append(repr(e))
+                return
+
+
+class Control:
+    """The control steps of one server: each returns the weights the server serves afterwards."""
+
+    def __init__(self, run: Run, models: Dict[str, str], radix: bool):
+        self.run, self.models, self.radix = run, models, radix
+        self.serving, self.n = "A", 0
+
+    def label(self, weights: str) -> str:
+        self.n += 1
+        label = f"{weights}-{self.n}-{uuid.uuid4().hex[:6]}"
+        with self.run.lock:
+            self.run.label_weights[label] = weights
+        return label
+
+    def ok(self, r: requests.Response) -> dict:
+        assert r.status_code == 200, f"{r.request.path_url}: HTTP {r.status_code}: {r.text[:300]}"
+        body = r.json() if r.text.strip().startswith(("{", "[")) else {}
+        assert not isinstance(body, dict) or body.get("success", True), body
+        return body
+
+    def post(self, path: str, body: Optional[dict] = None) -> dict:
+        return self.ok(requests.post(self.run.server.url + path, json=body or {}, timeout=300))
+
+    def disk(self, mode: Optional[str]) -> None:
+        weights = self.run.rng.choice(WEIGHTS)
+        if mode:
+            self.post("/pause_generation", {"mode": mode})
+        self.post("/update_weights_from_disk", {"model_path": self.models[weights], "flush_cache": False,
+                                                "weight_version": self.label(weights)})
+        if mode:
+            self.post("/continue_generation")
+        self.serving = weights
+
+    def session(self) -> None:
+        weights = self.run.rng.choice(WEIGHTS)
+        self.post("/begin_weight_update")
+        label = self.label(weights)
+        for bucket in tensor_buckets(self.models[weights], 2):
+            self.post("/update_weights_from_tensor", {"serialized_named_tensors": bucket, "weight_version": label})
+        self.post("/end_weight_update")
+        self.serving = weights
+
+    def relabel(self) -> None:
+        self.post("/update_weight_version", {"new_version": self.label(self.serving)})
+
+    def flush(self) -> None:
+        self.post("/flush_cache")
+
+    def abort_pause(self) -> None:
+        self.post("/pause_generation", {"mode": "abort"})
+        self.post("/continue_generation")
+
+    def step(self) -> str:
+        steps = {"disk in_place": lambda: self.disk("in_place"), "disk retract": lambda: self.disk("retract"),
+                 "disk unpaused": lambda: self.disk(None), "tensor session": self.session,
+                 "label only": self.relabel, "flush": self.flush, "abort pause": self.abort_pause}
+        name = self.run.rng.choice(list(steps))
+        t0 = time.monotonic()
+        steps[name]()
+        if name in WEIGHT_STEPS:
+            with self.run.lock:
+                self.run.windows.append((t0, time.monotonic()))
+        self.run.count(f"control: {name}")
+        return name
+
+
+CONTROL_STEPS = ("disk in_place", "disk retract", "disk unpaused", "tensor session", "label only", "flush",
+                 "abort pause")
+PUBLICATION_STEPS = ("disk in_place", "disk retract", "disk unpaused", "tensor session", "label only")
+#: the steps that change the weights: a request running across one of them is a crossing request, never checked (a
+#: relabel, a flush or an abort pause keeps the weights, so what runs across them is checked like any request)
+WEIGHT_STEPS = ("disk in_place", "disk retract", "disk unpaused", "tensor session")
+
+
+def tensor_buckets(model_dir: str, n: int):
+    """The checkpoint's tensors in `n` buckets, in the HTTP form SGLang expects for tp=1 (one base64
+    `MultiprocessingSerializer` payload per TP rank); shared-memory files, since the server is no child of ours."""
+    import torch
+    from safetensors.torch import load_file
+    from sglang.srt.utils import MultiprocessingSerializer
+
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    tensors = {}
+    for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
+        tensors.update(load_file(path))
+    names = sorted(tensors)
+    for group in (names[i::n] for i in range(n)):
+        yield [MultiprocessingSerializer.serialize([(k, tensors[k]) for k in group], output_str=True)]
+
+
+def overlapped(r: Response, windows: Sequence[Tuple[float, float]]) -> bool:
+    return any(s <= r.t1 and r.t0 <= e for s, e in windows)
+
+
+def start_server(models: Dict[str, str], combo: Combination, workdir: str) -> CpuServer:
+    kw = dict(env=STRICT_CHECK_ENV, chunked_prefill_size=combo.chunked_prefill_size, extra_args=combo.args())
+    if combo.hicache:
+        store = os.path.join(workdir, f"l3-{uuid.uuid4().hex[:8]}")
+        os.makedirs(store)
+        return hicache_server(models["A"], store, max_total_tokens=512, **kw)
+    return CpuServer(models["A"], **kw)
+
+
+def exercise(server: CpuServer, models: Dict[str, str], combo: Combination, rng: random.Random,
+             publications: int, concurrency: int = 3, requests_between: int = 6) -> Run:
+    """Traffic and `publications` control steps that publish (flushes and abort pauses come on top) on one server."""
+    run = Run(server, rng, prefix_pool(rng), bounded_server=combo.window > 0)
+    (first,) = run.send([run.prefixes[0] + [7]])
+    run.label_weights[first["meta_info"]["weight_version"]] = "A"
+    control = Control(run, models, combo.radix)
+    workers = [threading.Thread(target=run.worker, args=(rng.randrange(1 << 30),), daemon=True)
+               for _ in range(concurrency)]
+    for w in workers:
+        w.start()
+    try:
+        published = 0
+        while published < publications and not run.errors:
+            wait_for_traffic(run, requests_between)
+            published += control.step() in PUBLICATION_STEPS
+    finally:
+        run.stop.set()
+        for w in workers:
+            w.join(300)
+    strict_idle_check(server)
+    if "Traceback" in server.logs():
+        run.errors.append("Traceback in the server log:\n" + server.tail(40))
+    return run
+
+
+def wait_for_traffic(run: Run, n: int, timeout: float = 300.0) -> None:
+    """Until `n` more responses arrived (or a worker failed)."""
+    with run.lock:
+        target = len(run.responses) + n
+    deadline = time.monotonic() + timeout
+    while len(run.responses) < target and not run.errors:
+        assert time.monotonic() < deadline, "the load made no progress"
+        time.sleep(0.01)
+
+
+def oracle_sets(models: Dict[str, str], wanted: Dict[str, set], stock: Callable[[str], CpuServer]) -> Dict:
+    """{(weights, prompt): {outputs}}: what a stock server on those weights answers alone and in a batch of four."""
+    out = {}
+    with stock(models["A"]) as s:
+        for weights in WEIGHTS:
+            prompts = sorted(wanted.get(weights, ()))
+            if not prompts:
+                continue
+            s.reset(models[weights], f"oracle-{weights}")
+            solo = [tuple(s.generate(list(p), MAX_NEW_TOKENS)["output_ids"]) for p in prompts]
+            with cf.ThreadPoolExecutor(4) as pool:
+                batched = list(pool.map(lambda p: tuple(s.generate(list(p), MAX_NEW_TOKENS)["output_ids"]), prompts))
+            out.update({(weights, p): {a, b} for p, a, b in zip(prompts, solo, batched)})
+    return out
+
+
+@dataclass
+class Figures:
+    combinations: List[str] = field(default_factory=list)
+    publications: int = 0
+    requests: int = 0
+    checked: int = 0
+    crossing_not_checked: int = 0
+    bounded_not_checked: int = 0
+    mismatches: List[tuple] = field(default_factory=list)
+    errors: List[str] = field(default_factory=list)
+    counts: Dict[str, int] = field(default_factory=dict)
+
+
+def check(runs: List[Tuple[Combination, Run]], models: Dict[str, str], stock: Callable[[str], CpuServer]) -> Figures:
+    """Every exact response outside the control steps against the oracle of its label's weights."""
+    figures, to_check = Figures(), []
+    for combo, run in runs:
+        figures.combinations.append(combo.name())
+        figures.errors += run.errors
+        figures.requests += len(run.responses)
+        for k, v in run.counts.items():
+            figures.counts[k] = figures.counts.get(k, 0) + v
+        figures.publications += sum(v for k, v in run.counts.items()
+                                    if k.startswith("control: ") and k[9:] in PUBLICATION_STEPS)
+        for r in run.responses:
+            if r.label not in run.label_weights:
+                figures.errors.append(f"{combo.name()}: a response labelled {r.label!r}, which no step set")
+            elif not r.exact:
+                figures.bounded_not_checked += 1
+            elif overlapped(r, run.windows):
+                figures.crossing_not_checked += 1
+            else:
+                to_check.append((combo, run.label_weights[r.label], r))
+    wanted: Dict[str, set] = {}
+    for _, weights, r in to_check:
+        wanted.setdefault(weights, set()).add(r.prompt)
+    oracle = oracle_sets(models, wanted, stock)
+    for combo, weights, r in to_check:
+        figures.checked += 1
+        if r.output not in oracle[(weights, r.prompt)]:
+            figures.mismatches.append((combo.name(), r.label, len(r.prompt), r.output))
+    return figures
+
+
+def fuzz(models: Dict[str, str], workdir: str, *, seed: int, combinations: Sequence[Combination],
+         publications: int, stock: Callable[[str], CpuServer],
+         server: Optional[Callable[[Combination], CpuServer]] = None, progress=None) -> Figures:
+    """Run every combination (its own server unless `server` hands one out) and check the responses."""
+    rng = random.Random(seed)
+    runs = []
+    for combo in combinations:
+        with (server(combo) if server else start_server(models, combo, workdir)) as s:
+            runs.append((combo, exercise(s, models, combo, rng, publications)))
+        if progress:
+            progress(combo, runs[-1][1])
+    return check(runs, models, stock)

@@ -1,0 +1,60 @@
+"""The publication fuzzer (`vradix.testing.harness.fuzzer`): random traffic and random control requests (every
+publication kind, pauses in each mode, flushes, relabels), every exact response that crossed no control step equal to
+a stock server on the weights its label names.
+
+- `test_publication_fuzzer_short_seed` (`make test`): the session's pooled vradix server (default flags), 6
+  publications, the pooled stock server as the oracle;
+- `test_publication_fuzzer_long_profile` (`make test-long`): `VRADIX_FUZZ_COMBINATIONS` (default 20) random supported
+  flag combinations, each on its own server, `VRADIX_FUZZ_PUBLICATIONS` (default 25) publications each; its figures
+  are in docs/reliability.md.
+"""
+import os
+
+import pytest
+
+from vradix.testing.harness import fuzzer
+from vradix.testing.models.llama import generate
+
+pytestmark = [pytest.mark.e2e]
+
+
+@pytest.fixture(scope="module")
+def weights(models, tmp_path_factory):
+    c = generate(str(tmp_path_factory.mktemp("fuzz") / "C"), seed=3, dtype="float32", init_range=0.2)
+    return {"A": models[0], "B": models[1], "C": c}
+
+
+def report(figures: fuzzer.Figures) -> str:
+    return (f"{len(figures.combinations)} combination(s), {figures.publications} publications, {figures.requests} "
+            f"requests, {figures.checked} checked, {figures.crossing_not_checked} crossing, "
+            f"{figures.bounded_not_checked} bounded, {len(figures.mismatches)} mismatches; {figures.counts}")
+
+
+def assert_clean(figures: fuzzer.Figures, publications: int) -> None:
+    print(report(figures))
+    assert not figures.errors, figures.errors[:3]
+    assert not figures.mismatches, figures.mismatches[:5]
+    assert figures.publications >= publications and figures.checked > 0, report(figures)
+
+
+@pytest.mark.timeout(900)
+def test_publication_fuzzer_short_seed(weights, server_pool, tmp_path):
+    figures = fuzzer.fuzz(weights, str(tmp_path), seed=7, combinations=[fuzzer.Combination()], publications=6,
+                          stock=lambda path: server_pool.lease(path, vradix=False),
+                          server=lambda combo: server_pool.lease(weights["A"]))
+    assert_clean(figures, 6)
+
+
+@pytest.mark.long
+@pytest.mark.timeout(6 * 3600)
+def test_publication_fuzzer_long_profile(weights, server_pool, tmp_path):
+    import random
+    n = int(os.environ.get("VRADIX_FUZZ_COMBINATIONS", "20"))
+    per = int(os.environ.get("VRADIX_FUZZ_PUBLICATIONS", "25"))
+    rng = random.Random(int(os.environ.get("VRADIX_FUZZ_SEED", "2026")))
+    combos = [fuzzer.draw_combination(rng) for _ in range(n)]
+    figures = fuzzer.fuzz(weights, str(tmp_path), seed=rng.randrange(1 << 30), combinations=combos,
+                          publications=per, stock=lambda path: server_pool.lease(path, vradix=False),
+                          progress=lambda combo, run: print(f"[fuzz] {combo.name()}: {len(run.responses)} "
+                                                            f"responses, {run.counts}", flush=True))
+    assert_clean(figures, n * per)
