@@ -4,7 +4,8 @@ docs/coverage.md).
 Each `Refusal` names the server flag that turns a path on, why the path can hand a request KV (or weight-derived
 state) that vradix does not see, and the alternative that is versioned. `check(server_args)` raises
 `UnversionedPathError` for the first flag set, so the engine does not start and the error names the flag; nothing
-else has been built yet, so nothing is lost. The rules read `ServerArgs` fields only (no SGLang import here).
+else has been built yet, so nothing is lost. The rules read `ServerArgs` fields and environment settings; a boolean
+setting is read through SGLang's own `envs` field, so it is parsed exactly as the launcher parses it.
 
 Invariant: a row of docs/coverage.md whose verdict is "refused at launch" has its `Refusal` here, and
 test/closed_world/test_coverage.py starts SGLang's own argument pipeline with that flag and expects this error.
@@ -43,6 +44,15 @@ def _env_above_zero(name: str) -> Callable[[object], bool]:
             return float(os.environ.get(name, "-1")) > 0
         except ValueError:
             return False
+    return is_set
+
+
+def _sglang_env_on(name: str) -> Callable[[object], bool]:
+    """A boolean environment setting, read through SGLang's own field (`sglang.srt.environ.envs`), so vradix and
+    the launcher that branches on it agree on every spelling SGLang accepts."""
+    def is_set(_args) -> bool:
+        from sglang.srt.environ import envs
+        return bool(getattr(envs, name).get())
     return is_set
 
 
@@ -110,6 +120,17 @@ REFUSALS = (
             "relaxed acceptance lets the draft model's proposals, which a publication does not version, change "
             "the outputs",
             "speculative decoding with the default thresholds (1.0), where verification is lossless"),
+    Refusal("SGLANG_RUST_SERVER", _sglang_env_on("SGLANG_RUST_SERVER"),
+            "the embedded Rust frontend replaces the HTTP server and the TokenizerManager, so none of vradix's "
+            "launcher-side steps runs: responses carry no provenance, a staleness bound above the window is not "
+            "refused, a weight-update session does not hold generation, and the flush report and the cache "
+            "inspector are gone",
+            "the Python HTTP server (leave SGLANG_RUST_SERVER unset)"),
+    Refusal("--dllm-algorithm", lambda args: getattr(args, "dllm_algorithm", None) is not None,
+            "diffusion-LLM serving stages requests between denoising blocks in its own queues (the dLLM "
+            "manager's waiting and staging queues), outside the waiting queue and batches a publication re-binds "
+            "or marks crossing, so a staged request could continue on KV of the previous weights",
+            "autoregressive serving of the model (leave --dllm-algorithm unset)"),
 )
 
 
