@@ -47,7 +47,8 @@ NEEDS_DLLM_MODEL = {"dllm"}
 FLAG_VALUE = {"radix-backend": ["foo"], "spec-relaxed-accept": ["0.5"], "offload-meta": ["meta"],
               "elastic-ep": ["mooncake"], "dllm": ["LowConfidence"]}
 #: the value a refused environment setting is given at launch (a number above 0 unless named here)
-ENV_VALUE = {"rust-server": "1"}
+ENV_VALUE = {"rust-server": "1", "dspark-fp8-lm-head": "1", "swiglu-interleaved": "1", "dsv4-dense-mxscale": "1",
+             "hisparse-skip-io": "1", "external-model": "a_model_package"}
 
 
 def rows() -> list[dict]:
