@@ -9,6 +9,7 @@
 - the rows marked `open` are exactly `KNOWN_OPEN` (a new open row, or a closed one left here, fails).
 """
 import ast
+import itertools
 import json
 import pathlib
 import re
@@ -52,8 +53,11 @@ ENV_VALUE = {"rust-server": "1", "dspark-fp8-lm-head": "1", "swiglu-interleaved"
 
 
 def rows() -> list[dict]:
-    """The table rows of docs/coverage.md as dicts keyed by the header's columns."""
-    lines = [ln for ln in COVERAGE.read_text().splitlines() if ln.startswith("| ")]
+    """The rows of docs/coverage.md's main table (its first table; the census blocks below it are generated tables
+    of their own) as dicts keyed by the header's columns."""
+    text = COVERAGE.read_text().splitlines()
+    start = next(i for i, ln in enumerate(text) if ln.startswith("| "))
+    lines = list(itertools.takewhile(lambda ln: ln.startswith("|"), text[start:]))
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     out = []
     for ln in lines[2:]:
