@@ -173,6 +173,12 @@ REFUSALS = (
             f"the KV canary's fault injections ({', '.join(KV_CANARY_PERTURBATIONS)}) corrupt what a request reads "
             "on purpose: a perturbed slot table points it at KV of other requests, possibly of other weights",
             "leave the SGLANG_KV_CANARY_PERTURB_*_PROB settings unset (the canary itself only detects)"),
+    Refusal("SGLANG_DEBUG_REVERT_PR", _env_above_zero("SGLANG_DEBUG_REVERT_PR"),
+            "it patches SGLang at startup to undo a registered bug fix (`debug_utils/pr_fix_toggle.py`: attention "
+            "metadata under CUDA graphs, the request-to-token table's size, speculative draft steps), bringing back "
+            "a bug a regression test reproduces, so which KV a request reads is no longer what SGLang's released "
+            "code says",
+            "leave SGLANG_DEBUG_REVERT_PR unset (a regression-test setting)"),
     Refusal("SGLANG_EXTERNAL_MODEL_PACKAGE", _env_nonempty("SGLANG_EXTERNAL_MODEL_PACKAGE"),
             "the model classes come from an external package, whose weight-derived state (memos, fused or "
             "requantized copies built after loading) vradix has not read, so a publication could leave it stale",

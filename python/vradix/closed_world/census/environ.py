@@ -170,10 +170,12 @@ CHECKS = _group(
     "SGLANG_CRASH_ON_JIT_COMPILE SGLANG_CRASH_ON_NUMA_BIND_FAILURE SGLANG_DSPARK_DEBUG_CONFIDENCE_PREFIX_SCHEDULER",
     "invariant checks, canaries and sanity checks: they read state and report or stop the engine, never hand a "
     "request KV or state (NaN-poisoning the pool at boot only fills free memory)")
-DEBUG_REVERT = _own(
-    "SGLANG_DEBUG_REVERT_PR", "irrelevant",
-    "selects the pre-change variant of a few recent kernels for bisection; each variant computes from the same KV "
-    "and weights")
+DEBUG_REVERT = _refused_at_launch(
+    "SGLANG_DEBUG_REVERT_PR",
+    "it undoes a registered bug fix by patching SGLang's source at startup (attention metadata under CUDA graphs, "
+    "the request-to-token table's size, draft steps), so which KV a request reads is no longer what the released "
+    "code says (row debug-revert-pr)",
+    "leave it unset (a regression-test setting)")
 SIMULATIONS = (
     _refused_at_launch("SGLANG_SIMULATE_ACC_LEN",
                        "draft tokens are accepted without verification, so the draft model's unversioned state "
