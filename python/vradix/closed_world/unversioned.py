@@ -169,7 +169,8 @@ REFUSALS = (
             "slots held before, KV of other requests and possibly of other weights (a benchmark probe SGLang "
             "documents as garbage output)",
             "leave SGLANG_DEBUG_HISPARSE_SKIP_IO unset"),
-    Refusal("SGLANG_KV_CANARY_PERTURB_REQ_TO_TOKEN_PROB (or another SGLANG_KV_CANARY_PERTURB_*_PROB) above 0", _any_env_above_zero(*KV_CANARY_PERTURBATIONS),
+    Refusal("SGLANG_KV_CANARY_PERTURB_REQ_TO_TOKEN_PROB (or another SGLANG_KV_CANARY_PERTURB_*_PROB) above 0",
+            _any_env_above_zero(*KV_CANARY_PERTURBATIONS),
             f"the KV canary's fault injections ({', '.join(KV_CANARY_PERTURBATIONS)}) corrupt what a request reads "
             "on purpose: a perturbed slot table points it at KV of other requests, possibly of other weights",
             "leave the SGLANG_KV_CANARY_PERTURB_*_PROB settings unset (the canary itself only detects)"),
