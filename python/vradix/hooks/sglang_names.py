@@ -84,16 +84,18 @@ PRIVATE_NAMES = (
 
 def derived_copy_names() -> tuple:
     """The attributes vradix reads off SGLang modules to find weight-derived state: the copies of
-    `closed_world.post_load.GPU_DERIVED_COPIES` (assigned by their builders) and the position-grid memos
-    `core.weight_derived` drops at a publication."""
-    from vradix.closed_world.post_load import GPU_DERIVED_COPIES
+    `closed_world.post_load.GPU_DERIVED_COPIES` (assigned by their builders), the buffers of its `LOADER_DERIVED`, and
+    the position-grid memos `core.weight_derived` drops at a publication."""
+    from vradix.closed_world.post_load import GPU_DERIVED_COPIES, LOADER_DERIVED
     from vradix.core.weight_derived import POSITION_GRID_CACHES
 
     copies = tuple(PrivateName(copy.assigned_in.split(":")[0], copy.attr, ASSIGNED,
                                f"closed_world.post_load ({copy.family}: {copy.what})") for copy in GPU_DERIVED_COPIES)
+    loader = tuple(PrivateName(holder.split(":")[0], attr, ASSIGNED, f"closed_world.post_load.LOADER_DERIVED ({what})")
+                   for holder, attr, what in LOADER_DERIVED)
     grids = tuple(PrivateName(module, attr, ASSIGNED, f"core.weight_derived ({cls} position grid)")
                   for cls, module, attr, _ in POSITION_GRID_CACHES)
-    return copies + grids
+    return copies + loader + grids
 
 
 def all_names() -> tuple:

@@ -442,6 +442,14 @@ GPU_DERIVED_COPIES = (
            "redoes: vradix refuses every update of a model holding them (`post_load.GPU_DERIVED_COPIES`)",
            GPU_DERIVED, "restart on the new checkpoint")
 )
+# direct tensor updates vradix refuses while a weight loader's derived buffer is built (row loader-derived-direct)
+LOADER_DERIVED = _own(
+    "SGLANG_OPT_LINEARIZED_SHARED_SINK", "refused",
+    "Inkling's weight loader restacks the shared experts' w2 into `_w2_lin` at every load of w2; a "
+    "`load_format=\"direct\"` tensor update copies into the parameter without it, so vradix refuses such an update "
+    "before loading while the buffer is built (`post_load.LOADER_DERIVED`); every other update runs the loader",
+    ("test_weight_derived.py::test_a_direct_update_while_a_weight_loader_buffer_is_built_is_refused",),
+    "send the bucket with load_format=None (the weight loader rebuilds the buffer)")
 # launch refusals of `vradix.closed_world.unversioned` for settings that keep weight-derived copies no update refreshes,
 # or that corrupt what a request reads on purpose
 REFUSED_SETTINGS = (
@@ -594,7 +602,7 @@ KERNELS = _group(
     "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP "
     # Inkling, DSA, Muse Spark, MiniMax, Kimi K3
     "SGLANG_OPT_USE_FUSED_GATE_TOPK SGLANG_OPT_USE_GATE_TOPK_JIT SGLANG_OPT_GATE_GEMV_MODE "
-    "SGLANG_OPT_USE_INKLING_MULTI_STREAM_OVERLAP SGLANG_OPT_USE_INKLING_SHEARED_BIAS SGLANG_OPT_LINEARIZED_SHARED_SINK "
+    "SGLANG_OPT_USE_INKLING_MULTI_STREAM_OVERLAP SGLANG_OPT_USE_INKLING_SHEARED_BIAS "
     "SGLANG_OPT_USE_INKLING_CUSTOM_AR SGLANG_OPT_USE_INKLING_FUSED_AR_SCONV_NORM SGLANG_OPT_USE_INKLING_FUSED_AR_SCONV "
     "SGLANG_OPT_USE_INKLING_FUSED_ATTN_PROLOGUE SGLANG_OPT_USE_INKLING_SHARED_FUSED_MOE "
     "SGLANG_OPT_USE_INKLING_FUSED_AR_SHARED SGLANG_OPT_USE_INKLING_FUSED_LOG_TAU "
@@ -635,8 +643,8 @@ PLATFORM = (
 ENVIRON = _table(RUNTIME, WEIGHT_LOADING, PLE, HTTP_LOGGING_PORTS, TESTS_AND_DIAGNOSTICS, RETRACTION, RETRACTION_TUNING,
                  GRAMMAR_TOOLS_TOKENIZER, PROFILING, CHECKS, TOKEN_ORACLE, DEBUG_REVERT, SIMULATIONS, SPECULATIVE,
                  MEMORY_POOLS, SCHEDULING, RADIX, PD, DISTRIBUTED, HICACHE, CACHE_DIRS, TORCH_COMPILE, MULTIMODAL,
-                 ENCODER, SGLANG_REFUSES_UPDATES, GPU_DERIVED_COPIES, REFUSED_SETTINGS, KV_CANARY_PERTURBATIONS,
-                 WEIGHTS_THEMSELVES, QUANTIZATION, KERNELS, PLATFORM)
+                 ENCODER, SGLANG_REFUSES_UPDATES, GPU_DERIVED_COPIES, LOADER_DERIVED, REFUSED_SETTINGS,
+                 KV_CANARY_PERTURBATIONS, WEIGHTS_THEMSELVES, QUANTIZATION, KERNELS, PLATFORM)
 
 TABLES = {"environ": ("Environment settings SGLang 0.5.23 declares (`sglang.srt.environ.Envs`)", enumerate_environ,
                       ENVIRON)}
