@@ -511,8 +511,11 @@ QUANTIZATION = _group(
     "SGLANG_ROCM_MXFP8_AITER_PRESHUFFLE SGLANG_HUMMING_ONLINE_QUANT_CONFIG SGLANG_HUMMING_INPUT_QUANT_CONFIG "
     "SGLANG_USE_AITER_MOE_GU_ITLV SGLANG_DSA_HIP_DISABLE_PRESHUFFLE",
     "which quantization, packing or layout a quantization method applies to the loaded weights in its post-load "
-    "step: the result replaces the parameters (no copy is kept beside them), as for any quantized checkpoint, and "
-    "SGLang reruns the step after a disk update and at a session's end")
+    "step: the result replaces the parameters (no copy is kept beside them), and a disk update or a session's end "
+    "reruns the step (`load_weights_and_postprocess`, `postprocess_weights`). A plain tensor update writes through "
+    "the parameters' weight loaders without rerunning it, as for any quantized checkpoint with a post-load layout: "
+    "that is the quantization method's property, not this setting's (the one SGLang documents as incompatible with "
+    "updates, SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED, is refused)")
 KERNELS = _group(
     # AMD, ROCm and AITER
     "SGLANG_USE_AITER SGLANG_DISABLE_GFX1250_FP8_GEMM SGLANG_AITER_INTREE_GEMM_TUNE SGLANG_AITER_INTREE_MHC_TILE_M16 "
