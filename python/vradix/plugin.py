@@ -9,7 +9,9 @@ callable raises an `Exception`, and `HookRegistry.apply_hooks()` only logs a tar
 2. `register()` imports SGLang and every vradix step inside one guard: any exception there becomes
    `VradixInstallError`, a `SystemExit` subclass that `load_plugins()` does not swallow, so the launcher (and any
    scheduler process) exits with an error naming vradix;
-3. after applying the hooks, `register()` checks that every target in `vradix.hooks.HOOKS` really carries its hook.
+3. before applying the hooks, `register()` checks that every private SGLang name vradix uses outside the hook table
+   exists (`vradix.hooks.sglang_names`), and after applying them that every target in `vradix.hooks.HOOKS` really
+   carries its hook.
 `VRADIX_DISABLE=1` opts out (stock SGLang) for A/B runs. Excluding vradix through `SGLANG_PLUGINS` is warned about
 at interpreter start by `vradix-plugin-check.pth` (see `warn_if_excluded`), since SGLang then never calls us.
 
@@ -93,6 +95,7 @@ def _install() -> int:
         raise VradixInstallError(f"vradix {__version__}: {e}") from None
     from vradix.hooks import DEFERRED_MODULES, HOOKS
 
+    _check_private_names(sglang_version)
     hooks = [(_fault_injected(target), kind, hook) for target, kind, hook in HOOKS]
     for module in DEFERRED_MODULES:
         group = [h for h in hooks if h[0].startswith(module + ".")]
@@ -103,6 +106,18 @@ def _install() -> int:
             sys.meta_path.insert(0, _AfterImport(module, lambda group=group: _apply_checked(group, sglang_version)))
     _apply_checked(hooks, sglang_version)
     return len(HOOKS)
+
+
+def _check_private_names(sglang_version: str) -> None:
+    """Before any hook is applied: every private SGLang name vradix uses outside `HOOKS`
+    (`vradix.hooks.sglang_names`) exists, or the install stops naming the missing ones."""
+    from vradix.hooks import sglang_names
+
+    absent = sglang_names.missing()
+    if absent:
+        raise VradixInstallError(
+            f"vradix {__version__}: sglang {sglang_version} lacks {', '.join(absent)}, which vradix uses; refusing "
+            "to serve an unversioned radix cache (set VRADIX_DISABLE=1 for stock behaviour)")
 
 
 def _apply_checked(hooks, sglang_version: str) -> None:

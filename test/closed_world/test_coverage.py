@@ -9,8 +9,11 @@
 - the rows marked `open` are exactly `KNOWN_OPEN` (a new open row, or a closed one left here, fails).
 """
 import ast
+import itertools
+import json
 import pathlib
 import re
+import shutil
 import types
 
 import pytest
@@ -39,9 +42,14 @@ LAUNCH_CONTEXT = {
 }
 #: rows whose flag SGLang accepts only for a vision-language model
 NEEDS_VL_MODEL = {"epd-encoder", "epd-language", "epd-global-store"}
+#: rows whose flag SGLang accepts only for a diffusion-LLM architecture
+NEEDS_DLLM_MODEL = {"dllm"}
 #: the value a refused flag is given at launch (a bare flag is a switch)
 FLAG_VALUE = {"radix-backend": ["foo"], "spec-relaxed-accept": ["0.5"], "offload-meta": ["meta"],
-              "elastic-ep": ["mooncake"]}
+              "elastic-ep": ["mooncake"], "dllm": ["LowConfidence"]}
+#: the value a refused environment setting is given at launch (a number above 0 unless named here)
+ENV_VALUE = {"rust-server": "1", "dspark-fp8-lm-head": "1", "swiglu-interleaved": "1", "dsv4-dense-mxscale": "1",
+             "hisparse-skip-io": "1", "external-model": "a_model_package"}
 
 
 def rows() -> list[dict]:
@@ -62,6 +70,17 @@ def rows() -> list[dict]:
 def vl_model(tmp_path_factory):
     from vradix.testing.models.vl import generate
     return generate(str(tmp_path_factory.mktemp("vl") / "A"), seed=1)
+
+
+@pytest.fixture(scope="module")
+def dllm_model(models, tmp_path_factory):
+    """The tiny Llama checkpoint declared as SDAR, a block-diffusion architecture SGLang's dLLM config knows (the
+    argument pipeline reads only the config)."""
+    path = tmp_path_factory.mktemp("dllm") / "sdar"
+    shutil.copytree(models[0], path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "architectures": ["SDARForCausalLM"]}))
+    return str(path)
 
 
 ROWS = rows()
@@ -148,12 +167,12 @@ def test_every_refusal_has_its_row():
 
 
 @pytest.mark.parametrize("row_id", refused_at_launch())
-def test_a_refused_flag_stops_the_launch(row_id, models, vl_model, monkeypatch):
+def test_a_refused_flag_stops_the_launch(row_id, models, vl_model, dllm_model, monkeypatch):
     """SGLang's own parser and argument check with the row's flag: vradix's refusal names the flag; without it the
     same launch passes the check (so the refusal, not another error, is what stops it)."""
     from sglang.srt.server_args import prepare_server_args
     monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
-    model = vl_model if row_id in NEEDS_VL_MODEL else models[0]
+    model = vl_model if row_id in NEEDS_VL_MODEL else dllm_model if row_id in NEEDS_DLLM_MODEL else models[0]
     base = ["--model-path", model, "--device", "cpu", "--attention-backend", "torch_native",
             "--skip-tokenizer-init"] + LAUNCH_CONTEXT.get(row_id, [])
     flag = flag_of(row_id)
@@ -165,8 +184,8 @@ def test_a_refused_flag_stops_the_launch(row_id, models, vl_model, monkeypatch):
 
     if flag.startswith("--"):
         refused = base + [flag] + FLAG_VALUE.get(row_id, [])
-    else:  # an environment setting, above 0
-        monkeypatch.setenv(flag, "2")
+    else:  # an environment setting
+        monkeypatch.setenv(flag, ENV_VALUE.get(row_id, "2"))
         refused = base
     with pytest.raises(unversioned.UnversionedPathError, match=re.escape(flag)):
         check(refused)

@@ -298,6 +298,28 @@ def test_direct_updates_of_other_models_and_default_updates_of_mla_models_run():
     assert engine.touched == 2
 
 
+def test_a_direct_update_while_a_weight_loader_buffer_is_built_is_refused():
+    """Inkling's linearized shared sink (SGLANG_OPT_LINEARIZED_SHARED_SINK, on by default): its weight loader restacks
+    the shared experts' w2 into `_w2_lin` at every w2 load, which a direct load (a copy into the parameter) skips.
+    Refused while the buffer is built; the same model without it, and a default-format update, run."""
+    sink = bare("sglang.srt.models.inkling_common.dense_mlp:InklingDenseMLP")
+    sink.register_buffer("_w2_lin", None, persistent=False)
+    engine = Engine()
+    serving_runners(engine, serving(sink))
+    open_session(engine)
+
+    def update(load_format="direct"):
+        original, req = direct_bucket(engine, load_format)
+        return publication.publish_update_from_tensor(original, engine.updater, req)
+
+    assert update().success
+    sink._w2_lin = torch.zeros(4, 2)
+    out = update()
+    assert not out.success and "InklingDenseMLP._w2_lin" in out.message and "load_format=None" in out.message
+    assert update(load_format=None).success
+    assert engine.touched == 2
+
+
 # ---- IPC: a post-hook failure is a failed update ------------------------------------------------------------------
 
 

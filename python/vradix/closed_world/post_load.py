@@ -5,7 +5,9 @@
   ones: MLA models (DeepSeek V2/V3, Kimi, GLM-5 and the others built on `deepseek_weight_loader`) split `kv_b_proj`
   into `w_kc`/`w_vc` there. After such an update the served model would mix new weights with weights derived from the
   old ones. vradix refuses such an update before anything is loaded when the model defines `post_load_weights`
-  (`direct_update_refusal`); `load_format=None` (the model's own `load_weights`) runs the derivation.
+  (`direct_update_refusal`); `load_format=None` (the model's own `load_weights`) runs the derivation. The same holds
+  for a buffer a module's weight loader derives at every load of a weight (`LOADER_DERIVED`: Inkling's linearized
+  shared sink), which a direct load, copying into the parameter, never refreshes.
 - `update_weights_from_ipc` (checkpoint-engine) runs SGLang's post-hook (`process_weights_after_loading`, then
   `post_load_weights`) inside a `try` that only logs "Post-hook processing failed" as a warning, and the update then
   reports success. `PostHookFailures` catches that warning during the call, so vradix turns the call into a failed
@@ -37,6 +39,24 @@ def derives_weights_after_load(model) -> bool:
     return model is not None and callable(getattr(model, "post_load_weights", None))
 
 
+#: ("module:Class", buffer, what it is): buffers a module's weight loader derives from a loaded weight each time that
+#: weight is loaded; a direct load copies into the parameter and never runs the weight loader
+LOADER_DERIVED = (
+    ("sglang.srt.models.inkling_common.dense_mlp:InklingDenseMLP", "_w2_lin",
+     "Inkling's linearized shared-sink down-projection, restacked from w2 by `weight_loader_fused`"),
+)
+
+
+def loader_derived_buffers(model) -> list:
+    """(module, buffer, what) for every `LOADER_DERIVED` buffer `model` holds built (not None)."""
+    if model is None or not hasattr(model, "modules"):
+        return []
+    return [(module, attr, what) for module in model.modules()
+            for holder, attr, what in LOADER_DERIVED
+            if holder in {f"{c.__module__}:{c.__qualname__}" for c in type(module).__mro__}
+            and getattr(module, attr, None) is not None]
+
+
 def direct_update_refusal(load_format, models) -> Optional[str]:
     """The reason a `load_format="direct"` update must not run on `models` (target, then draft), or None."""
     if load_format != "direct":
@@ -48,6 +68,13 @@ def direct_update_refusal(load_format, models) -> Optional[str]:
                     "direct loader skips, so the served weights would mix new tensors with ones derived from the old. "
                     "Nothing was loaded. Send the bucket with load_format=None (the model's load_weights runs the "
                     "derivation)")
+        built = loader_derived_buffers(model)
+        if built:
+            module, attr, what = built[0]
+            return (f"vradix refused update_weights_from_tensor(load_format='direct'): {type(model).__name__} holds "
+                    f"{type(module).__name__}.{attr} ({what}), which the direct loader never refreshes, so the served "
+                    "weights would mix new tensors with one derived from the old. Nothing was loaded. Send the bucket "
+                    "with load_format=None (the weight loader rebuilds it)")
     return None
 
 

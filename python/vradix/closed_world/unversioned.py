@@ -4,7 +4,8 @@ docs/coverage.md).
 Each `Refusal` names the server flag that turns a path on, why the path can hand a request KV (or weight-derived
 state) that vradix does not see, and the alternative that is versioned. `check(server_args)` raises
 `UnversionedPathError` for the first flag set, so the engine does not start and the error names the flag; nothing
-else has been built yet, so nothing is lost. The rules read `ServerArgs` fields only (no SGLang import here).
+else has been built yet, so nothing is lost. The rules read `ServerArgs` fields and environment settings; a boolean
+setting is read through SGLang's own `envs` field, so it is parsed exactly as the launcher parses it.
 
 Invariant: a row of docs/coverage.md whose verdict is "refused at launch" has its `Refusal` here, and
 test/closed_world/test_coverage.py starts SGLang's own argument pipeline with that flag and expects this error.
@@ -44,6 +45,33 @@ def _env_above_zero(name: str) -> Callable[[object], bool]:
         except ValueError:
             return False
     return is_set
+
+
+def _sglang_env_on(name: str) -> Callable[[object], bool]:
+    """A boolean environment setting, read through SGLang's own field (`sglang.srt.environ.envs`), so vradix and
+    the launcher that branches on it agree on every spelling SGLang accepts."""
+    def is_set(_args) -> bool:
+        from sglang.srt.environ import envs
+        return bool(getattr(envs, name).get())
+    return is_set
+
+
+def _any_env_above_zero(*names: str) -> Callable[[object], bool]:
+    """Any of several environment settings SGLang reads as floats, set above 0."""
+    checks = [_env_above_zero(name) for name in names]
+    return lambda args: any(check(args) for check in checks)
+
+
+def _env_nonempty(name: str) -> Callable[[object], bool]:
+    """A string environment setting, set to anything but blanks."""
+    return lambda _args: bool(os.environ.get(name, "").strip())
+
+
+#: the KV canary's fault injections: each corrupts what a request reads (its slot table, its KV, its next token)
+KV_CANARY_PERTURBATIONS = ("SGLANG_KV_CANARY_PERTURB_REQ_TO_TOKEN_PROB", "SGLANG_KV_CANARY_PERTURB_REAL_KV_USED_PROB",
+                           "SGLANG_KV_CANARY_PERTURB_REAL_KV_UNUSED_CACHE_PROB",
+                           "SGLANG_KV_CANARY_PERTURB_REAL_KV_POST_FORWARD_PROB",
+                           "SGLANG_KV_CANARY_PERTURB_NEXT_TOKEN_SWAP_PROB")
 
 
 def _kv_outside_forwards(args) -> bool:
@@ -110,6 +138,52 @@ REFUSALS = (
             "relaxed acceptance lets the draft model's proposals, which a publication does not version, change "
             "the outputs",
             "speculative decoding with the default thresholds (1.0), where verification is lossless"),
+    Refusal("SGLANG_RUST_SERVER", _sglang_env_on("SGLANG_RUST_SERVER"),
+            "the embedded Rust frontend replaces the HTTP server and the TokenizerManager, so none of vradix's "
+            "launcher-side steps runs: responses carry no provenance, a staleness bound above the window is not "
+            "refused, a weight-update session does not hold generation, and the flush report and the cache "
+            "inspector are gone",
+            "the Python HTTP server (leave SGLANG_RUST_SERVER unset)"),
+    Refusal("--dllm-algorithm", lambda args: getattr(args, "dllm_algorithm", None) is not None,
+            "diffusion-LLM serving stages requests between denoising blocks in its own queues (the dLLM "
+            "manager's waiting and staging queues), outside the waiting queue and batches a publication re-binds "
+            "or marks crossing, so a staged request could continue on KV of the previous weights",
+            "autoregressive serving of the model (leave --dllm-algorithm unset)"),
+    Refusal("SGLANG_ROCM_OPT_DSPARK_FP8_LM_HEAD", _sglang_env_on("SGLANG_ROCM_OPT_DSPARK_FP8_LM_HEAD"),
+            "the target's verify logits run through an FP8 copy of lm_head quantized at its first use and kept on "
+            "the module (`_fp8_weight_cache`, rebuilt only when the shape changes), so after a weight update the "
+            "logits would still come from the old lm_head",
+            "leave SGLANG_ROCM_OPT_DSPARK_FP8_LM_HEAD unset (the lm_head GEMM reads the live weight)"),
+    Refusal("SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED", _sglang_env_on("SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED"),
+            "the MoE w13 gate/up rows are permuted in place after loading and nothing restores the checkpoint "
+            "layout before an update, so a tensor, distributed or IPC update writes checkpoint-layout rows the "
+            "kernels read as interleaved: the served experts would not be the published ones",
+            "leave SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED unset (the separate SwiGLU reads the checkpoint layout)"),
+    Refusal("SGLANG_DSV4_DENSE_MXSCALE", _sglang_env_on("SGLANG_DSV4_DENSE_MXSCALE"),
+            "the dense block-FP8 GEMMs read an e8m0 copy of each weight's scale, built after loading "
+            "(`weight._mxscale_w_scale`), which an update that does not rerun the post-load step (tensor, "
+            "distributed, IPC) leaves computed from the old scales",
+            "leave SGLANG_DSV4_DENSE_MXSCALE unset (the fp32-scale GEMM reads the live scales)"),
+    Refusal("SGLANG_DEBUG_HISPARSE_SKIP_IO", _sglang_env_on("SGLANG_DEBUG_HISPARSE_SKIP_IO"),
+            "the HiSparse swap-in skips the host-to-device KV copy, so a request attends over whatever its device "
+            "slots held before, KV of other requests and possibly of other weights (a benchmark probe SGLang "
+            "documents as garbage output)",
+            "leave SGLANG_DEBUG_HISPARSE_SKIP_IO unset"),
+    Refusal("SGLANG_KV_CANARY_PERTURB_REQ_TO_TOKEN_PROB (or another SGLANG_KV_CANARY_PERTURB_*_PROB) above 0",
+            _any_env_above_zero(*KV_CANARY_PERTURBATIONS),
+            f"the KV canary's fault injections ({', '.join(KV_CANARY_PERTURBATIONS)}) corrupt what a request reads "
+            "on purpose: a perturbed slot table points it at KV of other requests, possibly of other weights",
+            "leave the SGLANG_KV_CANARY_PERTURB_*_PROB settings unset (the canary itself only detects)"),
+    Refusal("SGLANG_DEBUG_REVERT_PR", _env_above_zero("SGLANG_DEBUG_REVERT_PR"),
+            "it patches SGLang at startup to undo a registered bug fix (`debug_utils/pr_fix_toggle.py`: attention "
+            "metadata under CUDA graphs, the request-to-token table's size, speculative draft steps), bringing back "
+            "a bug a regression test reproduces, so which KV a request reads is no longer what SGLang's released "
+            "code says",
+            "leave SGLANG_DEBUG_REVERT_PR unset (a regression-test setting)"),
+    Refusal("SGLANG_EXTERNAL_MODEL_PACKAGE", _env_nonempty("SGLANG_EXTERNAL_MODEL_PACKAGE"),
+            "the model classes come from an external package, whose weight-derived state (memos, fused or "
+            "requantized copies built after loading) vradix has not read, so a publication could leave it stale",
+            "a model class SGLang ships (leave SGLANG_EXTERNAL_MODEL_PACKAGE unset)"),
 )
 
 
