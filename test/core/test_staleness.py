@@ -193,3 +193,34 @@ def test_memory_pressure_evicts_older_in_window_kv_before_current_epoch_kv(env):
     fx.finish(holder)
     common.evict_from_tree_cache(fx.cache, fx.total)
     assert fx.idle_invariant_holds() and fx.allocator.available_size() == fx.total, fx.accounting()
+
+
+def test_a_window_is_refused_where_the_kv_page_ledger_is_off(env):
+    """A bounded response's spans and staleness are read from the KV page ledger. On an engine where the ledger is off
+    (speculative decoding, the external cache linker) a bounded request that reused one-publication-old KV would
+    report no spans and staleness 0: wrong provenance. So a window is refused there, at launch (naming the flag) and
+    at attach (the invariant: a window has a ledger)."""
+    from types import SimpleNamespace
+
+    from vradix.core.state import attach
+
+    fx, _ = env
+    blind = attach(fx.cache, with_ledger=False)  # what an engine without the refusal would run
+    blind.staleness.window = 1
+    P = seq(10, 64)
+    run(fx, blind, P + [1], bound=0)
+    bump(fx, blind)
+    hit, req = run(fx, blind, P + [3], bound=1)
+    report = req._vradix.bounded_report
+    assert hit == 64 and req._vradix.epoch == 0  # it read 64 tokens of epoch-0 KV at epoch 1 ...
+    assert report["kv_weight_versions"] == [] and report["vradix_staleness"]["staleness"] == 0  # ... and says none
+
+    with pytest.raises(staleness.StalenessError, match="needs the KV page ledger"):
+        attach(fx.cache, with_ledger=False, staleness_window=1)
+    for attr, flag, value in (("speculative_algorithm", "--speculative-algorithm", "EAGLE"),
+                              ("enable_unified_cache_external_linker", "--enable-unified-cache-external-linker", True)):
+        with pytest.raises(staleness.StalenessError, match=f"{flag}.*Start without --vradix-max-staleness"):
+            staleness.check_server(SimpleNamespace(**{attr: value}), 1)
+        staleness.check_server(SimpleNamespace(**{attr: value}), 0)
+    with pytest.raises(staleness.StalenessError, match="speculative decoding"):
+        staleness.check_ledger(2, ["speculative decoding"])

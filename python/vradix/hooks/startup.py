@@ -43,6 +43,7 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
         logger.warning("vradix: KV page ledger disabled (KV also arrives via %s); the epoch namespace still applies",
                        ", ".join(unobserved))
     window = staleness.server_window()
+    staleness.check_ledger(window, unobserved)
     staleness.check_cache(cache, window, deferred_reclaim.supported(cache))
     mode = engine_identity_mode(scheduler.server_args)
     scope = role_scope(scheduler)
