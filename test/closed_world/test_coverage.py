@@ -34,6 +34,7 @@ LAUNCH_CONTEXT = {
     "offload-meta": ["--offload-group-size", "2"],
     "routed-experts-capture": ["--enable-hierarchical-cache", "--hicache-io-backend", "direct",
                                "--hicache-mem-layout", "layer_first"],
+    "radix-off-streaming-session": ["--disable-radix-cache"],
     "pd-decode-session": ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake_tcp",
                           "--vradix-weight-identity", "fingerprint"],
 }

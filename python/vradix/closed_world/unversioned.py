@@ -78,6 +78,14 @@ REFUSALS = (
             "decode hands a transferred request's KV record to its session slot (DecodeTransferQueue), a path "
             "vradix's session step (docs/streaming-sessions.md) has not been checked against",
             "streaming sessions on a non-P/D engine, or plain sessions over P/D"),
+    Refusal("--enable-streaming-session with --disable-radix-cache",
+            lambda args: (bool(getattr(args, "enable_streaming_session", False))
+                          and bool(getattr(args, "disable_radix_cache", False))),
+            "without a radix cache vradix keeps no epochs (it runs treeless), yet SGLang's session slot still keeps "
+            "the last turn's KV and lends it to the session's next turn, across a publication too, so that turn "
+            "would be computed on the previous weights' KV",
+            "streaming sessions with the radix cache on (vradix versions their slots), or plain sessions without "
+            "the radix cache"),
     Refusal("--enable-torch-compile on the CPU engine",
             lambda args: bool(getattr(args, "enable_torch_compile", False)) and getattr(args, "device", None) == "cpu",
             "the CPU graph runner compiles with Inductor freezing, which folds the weights into the compiled graph "
