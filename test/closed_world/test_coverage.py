@@ -41,7 +41,7 @@ LAUNCH_CONTEXT = {
 #: rows whose flag SGLang accepts only for a vision-language model
 NEEDS_VL_MODEL = {"epd-encoder", "epd-language", "epd-global-store"}
 #: the value a refused flag is given at launch (a bare flag is a switch)
-FLAG_VALUE = {"radix-backend": ["foo"], "spec-relaxed-accept": ["0.5"], "offload-meta": ["meta"],
+FLAG_VALUE = {"kt-cpu-experts": ["/nonexistent/kt-experts"], "radix-backend": ["foo"], "spec-relaxed-accept": ["0.5"], "offload-meta": ["meta"],
               "elastic-ep": ["mooncake"]}
 
 

@@ -102,6 +102,11 @@ REFUSALS = (
             "elastic EP recovery reloads lost experts from the startup checkpoint or a startup host backup, never "
             "from the last publication, so a recovered engine mixes old experts into new weights",
             "a fixed EP layout"),
+    Refusal("--kt-weight-path", lambda args: getattr(args, "kt_weight_path", None) is not None,
+            "KTransformers serves the CPU experts from this path and reloads them from it at every post-load step "
+            "(`KTEPWrapperMethod.process_weights_after_loading`, which an update runs too), so a publication's CPU "
+            "experts never reach them and the engine serves the startup experts with the published rest",
+            "every expert on the device (leave --kt-weight-path unset), or a restart on the new checkpoint"),
     Refusal("--enable-return-routed-experts/--enable-return-indexer-topk with KV that arrives outside a forward",
             lambda args: (bool(getattr(args, "enable_return_routed_experts", False)
                                or getattr(args, "enable_return_indexer_topk", False)) and _kv_outside_forwards(args)),
