@@ -36,12 +36,14 @@ LAUNCH_CONTEXT = {
                                "--hicache-mem-layout", "layer_first"],
     "radix-off-streaming-session": ["--disable-radix-cache"],
     "pd-decode-session": ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake_tcp",
-                          "--vradix-weight-identity", "fingerprint"],
+                          "--disaggregation-decode-enable-radix-cache", "--vradix-weight-identity", "fingerprint"],
+    "pd-decode-radix-off": ["--disaggregation-transfer-backend", "mooncake_tcp", "--vradix-weight-identity",
+                            "fingerprint"],
 }
 #: rows whose flag SGLang accepts only for a vision-language model
 NEEDS_VL_MODEL = {"epd-encoder", "epd-language", "epd-global-store"}
 #: the value a refused flag is given at launch (a bare flag is a switch)
-FLAG_VALUE = {"kt-cpu-experts": ["/nonexistent/kt-experts"], "radix-backend": ["foo"], "spec-relaxed-accept": ["0.5"], "offload-meta": ["meta"],
+FLAG_VALUE = {"pd-decode-radix-off": ["decode"], "kt-cpu-experts": ["/nonexistent/kt-experts"], "radix-backend": ["foo"], "spec-relaxed-accept": ["0.5"], "offload-meta": ["meta"],
               "elastic-ep": ["mooncake"]}
 
 

@@ -78,6 +78,15 @@ REFUSALS = (
             "decode hands a transferred request's KV record to its session slot (DecodeTransferQueue), a path "
             "vradix's session step (docs/streaming-sessions.md) has not been checked against",
             "streaming sessions on a non-P/D engine, or plain sessions over P/D"),
+    Refusal("--disaggregation-mode decode without --disaggregation-decode-enable-radix-cache",
+            lambda args: (getattr(args, "disaggregation_mode", "null") == "decode"
+                          and (not getattr(args, "disaggregation_decode_enable_radix_cache", False)
+                               or bool(getattr(args, "disable_radix_cache", False)))),
+            "without its radix cache (SGLang's default for decode) vradix runs treeless there: no epoch binds a "
+            "request, so the weight-identity handshake has nothing to compare and decode would commit KV prefill "
+            "computed under any weights, before or after a publication",
+            "a decode role with its radix cache (--disaggregation-decode-enable-radix-cache), which vradix versions "
+            "and whose handshake refuses KV of other weights"),
     Refusal("--enable-streaming-session with --disable-radix-cache",
             lambda args: (bool(getattr(args, "enable_streaming_session", False))
                           and bool(getattr(args, "disable_radix_cache", False))),
