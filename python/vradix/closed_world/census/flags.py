@@ -7,16 +7,11 @@ built by `_same`, but every field has its own row, and every field that can keep
 has a reason of its own. A field whose refusal depends on its value or on another flag is classified by what vradix
 does with the value that turns the path on.
 
-The matrix (`MATRIX`, block `flag-matrix`) decides, for every `versioned` or `refused` field, each combination with
-the flags in `COMBINATIONS`: `supported` (tests named), `refused at startup` (the test that shows the refusal) or
-`n/a` (the combination cannot be expressed; the reason). Invariant, held by test/closed_world/test_flag_matrix.py:
-no cell is undecided, every named test exists, and every cell refused at launch is refused by vradix's own launch
-check (`unversioned.check`, `staleness.check_server`) on the combined arguments.
+The combination matrix of the `versioned` and `refused` fields is `census.matrix` (block `flag-matrix`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, Iterable, Tuple
+from typing import Dict, Tuple
 
 from vradix.closed_world.census import Entry
 
@@ -73,7 +68,9 @@ WINDOW_REFUSED = ("test_staleness.py::test_a_window_is_refused_at_startup_with_t
 WINDOW_LEDGER = ("test_staleness.py::test_a_window_is_refused_where_the_kv_page_ledger_is_off",)
 WINDOW_SESSION = ("test_streaming_sessions.py::"
                   "test_a_window_refuses_streaming_sessions_because_an_exact_turn_would_borrow_a_bounded_turns_record",)
-WINDOW_RADIX_OFF = ("test_staleness.py::test_a_window_without_a_radix_cache_keeps_nothing_and_reports_nothing_stale",)
+WINDOW_RADIX_OFF = ("test_staleness.py::test_a_window_without_a_radix_cache_reuses_nothing",)
+WINDOW_HYBRID = ("test_staleness.py::test_a_window_is_refused_at_engine_start_on_a_tree_it_cannot_age_out",)
+PD_RADIX_OFF = ("test_pd_rules.py::test_a_decode_role_without_a_radix_cache_would_commit_kv_of_any_weights_so_it_does_not_start",)
 RETRACTION = ("test_cache_level.py::test_retracted_crossing_request_reprefills_under_new_epoch",)
 
 
@@ -84,11 +81,9 @@ def enumerate_flags() -> list:
     return list(ServerArgs.__struct_fields__)
 
 
-def _same(names: Iterable[str], verdict: str, why: str, tests: Tuple[str, ...] = (),
-          alternative: str = "") -> Dict[str, Entry]:
-    """One entry per field name, all with the same classification."""
-    return {name: Entry(verdict, why, tuple(tests), alternative) for name in names.split()} \
-        if isinstance(names, str) else {name: Entry(verdict, why, tuple(tests), alternative) for name in names}
+def _same(names: str, verdict: str, why: str, tests: Tuple[str, ...] = ()) -> Dict[str, Entry]:
+    """One entry per field of the space-separated `names`, all with the same classification."""
+    return {name: Entry(verdict, why, tuple(tests)) for name in names.split()}
 
 
 def _refused(flag: str, why: str, alternative: str, tests=(REFUSED_AT_LAUNCH,)) -> Entry:
@@ -185,7 +180,7 @@ _KERNELS = _same(
     "linear_attn_prefill_backend linear_attn_verify_backend mm_attention_backend enable_mis "
     "prefill_kv_cache_dequant_dtype dsv4_attn_backend enable_amd_monokernel dsa_triton_union "
     "enable_dsa_fused_indexer enable_encoder_swa_bounded_replay enable_decoder_swa_bounded_replay "
-    "disable_chunked_prefix_cache prefill_only_disable_kv_cache enable_torch_compile_debug_mode torch_compile_max_bs "
+    "enable_torch_compile_debug_mode torch_compile_max_bs "
     "enable_profile_cuda_graph enable_cudagraph_gc debug_cuda_graph enable_linear_replayssm "
     "enable_linear_replayssm_spec",
     "irrelevant", "which kernels compute a forward and how they communicate: each forward reads the weights the "
@@ -413,9 +408,13 @@ _OWN: Dict[str, Entry] = {
                         LORA_PATHS),
     "disaggregation_mode": Entry("versioned", "P/D roles: prefill's weight identity travels with its KV and decode "
                                  "refuses KV of other weights; decode stamps received KV in the ledger (rows "
-                                 "pd-handshake, backstop-pd)", PD),
-    "disaggregation_decode_enable_radix_cache": Entry("versioned", "decode's prefix promises are revoked at a "
-                                                      "publication (row pd-promises)", PD_PROMISES),
+                                 "pd-handshake, backstop-pd); a decode role without its radix cache is refused "
+                                 "(row pd-decode-radix-off)", PD + PD_RADIX_OFF),
+    "disaggregation_decode_enable_radix_cache": Entry("versioned", "the decode role's radix cache, which vradix "
+                                                      "needs there (without it decode is refused: row "
+                                                      "pd-decode-radix-off); decode's prefix promises are revoked "
+                                                      "at a publication (row pd-promises)",
+                                                      PD_PROMISES + PD_RADIX_OFF),
     "disaggregation_decode_enable_offload_kvcache": Entry("versioned", "a crossing request offloads none of its "
                                                           "mixed KV; offloaded pages are attributed to their "
                                                           "identity (row pd-decode-offload)", PD_OFFLOAD),
@@ -464,6 +463,11 @@ _OWN: Dict[str, Entry] = {
     "dllm_algorithm": _refused("--dllm-algorithm", "diffusion-LLM serving stages requests in its own queues, "
                                "outside the queues a publication re-binds or marks crossing",
                                "autoregressive serving (leave --dllm-algorithm unset)"),
+    "prefill_only_disable_kv_cache": Entry("irrelevant", "prefill-only requests (embeddings, scores) write no KV "
+                                           "to the cache at all: nothing is kept for a later request"),
+    "disable_chunked_prefix_cache": Entry("irrelevant", "MLA's chunked prefix cache reads one request's own prefix "
+                                          "KV in chunks during its prefill; the prefix itself came from a namespaced "
+                                          "match"),
     "kv_events_config": Entry("irrelevant", "KV events are routing hints for an external router; a router acting on "
                               "a stale block still gets the engine's namespaced match (row kv-events)"),
     "mamba_radix_cache_strategy": Entry("versioned", "hybrid models keep recurrent states on namespaced tree nodes; "
@@ -485,4 +489,23 @@ for _name in ("cuda_graph_backend_decode cuda_graph_backend_prefill cuda_graph_m
     FLAGS[_name] = Entry("versioned", f"as cuda_graph_config ({_name.replace('_', '-')} selects which graphs are "
                          "captured)", GPU_DERIVED)
 
+#: versioned fields about the weights themselves and their identity (the matrix treats them alike)
+IDENTITY_FIELDS = frozenset((
+    "model_path load_format custom_weight_loader remote_instance_weight_loader_seed_instance_ip "
+    "remote_instance_weight_loader_seed_instance_service_port remote_instance_weight_loader_send_weights_group_ports "
+    "remote_instance_weight_loader_backend remote_instance_weight_loader_start_seed_via_transfer_engine "
+    "modelexpress_config modelopt_quant modelopt_checkpoint_restore_path quantize_and_serve rl_quant_profile "
+    "weight_version").split())
+#: versioned fields that lay one model out over ranks, each keeping its own tree
+RANK_FIELDS = frozenset("tp_size pp_size dp_size enable_dp_attention".split())
+
 TABLES = {"flags": ("ServerArgs fields", enumerate_flags, FLAGS)}
+
+
+def _render_matrix() -> str:
+    from vradix.closed_world.census import matrix
+
+    return matrix.render(FLAGS)
+
+
+EXTRA_BLOCKS = {"flag-matrix": _render_matrix}
