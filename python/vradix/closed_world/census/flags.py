@@ -452,7 +452,8 @@ _OWN: Dict[str, Entry] = {
         "external linker"),
     "enable_torch_compile": _refused(
         "--enable-torch-compile on the CPU engine", "Inductor freezing folds the weights into the compiled graph "
-        "and an update does not recompile it; on GPU it is not refused (compiled graphs read the parameters)",
+        "and an update does not recompile it; on GPU it is not refused: the compiled code reads the parameters, "
+        "which an update writes in place (not run here: no GPU)",
         "the CPU engine without --enable-torch-compile"),
     "elastic_ep_backend": _refused("--elastic-ep-backend", "recovery reloads experts from the startup checkpoint, "
                                    "not the last publication", "a fixed EP layout"),
