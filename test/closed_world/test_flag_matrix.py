@@ -86,3 +86,11 @@ def test_an_undecided_cell_fails_the_matrix(monkeypatch):
     monkeypatch.setitem(matrix.KV_ROWS, "planted_by_the_test", {"window": matrix.KV_ROWS["page_size"]["window"]})
     bad = undecided(["planted_by_the_test"])
     assert bad == [f"planted_by_the_test × {col}: no decision" for col in matrix.COLUMNS if col != "window"]
+
+
+def test_no_field_is_classified_twice():
+    seen, twice = set(), []
+    for group in flags.GROUPS:
+        twice += sorted(seen & set(group))
+        seen |= set(group)
+    assert not twice, f"classified in two groups: {twice}"

@@ -157,7 +157,7 @@ _SIZES = _same(
     "hicache_storage_prefetch_retry_poll_interval hicache_storage_prefetch_retry_max_attempts "
     "unified_cache_external_linker_backend unified_cache_external_linker_config enable_linker_mla_dedup "
     "radix_eviction_policy radix_eviction_policy_config _radix_eviction_policy_explicitly_set hisparse_config "
-    "qsa_indexer_dtype linear_replayssm_cache_len",
+    "qsa_indexer_dtype ",
     "irrelevant", "sizes, dtypes, layouts, IO paths and eviction order of caches other flags turn on (the radix "
     "tree, hybrid state slots, the HiCache tiers, the external linker): what is kept and who may match it is the "
     "turning-on flag's row; a host pool layout whose pages cannot carry epochs turns the KV page ledger off "
@@ -181,8 +181,7 @@ _KERNELS = _same(
     "prefill_kv_cache_dequant_dtype dsv4_attn_backend enable_amd_monokernel dsa_triton_union "
     "enable_dsa_fused_indexer enable_encoder_swa_bounded_replay enable_decoder_swa_bounded_replay "
     "enable_torch_compile_debug_mode torch_compile_max_bs "
-    "enable_profile_cuda_graph enable_cudagraph_gc debug_cuda_graph enable_linear_replayssm "
-    "enable_linear_replayssm_spec",
+    "enable_profile_cuda_graph enable_cudagraph_gc debug_cuda_graph",
     "irrelevant", "which kernels compute a forward and how they communicate: each forward reads the weights the "
     "model holds now; a weight copy a backend builds after loading is the post-load step every update reruns, and "
     "the copies an update would leave stale are refused at update per model family (docs/coverage.md row "
@@ -193,8 +192,8 @@ _PARALLEL = _same(
     "enable_dp_attention_local_control_broadcast enable_dp_lm_head enable_tp_lm_head_all_to_all "
     "enable_attn_tp_input_scattered enable_shared_experts_attn_tp shared_experts_tp_size enable_dense_mlp_attn_tp "
     "enable_layernorm_sp disable_attn_tp_gather ep_size moe_dense_tp_size enable_cp_tp_group_sharing "
-    "enable_megamoe_for_layernorm_sp dcp_comm_backend ep_num_redundant_experts ep_dispatch_algorithm "
-    "init_expert_location enable_eplb eplb_algorithm eplb_rebalance_num_iterations eplb_rebalance_layers_per_chunk "
+    "enable_megamoe_for_layernorm_sp dcp_comm_backend ep_dispatch_algorithm "
+    "init_expert_location eplb_algorithm eplb_rebalance_num_iterations eplb_rebalance_layers_per_chunk "
     "eplb_min_rebalancing_utilization_threshold expert_distribution_recorder_mode "
     "expert_distribution_recorder_buffer_size expert_balancedness_report_mode enable_waterfill",
     "irrelevant", "how one model is split over ranks and how experts are placed: every rank that keeps a tree runs "
@@ -237,7 +236,7 @@ _SPEC_TUNING = _same(
     "speculative_ngram_external_corpus_path speculative_ngram_external_sam_budget "
     "speculative_ngram_external_corpus_max_tokens speculative_domino_candidate_pool_size "
     "speculative_boundary_reduction speculative_use_block_verification speculative_draft_sink_size "
-    "speculative_draft_model_path speculative_draft_load_format uno_lora_path decoupled_spec_bind_endpoint "
+    "speculative_draft_load_format decoupled_spec_bind_endpoint "
     "decoupled_spec_connect_endpoints decoupled_spec_rank decoupled_spec_role",
     "irrelevant", "how draft tokens are proposed (draft model, its weights and adapter, n-gram corpus, a decoupled "
     "draft engine, step counts): proposals only; verification by the target at the default thresholds is "
@@ -259,17 +258,10 @@ _PDMUX = _same(
     "enable_pdmux pdmux_config_path sm_group_num",
     "irrelevant", "prefill and decode multiplexed on one engine's SMs: one scheduler and one tree, versioned as any "
     "non-P/D engine")
-_OFFLOAD_WEIGHTS = _same(
-    "cpu_offload_gb offload_num_in_group offload_prefetch_step ple_offload_embedding ple_offload_backend "
-    "ple_offload_dir",
-    "irrelevant", "the weights themselves kept in host memory (or a file-backed table), written in place by the "
-    "loader through the parameters' `weight_loader` at every publication (docs/coverage.md row cpu-offload); "
-    "not a cache of older weights")
-_MEMORY_SAVER = _same(
-    "enable_memory_saver enable_weights_cpu_backup enable_draft_weights_cpu_backup",
-    "irrelevant", "releasing memory flushes the KV cache (SGLang's idle flush, which vradix counts) and a weights "
-    "backup restores the weights as they were released, on an idle engine that cannot load weights meanwhile: "
-    "release and resume are classified with the control requests")
+_OFFLOAD_TUNING = _same(
+    "offload_num_in_group offload_prefetch_step ple_offload_backend ple_offload_dir",
+    "irrelevant", "where and when offloaded weights are kept and prefetched (rows `cpu_offload_gb`, `offload_mode`, "
+    "`ple_offload_embedding`): the weights themselves, not a copy of older ones")
 _KT = _same(
     "kt_method kt_cpuinfer kt_threadpool_count kt_num_gpu_experts kt_max_deferred_experts_per_token",
     "irrelevant", "KTransformers tuning, read only with `--kt-weight-path`, which is refused")
@@ -464,6 +456,34 @@ _OWN: Dict[str, Entry] = {
     "dllm_algorithm": _refused("--dllm-algorithm", "diffusion-LLM serving stages requests in its own queues, "
                                "outside the queues a publication re-binds or marks crossing",
                                "autoregressive serving (leave --dllm-algorithm unset)"),
+    "cpu_offload_gb": Entry("irrelevant", "weights kept in host memory are the weights themselves, written in place "
+                            "by the loader at every publication (docs/coverage.md row cpu-offload), not a cache of "
+                            "older ones"),
+    "ple_offload_embedding": Entry("irrelevant", "Qwen4 PLE n-gram embedding weights kept in pinned host memory (or a "
+                                   "file-backed table): a parameter whose `weight_loader` an update writes in place"),
+    "enable_memory_saver": Entry("irrelevant", "releasing KV memory flushes the cache on an idle engine (SGLang's idle "
+                                 "flush, which vradix counts); release and resume are classified with the control "
+                                 "requests"),
+    "enable_weights_cpu_backup": Entry("irrelevant", "a weights backup taken at release is restored at resume, on an "
+                                       "idle engine whose released weights no update can write meanwhile: it restores "
+                                       "the weights of the current epoch"),
+    "enable_draft_weights_cpu_backup": Entry("irrelevant", "as enable_weights_cpu_backup, for the draft model, whose "
+                                             "proposals cannot change an output (lossless verification)"),
+    "speculative_draft_model_path": Entry("irrelevant", "the draft model's weights, which a publication may not "
+                                          "reach: proposals only; verification by the target at the default "
+                                          "thresholds is lossless (relaxed thresholds are refused), and a draft copy "
+                                          "an update would leave stale is refused at update (row gpu-derived)"),
+    "uno_lora_path": Entry("irrelevant", "UNO's draft adapter: proposals only, lossless verification, as "
+                           "speculative_draft_model_path"),
+    "enable_eplb": Entry("irrelevant", "expert rebalancing copies the experts the model holds now between ranks; a "
+                         "publication's loader writes every physical replica of a logical expert"),
+    "ep_num_redundant_experts": Entry("irrelevant", "redundant experts are physical replicas of logical ones, written "
+                                      "by the same loader at every publication"),
+    "enable_linear_replayssm": Entry("irrelevant", "a per-request ring of the decode's own inputs, flushed into its "
+                                     "recurrent state every few steps; no other request reads it"),
+    "enable_linear_replayssm_spec": Entry("irrelevant", "as enable_linear_replayssm, for speculative verify (a "
+                                          "per-slot window of the request's own inputs)"),
+    "linear_replayssm_cache_len": Entry("irrelevant", "the ring length of enable_linear_replayssm"),
     "prefill_only_disable_kv_cache": Entry("irrelevant", "prefill-only requests (embeddings, scores) write no KV "
                                            "to the cache at all: nothing is kept for a later request"),
     "disable_chunked_prefix_cache": Entry("irrelevant", "MLA's chunked prefix cache reads one request's own prefix "
@@ -478,17 +498,18 @@ _OWN: Dict[str, Entry] = {
                                     HYBRID),
 }
 
-FLAGS: Dict[str, Entry] = {}
-for _group in (_OPS, _NETWORK, _TEXT, _SCHEDULING, _SIZES, _KERNELS, _PARALLEL, _MM_INPUT, _LORA_TUNING,
-               _MODEL_CONFIG, _SPEC_TUNING, _ONLY_WITH_REFUSED, _OUTPUTS, _PDMUX, _OFFLOAD_WEIGHTS, _MEMORY_SAVER, _KT):
-    FLAGS.update(_group)
-FLAGS.update(_OWN)  # a field's own row wins over a group reason
-# the remaining CUDA graph switches share cuda_graph_config's row
-for _name in ("cuda_graph_backend_decode cuda_graph_backend_prefill cuda_graph_max_bs_decode cuda_graph_max_bs_prefill "
-              "cuda_graph_bs_decode cuda_graph_bs_prefill cuda_graph_prefill_max_context cuda_graph_max_seq_len_prefill "
-              "disable_prefill_cuda_graph disable_decode_cuda_graph disable_cuda_graph disable_cuda_graph_padding").split():
-    FLAGS[_name] = Entry("versioned", f"as cuda_graph_config ({_name.replace('_', '-')} selects which graphs are "
-                         "captured)", GPU_DERIVED)
+#: the CUDA graph switches besides cuda_graph_config, which share its row
+_CUDA_GRAPH_SWITCHES = {
+    name: Entry("versioned", f"as cuda_graph_config (--{name.replace('_', '-')} selects which graphs are captured)",
+                GPU_DERIVED)
+    for name in ("cuda_graph_backend_decode cuda_graph_backend_prefill cuda_graph_max_bs_decode "
+                 "cuda_graph_max_bs_prefill cuda_graph_bs_decode cuda_graph_bs_prefill cuda_graph_prefill_max_context "
+                 "cuda_graph_max_seq_len_prefill disable_prefill_cuda_graph disable_decode_cuda_graph "
+                 "disable_cuda_graph disable_cuda_graph_padding").split()}
+#: every classification, by group; no field is in two (test_flag_matrix.py)
+GROUPS = (_OPS, _NETWORK, _TEXT, _SCHEDULING, _SIZES, _KERNELS, _PARALLEL, _MM_INPUT, _LORA_TUNING, _MODEL_CONFIG,
+          _SPEC_TUNING, _ONLY_WITH_REFUSED, _OUTPUTS, _PDMUX, _OFFLOAD_TUNING, _KT, _OWN, _CUDA_GRAPH_SWITCHES)
+FLAGS: Dict[str, Entry] = {name: entry for group in GROUPS for name, entry in group.items()}
 
 #: versioned fields about the weights themselves and their identity (the matrix treats them alike)
 IDENTITY_FIELDS = frozenset((
