@@ -3,8 +3,9 @@ each of the flags in `COLUMNS`, decided.
 
 A cell is `supported` (its tests named; `pair` says whether one of them runs this very combination, or whether each
 path is tested alone and the text says why they do not interact), `refused at startup` (the test that shows the
-refusal; `by` says which check refuses: `launch` for vradix's launch checks, `engine start` for the scheduler's,
-`sglang` for SGLang's own argument check) or `n/a` (the combination cannot be expressed; the text says why).
+refusal; `by` says which check refuses: `launch` for vradix's launch checks on the combination, `engine start` for
+the scheduler's, `its row` for the field's own refusal, whose docs/coverage.md row is tested on SGLang's argument
+pipeline) or `n/a` (the combination cannot be expressed; the text says why).
 
 Invariants (test/closed_world/test_flag_matrix.py): every such field has a decided cell in every column; every test a
 cell names exists; every cell refused at launch because of the combination is refused by vradix's launch checks
@@ -325,7 +326,7 @@ def cell(name: str, column: str) -> Cell:
         conditional = CONDITIONAL.get(name, {})
         if column in conditional:
             return conditional[column]
-        return refused("refused whatever it is combined with", entry.tests, by="launch (its row)")
+        return refused("refused whatever it is combined with", entry.tests, by="its row")
     if entry.verdict != "versioned":
         raise KeyError(name)
     return _kind_cells(name)[column]
