@@ -37,8 +37,11 @@ LAUNCH_CONTEXT = {
     "offload-meta": ["--offload-group-size", "2"],
     "routed-experts-capture": ["--enable-hierarchical-cache", "--hicache-io-backend", "direct",
                                "--hicache-mem-layout", "layer_first"],
+    "radix-off-streaming-session": ["--disable-radix-cache"],
     "pd-decode-session": ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake_tcp",
-                          "--vradix-weight-identity", "fingerprint"],
+                          "--disaggregation-decode-enable-radix-cache", "--vradix-weight-identity", "fingerprint"],
+    "pd-decode-radix-off": ["--disaggregation-transfer-backend", "mooncake_tcp", "--vradix-weight-identity",
+                            "fingerprint"],
 }
 #: rows whose flag SGLang accepts only for a vision-language model
 NEEDS_VL_MODEL = {"epd-encoder", "epd-language", "epd-global-store"}
@@ -46,7 +49,8 @@ NEEDS_VL_MODEL = {"epd-encoder", "epd-language", "epd-global-store"}
 NEEDS_DLLM_MODEL = {"dllm"}
 #: the value a refused flag is given at launch (a bare flag is a switch)
 FLAG_VALUE = {"radix-backend": ["foo"], "spec-relaxed-accept": ["0.5"], "offload-meta": ["meta"],
-              "elastic-ep": ["mooncake"], "dllm": ["LowConfidence"]}
+              "elastic-ep": ["mooncake"], "dllm": ["LowConfidence"], "pd-decode-radix-off": ["decode"],
+              "kt-cpu-experts": ["/nonexistent/kt-experts"]}
 #: the value a refused environment setting is given at launch (a number above 0 unless named here)
 ENV_VALUE = {"rust-server": "1", "dspark-fp8-lm-head": "1", "swiglu-interleaved": "1", "dsv4-dense-mxscale": "1",
              "hisparse-skip-io": "1", "external-model": "a_model_package"}

@@ -193,3 +193,74 @@ def test_memory_pressure_evicts_older_in_window_kv_before_current_epoch_kv(env):
     fx.finish(holder)
     common.evict_from_tree_cache(fx.cache, fx.total)
     assert fx.idle_invariant_holds() and fx.allocator.available_size() == fx.total, fx.accounting()
+
+
+def test_a_window_is_refused_where_the_kv_page_ledger_is_off(env):
+    """A bounded response's spans and staleness are read from the KV page ledger. On an engine where the ledger is off
+    (speculative decoding, the external cache linker) a bounded request that reused one-publication-old KV would
+    report no spans and staleness 0: wrong provenance. So a window is refused there, at launch (naming the flag) and
+    at attach (the invariant: a window has a ledger)."""
+    from types import SimpleNamespace
+
+    from vradix.core.state import attach
+
+    fx, _ = env
+    blind = attach(fx.cache, with_ledger=False)  # what an engine without the refusal would run
+    blind.staleness.window = 1
+    P = seq(10, 64)
+    run(fx, blind, P + [1], bound=0)
+    bump(fx, blind)
+    hit, req = run(fx, blind, P + [3], bound=1)
+    report = req._vradix.bounded_report
+    assert hit == 64 and req._vradix.epoch == 0  # it read 64 tokens of epoch-0 KV at epoch 1 ...
+    assert report["kv_weight_versions"] == [] and report["vradix_staleness"]["staleness"] == 0  # ... and says none
+
+    with pytest.raises(staleness.StalenessError, match="needs the KV page ledger"):
+        attach(fx.cache, with_ledger=False, staleness_window=1)
+    for attr, flag, value in (("speculative_algorithm", "--speculative-algorithm", "EAGLE"),
+                              ("enable_unified_cache_external_linker", "--enable-unified-cache-external-linker", True)):
+        with pytest.raises(staleness.StalenessError, match=f"{flag}.*Start without --vradix-max-staleness"):
+            staleness.check_server(SimpleNamespace(**{attr: value}), 1)
+        staleness.check_server(SimpleNamespace(**{attr: value}), 0)
+    with pytest.raises(staleness.StalenessError, match="speculative decoding"):
+        staleness.check_ledger(2, ["speculative decoding"])
+
+
+def test_a_window_without_a_radix_cache_reuses_nothing(monkeypatch):
+    """`--disable-radix-cache` with a window: vradix runs treeless (no epochs, no namespaces), SGLang's disabled tree
+    matches nothing, so a bounded request computes its whole prompt on the current weights, like an exact one."""
+    import dataclasses
+    import types
+
+    from sglang.srt.mem_cache import common
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    from vradix.core.state import state_of, treeless_of
+    from vradix.hooks.startup import attach_to_scheduler
+    from vradix.testing.harness.cache_fixture import build_cache
+
+    monkeypatch.setenv(staleness.ENV, "1")
+    fx = build_cache("rust", 1, kv_tokens=256)
+    cache = UnifiedRadixCache(dataclasses.replace(fx.cache.cache_init_params, disable=True))
+    attach_to_scheduler(None, types.SimpleNamespace(tree_cache=cache, server_args=types.SimpleNamespace()))
+    assert treeless_of(cache) is not None and state_of(cache) is None
+    for _ in range(2):
+        req = fx.make_req(seq(10, 64) + [1])
+        req.sampling_params.custom_params = {staleness.PARAM: 1}
+        common.match_kv_cache(req, cache, req.origin_input_ids, max_prefix_len=64)
+        assert req.prefix_len == 0
+
+
+def test_a_window_is_refused_at_engine_start_on_a_tree_it_cannot_age_out():
+    """The deferred reclaim that ages an epoch out frees full-attention KV only: a window on a tree with hybrid
+    components (or a HiCache tier) does not start, and the error names the tree's components."""
+    from vradix.core.state import attach
+    from vradix.testing.harness.cache_fixture import build_cache
+
+    fx = build_cache("rust", 1, kv_tokens=256)
+    assert deferred_reclaim.supported(fx.cache)
+    staleness.check_cache(fx.cache, 1, deferred_reclaim.supported(fx.cache))
+    with pytest.raises(staleness.StalenessError, match="needs a full-attention radix cache.*full"):
+        staleness.check_cache(fx.cache, 1, False)
+    staleness.check_cache(fx.cache, 0, False)  # no window: nothing to age out
+    attach(fx.cache, staleness_window=1)

@@ -193,3 +193,42 @@ def test_queued_turn_gives_back_the_record_a_scheduling_pass_lent_it(env):
     admit_turn(fx, t2)
     finish_turn(fx, t2)
     idle_check(fx)
+
+
+def test_a_window_refuses_streaming_sessions_because_an_exact_turn_would_borrow_a_bounded_turns_record(env):
+    """With a window, a bounded turn adopts an older epoch's namespace, and the session slot keeps its record (old
+    prefix + the turn's own KV). SGLang lends that record to the session's next turn whatever its bound, so an exact
+    turn would read epoch-0 KV while bound to epoch 1: with the ledger on the backstop fails a well-formed request,
+    with it off the stale KV is served as current. So `--enable-streaming-session` with a window does not start."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from vradix.core import staleness
+
+    fx, state = env
+    state.staleness.window = 1  # what an engine without the refusal would run
+    session = open_session()
+    t1, _ = start_turn(fx, state, session, seq(10, 64))
+    finish_turn(fx, t1)
+    bump(fx, state)  # the idle slot is released; turn 1's prompt stays in epoch 0's namespace, inside the window
+    t2 = fx.make_req(next_input(t1, [99]))
+    t2.session = session
+    t2.sampling_params.custom_params = {staleness.PARAM: 1}
+    stamp(state, t2)
+    assert fx.admit(t2) >= 64 and t2._vradix.epoch == 0  # the bounded turn adopts epoch 0's namespace ...
+    fx.prefill(t2)
+    finish_turn(fx, t2)  # ... and its record, epoch-0 KV included, goes to a new slot
+    t3 = fx.make_req(next_input(t2, [98]))  # an exact turn (bound 0)
+    t3.session = session
+    t3.sampling_params.custom_params = {staleness.PARAM: 0}
+    stamp(state, t3)
+    common.match_kv_cache(t3, fx.cache, t3.origin_input_ids, max_prefix_len=len(t3.origin_input_ids) - 1)
+    assert t3._vradix.max_staleness == 0 and t3._vradix.epoch == 1
+    assert borrows(fx, t3) and lent_prefix_violations(fx, state, t3, t3.prefix_len) >= 64, (
+        "the exact turn was not lent the bounded turn's record")
+
+    args = SimpleNamespace(enable_streaming_session=True)
+    with pytest.raises(staleness.StalenessError, match="--enable-streaming-session.*Start without"):
+        staleness.check_server(args, 1)
+    staleness.check_server(args, 0)

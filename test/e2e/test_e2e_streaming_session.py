@@ -75,3 +75,35 @@ def test_streaming_session_turn_after_publication_is_computed_under_the_new_weig
     t3 = got["vradix"]["t3"]
     assert t3["meta_info"]["cached_tokens"] >= len(history2) and t3["output_ids"] == oracle3
     assert info["session_slots_released"] == 1 and info["kv_ledger"]["violations_caught"] == 0
+
+
+RADIX_OFF_SESSION_ARGS = ["--disable-radix-cache", "--enable-streaming-session"]
+
+
+def test_without_a_radix_cache_stock_lends_old_weights_session_kv_and_vradix_refuses_the_pair(models, server_pool,
+                                                                                             monkeypatch):
+    """`--disable-radix-cache` keeps no KV across requests, except in a streaming session's slot: SGLang lends the
+    slot's record before it checks that the tree is disabled. Stock SGLang (the oracle that the hole exists) answers
+    turn 2 after an in_place publication of B on turn 1's A-KV, unlike the whole history on B. vradix runs treeless
+    there (no epochs), so it refuses the pair at launch, naming the alternative."""
+    from sglang.srt.server_args import prepare_server_args
+
+    from vradix.closed_world import unversioned
+
+    with server_pool.lease(models[0], vradix=False, extra_args=RADIX_OFF_SESSION_ARGS) as stock:
+        sid = open_streaming_session(stock)
+        t1 = turn(stock, sid, TURN1)["output_ids"]
+        publish_in_place(stock, models[1])
+        t2 = turn(stock, sid, TURN2)
+        assert stock.post("/close_session", {"session_id": sid}).status_code == 200
+        stock.reset(models[1], "B")
+        oracle2 = stock.generate(TURN1 + t1 + TURN2, NEW_TOKENS)["output_ids"]  # no tree: computed afresh on B
+    assert t2["meta_info"]["cached_tokens"] >= len(TURN1), "the slot did not lend turn 1's KV"
+    assert t2["output_ids"] != oracle2, "stock should have served turn 1's A-KV under B"
+
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    args = prepare_server_args(["--model-path", models[0], "--device", "cpu", "--attention-backend", "torch_native",
+                                "--skip-tokenizer-init", *RADIX_OFF_SESSION_ARGS])
+    args.resolve_once()
+    with pytest.raises(unversioned.UnversionedPathError, match="--disable-radix-cache.*radix cache on"):
+        args.check_server_args()

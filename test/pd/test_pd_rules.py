@@ -330,3 +330,59 @@ def test_a_promise_is_revoked_exactly_while_prefill_has_not_reported_it_fulfille
     assert not revoked(waiting, under="fp:b")
     why = revocation.message("rid7", 8, "fp:a", "fp:b", 3)
     assert all(part in why for part in ("rid7", "first 8 prompt", "'fp:a'", "'fp:b'", "epoch 3", "retry"))
+
+
+def test_a_decode_role_without_a_radix_cache_would_commit_kv_of_any_weights_so_it_does_not_start():
+    """SGLang's decode role runs without a radix cache unless --disaggregation-decode-enable-radix-cache is given.
+    vradix would run treeless there: no request is bound to an epoch, so the handshake hook has nothing to compare,
+    and decode commits KV prefill computed under weights A while it serves B. So that role does not start: the
+    launch check names the flag to add, and the engine start refuses a decode role whose tree is disabled."""
+    import dataclasses
+    import types
+
+    import torch
+    from sglang.srt.disaggregation.utils import MetadataBuffers
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    from vradix.closed_world import unversioned
+    from vradix.core.admission import stamp
+    from vradix.core.state import attach, attach_treeless
+    from vradix.hooks import pd as pd_hooks
+    from vradix.hooks.admission import stamp_request
+    from vradix.hooks.startup import attach_to_scheduler
+    from vradix.testing.harness.cache_fixture import build_cache
+
+    prefill = build_cache("rust", 1, kv_tokens=256)
+    pstate = attach(prefill.cache, weight_identity=identity.declared("A"), identity_mode="declared")
+    sent = prefill.make_req([5, 6, 7, 8])
+    stamp(pstate, sent)
+    prefill.admit(sent)
+    prefill.prefill(sent)
+    bufs = MetadataBuffers(4, hidden_size=8, hidden_states_dtype=torch.float32, max_sampling_mask_tokens=4)
+    sent.metadata_buffer_index, bufs.bootstrap_room[1, 0] = 1, 4242
+    pd_hooks.send_prefill_identity(None, bufs, sent)
+
+    disabled = build_cache("rust", 1, kv_tokens=256)
+    decode_cache = UnifiedRadixCache(dataclasses.replace(disabled.cache.cache_init_params, disable=True))
+    decode = types.SimpleNamespace(tree_cache=decode_cache,
+                                   server_args=types.SimpleNamespace(disaggregation_mode="decode"))
+    attach_treeless(decode_cache)  # what an engine without the refusal runs (it serves B: no identity is kept)
+    got = disabled.make_req([5, 6, 7, 8])
+    stamp_request(None, decode, got)
+    got.bootstrap_host, got.bootstrap_room = "10.0.0.2", 4242
+    commits = []
+    pd_hooks.check_prefill_identity(lambda q, d, *a, **k: commits.append(d),
+                                    types.SimpleNamespace(metadata_buffers=bufs, tree_cache=decode_cache),
+                                    types.SimpleNamespace(req=got, metadata_buffer_index=1, kv_receiver=None,
+                                                          prefix_match=None))
+    assert commits and got.finished_reason is None, "the treeless decode role did not commit A's KV"
+
+    with pytest.raises(RuntimeError, match="--disaggregation-decode-enable-radix-cache"):
+        attach_to_scheduler(None, decode)
+    refused = types.SimpleNamespace(disaggregation_mode="decode", disaggregation_decode_enable_radix_cache=False)
+    with pytest.raises(unversioned.UnversionedPathError, match="--disaggregation-decode-enable-radix-cache"):
+        unversioned.check(refused)
+    unversioned.check(types.SimpleNamespace(disaggregation_mode="decode",
+                                            disaggregation_decode_enable_radix_cache=True))
+    attach_to_scheduler(None, types.SimpleNamespace(tree_cache=decode_cache,
+                                                    server_args=types.SimpleNamespace(disaggregation_mode="null")))

@@ -106,6 +106,23 @@ REFUSALS = (
             "decode hands a transferred request's KV record to its session slot (DecodeTransferQueue), a path "
             "vradix's session step (docs/streaming-sessions.md) has not been checked against",
             "streaming sessions on a non-P/D engine, or plain sessions over P/D"),
+    Refusal("--disaggregation-mode decode without --disaggregation-decode-enable-radix-cache",
+            lambda args: (getattr(args, "disaggregation_mode", "null") == "decode"
+                          and (not getattr(args, "disaggregation_decode_enable_radix_cache", False)
+                               or bool(getattr(args, "disable_radix_cache", False)))),
+            "without its radix cache (SGLang's default for decode) vradix runs treeless there: no epoch binds a "
+            "request, so the weight-identity handshake has nothing to compare and decode would commit KV prefill "
+            "computed under any weights, before or after a publication",
+            "a decode role with its radix cache (--disaggregation-decode-enable-radix-cache), which vradix versions "
+            "and whose handshake refuses KV of other weights"),
+    Refusal("--enable-streaming-session with --disable-radix-cache",
+            lambda args: (bool(getattr(args, "enable_streaming_session", False))
+                          and bool(getattr(args, "disable_radix_cache", False))),
+            "without a radix cache vradix keeps no epochs (it runs treeless), yet SGLang's session slot still keeps "
+            "the last turn's KV and lends it to the session's next turn, across a publication too, so that turn "
+            "would be computed on the previous weights' KV",
+            "streaming sessions with the radix cache on (vradix versions their slots), or plain sessions without "
+            "the radix cache"),
     Refusal("--enable-torch-compile on the CPU engine",
             lambda args: bool(getattr(args, "enable_torch_compile", False)) and getattr(args, "device", None) == "cpu",
             "the CPU graph runner compiles with Inductor freezing, which folds the weights into the compiled graph "
@@ -122,6 +139,11 @@ REFUSALS = (
             "elastic EP recovery reloads lost experts from the startup checkpoint or a startup host backup, never "
             "from the last publication, so a recovered engine mixes old experts into new weights",
             "a fixed EP layout"),
+    Refusal("--kt-weight-path", lambda args: getattr(args, "kt_weight_path", None) is not None,
+            "KTransformers serves the CPU experts from this path and reloads them from it at every post-load step "
+            "(`KTEPWrapperMethod.process_weights_after_loading`, which an update runs too), so a publication's CPU "
+            "experts never reach them and the engine serves the startup experts with the published rest",
+            "every expert on the device (leave --kt-weight-path unset), or a restart on the new checkpoint"),
     Refusal("--enable-return-routed-experts/--enable-return-indexer-topk with KV that arrives outside a forward",
             lambda args: (bool(getattr(args, "enable_return_routed_experts", False)
                                or getattr(args, "enable_return_indexer_topk", False)) and _kv_outside_forwards(args)),

@@ -19,9 +19,11 @@ namespace. So:
 - its response reports the KV page ledger's spans (exact per token: a match is page aligned) with each epoch's label
   and weight_id, and its staleness e - (oldest epoch it read) (`report_at_release`).
 
-Where it does not apply (refused when the window is above 0: at startup per server, `check_server`, and per request
-as a 400): P/D roles, HiCache host/L3 tiers, LoRA, and trees with hybrid (Mamba/SWA) components; the deferred
-reclaim that ages epochs out is full-attention only.
+Where it does not apply (refused when the window is above 0: at startup per server, `check_server`, `check_ledger`
+and `check_cache`, and per request as a 400): P/D roles, HiCache host/L3 tiers, LoRA, streaming sessions (a slot
+would lend a bounded turn's record to the next turn whatever its bound), engines where the KV page ledger is off
+(speculative decoding, the external cache linker: the spans are read from the ledger), and trees with hybrid
+(Mamba/SWA) components; the deferred reclaim that ages epochs out is full-attention only.
 
 Epochs count every bump: a lock-aware flush is one too (it keeps the weights, but it is an invalidation asked for).
 """
@@ -80,6 +82,15 @@ REFUSED_WITH = (
     ("enable_hierarchical_cache", "--enable-hierarchical-cache", "HiCache host and L3 copies are reclaimed in bulk at "
      "each publication; an older epoch's copies would not be kept"),
     ("enable_lora", "--enable-lora", "adapter-scoped invalidation frees an adapter's KV across every namespace"),
+    # the KV page ledger is off on these engines (`hooks.startup.ledger_blind_spots`), and a bounded response's
+    # spans and staleness are read from it
+    ("speculative_algorithm", "--speculative-algorithm", "draft KV is written outside the forwards the KV page "
+     "ledger stamps, so the ledger is off and a bounded response could not say which weights computed its KV"),
+    ("enable_unified_cache_external_linker", "--enable-unified-cache-external-linker", "the linker loads device KV "
+     "outside the forwards the KV page ledger stamps, so the ledger is off and a bounded response could not say "
+     "which weights computed its KV"),
+    ("enable_streaming_session", "--enable-streaming-session", "a session slot keeps the record of a bounded turn "
+     "(KV of an older epoch's namespace) and lends it to the session's next turn whatever that turn's bound"),
 )
 
 
@@ -92,6 +103,16 @@ def check_server(server_args, window: int) -> None:
         if value and value != "null":
             raise StalenessError(f"vradix: {FLAG} {window} is not supported with {flag}: {why}. "
                                  f"Start without {FLAG} (exact reuse), or without {flag}.")
+
+
+def check_ledger(window: int, blind_spots) -> None:
+    """At scheduler start: a window above 0 needs the KV page ledger, which a bounded response's spans and staleness
+    are read from (`report_at_release`); `blind_spots` names the paths that keep it off (empty: it is on)."""
+    if window > 0 and blind_spots:
+        raise StalenessError(f"vradix: {FLAG} {window} needs the KV page ledger, which is off on this engine "
+                             f"(KV also arrives via {', '.join(blind_spots)}), so a bounded response could not say "
+                             f"which weights computed its KV. Start without {FLAG} (exact reuse), or without "
+                             f"{', '.join(blind_spots)}.")
 
 
 def check_cache(cache, window: int, can_age_out: bool) -> None:

@@ -26,6 +26,7 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
     """AFTER Scheduler.__init__: version the tree cache, or say loudly why vradix is a no-op / refuses."""
     cache = scheduler.tree_cache
     if not cache.supports_prefix_sharing():
+        refuse_treeless_decode(scheduler)
         attach_treeless(cache)
         logger.info("vradix %s active without a radix cache: no prefix tree to version; every publication drops the "
                     "weight-derived caches (multimodal embedding cache, vision position-embedding grids)",
@@ -43,6 +44,7 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
         logger.warning("vradix: KV page ledger disabled (KV also arrives via %s); the epoch namespace still applies",
                        ", ".join(unobserved))
     window = staleness.server_window()
+    staleness.check_ledger(window, unobserved)
     staleness.check_cache(cache, window, deferred_reclaim.supported(cache))
     mode = engine_identity_mode(scheduler.server_args)
     scope = role_scope(scheduler)
@@ -59,6 +61,18 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
                 "KV page ledger %s (verify=%s, audit=%s)", __version__, type(cache).__name__, state.tree_core,
                 state.epoch, state.weight_id, mode, f", role-local scope {scope}" if scope else "",
                 "on" if state.ledger is not None else "off", state.guard.config.verify, state.guard.config.audit)
+
+
+def refuse_treeless_decode(scheduler) -> None:
+    """A P/D decode role without a radix cache would run treeless: no request is bound to an epoch, so the P/D
+    handshake (`hooks.pd.check_prefill_identity`) could not compare prefill's identity and would commit KV of any
+    weights. The launcher refuses it first (`closed_world.unversioned`); this stops an engine built without it."""
+    args = getattr(scheduler, "server_args", None)
+    if layout.role_of(getattr(args, "disaggregation_mode", None)) == "decode":
+        raise RuntimeError(
+            f"vradix {__version__} refuses a P/D decode role without a radix cache: it could not check which weights "
+            "computed the KV prefill sends. Start decode with --disaggregation-decode-enable-radix-cache, or set "
+            "VRADIX_DISABLE=1 for stock behaviour.")
 
 
 def role_scope(scheduler) -> Optional[str]:

@@ -1,0 +1,96 @@
+"""The flag combination matrix (`vradix.closed_world.census.matrix`): every `versioned` or `refused` field of the
+flag census, with each column flag, is decided, and the decision holds where it can be checked without a server.
+
+- no cell is undecided: each is `supported` with tests, `refused at startup` with the test that shows it, or `n/a`
+  with a reason; every test a cell names exists;
+- a cell refused at launch because of its combination is refused by vradix's launch checks (`unversioned.check`,
+  `staleness.check_server`) on the combined arguments, and a `supported` cell's arguments pass them;
+- `test_an_undecided_cell_fails_the_matrix` shows the check failing on a row without a decision."""
+import pathlib
+
+import pytest
+
+from test_coverage import functions_in
+from vradix.closed_world import unversioned
+from vradix.closed_world.census import flags, matrix
+from vradix.core import staleness
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CELLS = [(name, col) for name in matrix.rows() for col in matrix.COLUMNS]
+
+
+def undecided(names) -> list:
+    """Every (field, column) without a well-formed decision, with why."""
+    bad = []
+    for name in names:
+        for col in matrix.COLUMNS:
+            try:
+                c = matrix.cell(name, col)
+            except KeyError:
+                bad.append(f"{name} × {col}: no decision")
+                continue
+            if c.decision not in matrix.DECISIONS:
+                bad.append(f"{name} × {col}: unknown decision {c.decision!r}")
+            elif c.decision != "n/a" and not c.tests:
+                bad.append(f"{name} × {col}: a {c.decision} cell must name its tests")
+            if not c.text.strip():
+                bad.append(f"{name} × {col}: no reason")
+    return bad
+
+
+def refusal(args, window: int):
+    """The error vradix's launch checks raise for these arguments, or None."""
+    try:
+        unversioned.check(args)
+        staleness.check_server(args, window)
+    except (unversioned.UnversionedPathError, staleness.StalenessError) as e:
+        return e
+    return None
+
+
+def test_every_versioned_or_refused_field_is_a_row_and_every_cell_is_decided():
+    rows = matrix.rows()
+    assert rows == sorted(n for n, e in flags.FLAGS.items() if e.verdict in ("versioned", "refused"))
+    assert not undecided(rows), "\n".join(undecided(rows))
+
+
+def test_every_test_a_cell_names_exists():
+    missing = []
+    for name, col in CELLS:
+        for node in matrix.cell(name, col).tests:
+            file, fn = node.split("::")
+            path = next((ROOT / "test").rglob(pathlib.Path(file).name), None)
+            if path is None or fn not in functions_in(path):
+                missing.append(f"{name} × {col}: {node}")
+    assert not missing, "\n".join(missing)
+
+
+@pytest.mark.parametrize("name,col", [(n, c) for n, c in CELLS if matrix.cell(n, c).by == "launch"],
+                         ids=lambda v: v)
+def test_a_combination_refused_at_launch_is_refused_by_the_launch_checks(name, col):
+    args, window = matrix.arguments(name, col)
+    assert refusal(args, window) is not None, f"{name} × {col}: nothing refuses {vars(args)} (window {window})"
+
+
+@pytest.mark.parametrize("name,col", [(n, c) for n, c in CELLS if matrix.cell(n, c).decision == "supported"],
+                         ids=lambda v: v)
+def test_a_supported_combination_passes_the_launch_checks(name, col):
+    args, window = matrix.arguments(name, col)
+    assert refusal(args, window) is None, f"{name} × {col}: {refusal(args, window)}"
+
+
+def test_an_undecided_cell_fails_the_matrix(monkeypatch):
+    """A versioned field the matrix has no decisions for is named, once per column."""
+    monkeypatch.setitem(flags.FLAGS, "planted_by_the_test", flags.FLAGS["tp_size"])
+    monkeypatch.setattr(flags, "RANK_FIELDS", frozenset())
+    monkeypatch.setitem(matrix.KV_ROWS, "planted_by_the_test", {"window": matrix.KV_ROWS["page_size"]["window"]})
+    bad = undecided(["planted_by_the_test"])
+    assert bad == [f"planted_by_the_test × {col}: no decision" for col in matrix.COLUMNS if col != "window"]
+
+
+def test_no_field_is_classified_twice():
+    seen, twice = set(), []
+    for group in flags.GROUPS:
+        twice += sorted(seen & set(group))
+        seen |= set(group)
+    assert not twice, f"classified in two groups: {twice}"
