@@ -24,17 +24,11 @@ def weights(models, tmp_path_factory):
     return {"A": models[0], "B": models[1], "C": c}
 
 
-def report(figures: fuzzer.Figures) -> str:
-    return (f"{len(figures.combinations)} combination(s), {figures.publications} publications, {figures.requests} "
-            f"requests, {figures.checked} checked, {figures.crossing_not_checked} crossing, "
-            f"{figures.bounded_not_checked} bounded, {len(figures.mismatches)} mismatches; {figures.counts}")
-
-
 def assert_clean(figures: fuzzer.Figures, publications: int) -> None:
-    print(report(figures))
+    print(figures.line(), figures.counts)
     assert not figures.errors, figures.errors[:3]
     assert not figures.mismatches, figures.mismatches[:5]
-    assert figures.publications >= publications and figures.checked > 0, report(figures)
+    assert figures.publications >= publications and figures.checked > 0, figures.line()
 
 
 @pytest.mark.timeout(900)
@@ -55,6 +49,6 @@ def test_publication_fuzzer_long_profile(weights, server_pool, tmp_path):
     combos = [fuzzer.draw_combination(rng) for _ in range(n)]
     figures = fuzzer.fuzz(weights, str(tmp_path), seed=rng.randrange(1 << 30), combinations=combos,
                           publications=per, stock=lambda path: server_pool.lease(path, vradix=False),
-                          progress=lambda combo, run: print(f"[fuzz] {combo.name()}: {len(run.responses)} "
-                                                            f"responses, {run.counts}", flush=True))
+                          progress=lambda combo, so_far: print(f"[fuzz] {combo.name()}; so far {so_far.line()}",
+                                                               flush=True))
     assert_clean(figures, n * per)

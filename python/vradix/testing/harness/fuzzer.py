@@ -363,32 +363,41 @@ class Figures:
     errors: List[str] = field(default_factory=list)
     counts: Dict[str, int] = field(default_factory=dict)
 
+    def add(self, other: "Figures") -> None:
+        for name in ("combinations", "mismatches", "errors"):
+            getattr(self, name).extend(getattr(other, name))
+        for name in ("publications", "requests", "checked", "crossing_not_checked", "bounded_not_checked"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for k, v in other.counts.items():
+            self.counts[k] = self.counts.get(k, 0) + v
 
-def check(runs: List[Tuple[Combination, Run]], models: Dict[str, str], stock: Callable[[str], CpuServer]) -> Figures:
-    """Every exact response outside the control steps against the oracle of its label's weights."""
-    figures, to_check = Figures(), []
-    for combo, run in runs:
-        figures.combinations.append(combo.name())
-        figures.errors += run.errors
-        figures.requests += len(run.responses)
-        for k, v in run.counts.items():
-            figures.counts[k] = figures.counts.get(k, 0) + v
-        figures.publications += sum(v for k, v in run.counts.items()
-                                    if k.startswith("control: ") and k[9:] in PUBLICATION_STEPS)
-        for r in run.responses:
-            if r.label not in run.label_weights:
-                figures.errors.append(f"{combo.name()}: a response labelled {r.label!r}, which no step set")
-            elif not r.exact:
-                figures.bounded_not_checked += 1
-            elif overlapped(r, run.windows):
-                figures.crossing_not_checked += 1
-            else:
-                to_check.append((combo, run.label_weights[r.label], r))
+    def line(self) -> str:
+        return (f"{len(self.combinations)} combination(s), {self.publications} publications, {self.requests} "
+                f"requests, {self.checked} checked, {self.crossing_not_checked} crossing, {self.bounded_not_checked} "
+                f"bounded, {len(self.mismatches)} mismatches, {len(self.errors)} errors")
+
+
+def check(combo: Combination, run: Run, models: Dict[str, str], stock: Callable[[str], CpuServer]) -> Figures:
+    """One server's figures: every exact response outside the weight changes against the oracle of its label's
+    weights."""
+    figures, to_check = Figures(combinations=[combo.name()], errors=list(run.errors),
+                                requests=len(run.responses), counts=dict(run.counts)), []
+    figures.publications = sum(v for k, v in run.counts.items()
+                               if k.startswith("control: ") and k[len("control: "):] in PUBLICATION_STEPS)
+    for r in run.responses:
+        if r.label not in run.label_weights:
+            figures.errors.append(f"{combo.name()}: a response labelled {r.label!r}, which no step set")
+        elif not r.exact:
+            figures.bounded_not_checked += 1
+        elif overlapped(r, run.windows):
+            figures.crossing_not_checked += 1
+        else:
+            to_check.append((run.label_weights[r.label], r))
     wanted: Dict[str, set] = {}
-    for _, weights, r in to_check:
+    for weights, r in to_check:
         wanted.setdefault(weights, set()).add(r.prompt)
     oracle = oracle_sets(models, wanted, stock)
-    for combo, weights, r in to_check:
+    for weights, r in to_check:
         figures.checked += 1
         if r.output not in oracle[(weights, r.prompt)]:
             figures.mismatches.append((combo.name(), r.label, len(r.prompt), r.output))
@@ -398,12 +407,14 @@ def check(runs: List[Tuple[Combination, Run]], models: Dict[str, str], stock: Ca
 def fuzz(models: Dict[str, str], workdir: str, *, seed: int, combinations: Sequence[Combination],
          publications: int, stock: Callable[[str], CpuServer],
          server: Optional[Callable[[Combination], CpuServer]] = None, progress=None) -> Figures:
-    """Run every combination (its own server unless `server` hands one out) and check the responses."""
+    """Run every combination (its own server unless `server` hands one out) and check its responses right after
+    (so a long run's figures so far are reported by `progress(combo, figures)`)."""
     rng = random.Random(seed)
-    runs = []
+    figures = Figures()
     for combo in combinations:
         with (server(combo) if server else start_server(models, combo, workdir)) as s:
-            runs.append((combo, exercise(s, models, combo, rng, publications)))
+            run = exercise(s, models, combo, rng, publications)
+        figures.add(check(combo, run, models, stock))
         if progress:
-            progress(combo, runs[-1][1])
-    return check(runs, models, stock)
+            progress(combo, figures)
+    return figures

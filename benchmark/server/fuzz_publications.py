@@ -1,0 +1,59 @@
+"""The publication fuzzer's long profile: random supported flag combinations, random traffic and random control
+requests on real CPU servers, every exact response that crossed no weight change checked against stock SGLang on the
+weights its label names (`vradix.testing.harness.fuzzer`).
+
+    python benchmark/server/fuzz_publications.py [--combinations 20] [--publications 25] [--seed 2026]
+
+Prints one line per combination (the figures so far) and a table at the end; exits 1 on any mismatch or error.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import time
+
+from vradix.testing.harness import fuzzer
+from vradix.testing.harness.pool import ServerPool
+from vradix.testing.models.llama import generate
+
+MODELS = {"A": 1, "B": 2, "C": 3}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--combinations", type=int, default=20)
+    p.add_argument("--publications", type=int, default=25, help="publications per combination")
+    p.add_argument("--seed", type=int, default=2026)
+    p.add_argument("--workdir", default=None)
+    a = p.parse_args(argv)
+    workdir = a.workdir or tempfile.mkdtemp(prefix="vradix-fuzz-")
+    models = {name: generate(os.path.join(workdir, name), seed=seed, dtype="float32", init_range=0.2)
+              for name, seed in MODELS.items()}
+    rng = random.Random(a.seed)
+    combos = [fuzzer.draw_combination(rng) for _ in range(a.combinations)]
+    pool, t0 = ServerPool(), time.monotonic()
+    try:
+        figures = fuzzer.fuzz(models, workdir, seed=rng.randrange(1 << 30), combinations=combos,
+                              publications=a.publications, stock=lambda path: pool.lease(path, vradix=False),
+                              progress=lambda combo, so_far: print(
+                                  f"[fuzz] {time.monotonic() - t0:.0f} s {combo.name()}; so far {so_far.line()}",
+                                  flush=True))
+    finally:
+        pool.close()
+    print("| combinations | publications | requests | checked vs stock | crossing (not checked) | mismatches | "
+          "errors | minutes |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(f"| {len(figures.combinations)} | {figures.publications} | {figures.requests} | {figures.checked} | "
+          f"{figures.crossing_not_checked} | {len(figures.mismatches)} | {len(figures.errors)} | "
+          f"{(time.monotonic() - t0) / 60:.0f} |")
+    print("control steps and traffic:", dict(sorted(figures.counts.items())))
+    for m in figures.mismatches[:5] + figures.errors[:5]:
+        print("problem:", m, file=sys.stderr)
+    return 1 if figures.mismatches or figures.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
