@@ -4,7 +4,6 @@ For every table of every census module: nothing SGLang has is unclassified, noth
 SGLang, every entry is well formed and the tests it names exist (and at least one runs in `make test`), and the
 generated block in docs/coverage.md is up to date. `test_a_planted_entry_fails_the_census` shows the check failing
 on an entry SGLang has and no table classifies."""
-import importlib
 import pathlib
 
 import pytest
@@ -17,17 +16,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def tables():
-    """(block, enumerate, table) of every census module present (as `rendered_blocks` reads them)."""
-    out = []
-    for name in census.TABLE_MODULES:
-        try:
-            module = importlib.import_module(f"vradix.closed_world.census.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"vradix.closed_world.census.{name}":
-                raise
-            continue
-        out += [(block, enumerate_, table) for block, (_title, enumerate_, table) in module.TABLES.items()]
-    return out
+    """(block, enumerate, table) of every census module's tables."""
+    return [(block, enumerate_, table) for module in census.table_modules()
+            for block, (_title, enumerate_, table) in module.TABLES.items()]
 
 
 TABLES = tables()

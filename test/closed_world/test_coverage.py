@@ -9,7 +9,6 @@
 - the rows marked `open` are exactly `KNOWN_OPEN` (a new open row, or a closed one left here, fails).
 """
 import ast
-import itertools
 import json
 import pathlib
 import re

@@ -7,16 +7,11 @@ One vradix server on model A runs every scenario; the oracle is a fresh stock se
   after the session equals the fresh server on B.
 - Malformed `/update_weights_from_disk` requests get HTTP 400 before anything changes (epoch, label, paused state).
 """
-import glob
-import os
 
 import pytest
-import torch
-from safetensors.torch import load_file
-from sglang.srt.utils import MultiprocessingSerializer
 
 from vradix.testing.harness.reliability import STRICT_CHECK_ENV, oracle_outputs, strict_idle_check
-from vradix.testing.harness.scenario import LONG_PROMPT, PREFIX, PROBE, StreamingRequest, pause_holding
+from vradix.testing.harness.scenario import LONG_PROMPT, PREFIX, PROBE, StreamingRequest, pause_holding, tensor_buckets
 from vradix.testing.harness.server import CpuServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -36,19 +31,6 @@ def server(models):
         yield s
         assert "Traceback" not in s.logs(), s.tail(80)
 
-
-def tensor_buckets(model_dir: str, n: int):
-    """Yield B's checkpoint tensors in `n` buckets, each in the HTTP form SGLang expects for tp=1: a list with one
-    base64 `MultiprocessingSerializer` payload (of a list of (name, tensor)) per TP rank. CPU tensors travel as
-    shared-memory files (`file_system`: the server is no child of this process, so fd passing is refused); the
-    generator keeps them alive while the caller posts each bucket."""
-    torch.multiprocessing.set_sharing_strategy("file_system")
-    tensors = {}
-    for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
-        tensors.update(load_file(path))
-    names = sorted(tensors)
-    for group in (names[i::n] for i in range(n)):
-        yield [MultiprocessingSerializer.serialize([(k, tensors[k]) for k in group], output_str=True)]
 
 
 def begin_session_holding(server):

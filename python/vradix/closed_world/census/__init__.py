@@ -46,6 +46,12 @@ class Entry:
     alternative: str = ""
 
 
+def table_modules() -> list:
+    """Every census module of `TABLE_MODULES`, imported (each must exist)."""
+    import importlib
+    return [importlib.import_module(f"{__name__}.{name}") for name in TABLE_MODULES]
+
+
 def unclassified(table: Mapping[str, Entry], live: Iterable[str]) -> list[str]:
     """What SGLang has that the table does not classify."""
     return sorted(set(live) - set(table))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import pathlib
 import sys
 
@@ -11,16 +10,10 @@ from vradix.closed_world import census
 
 
 def rendered_blocks() -> dict:
-    """{block name: markdown} for every table of every census module present, and the blocks a module renders its
-    own way (`EXTRA_BLOCKS`: {block name: callable returning markdown}, e.g. a matrix)."""
+    """{block name: markdown} for every table of every census module, and the blocks a module renders its own way
+    (`EXTRA_BLOCKS`: {block name: callable returning markdown}, e.g. a matrix)."""
     blocks = {}
-    for name in census.TABLE_MODULES:
-        try:
-            module = importlib.import_module(f"vradix.closed_world.census.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"vradix.closed_world.census.{name}":
-                raise
-            continue
+    for module in census.table_modules():
         for block, (title, _enumerate, table) in module.TABLES.items():
             blocks[block] = census.render_table(title, table)
         for block, render in getattr(module, "EXTRA_BLOCKS", {}).items():

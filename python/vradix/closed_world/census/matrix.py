@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 from vradix.closed_world.census import flags as F
 

@@ -23,7 +23,6 @@ memory checks and ends with no Traceback in its log and, with a radix cache, SGL
 from __future__ import annotations
 
 import concurrent.futures as cf
-import glob
 import os
 import random
 import threading
@@ -36,6 +35,7 @@ import requests
 
 from vradix.testing.harness.hicache_store import hicache_server
 from vradix.testing.harness.reliability import STRICT_CHECK_ENV, strict_idle_check
+from vradix.testing.harness.scenario import tensor_buckets
 from vradix.testing.harness.server import CpuServer
 
 WEIGHTS = ("A", "B", "C")
@@ -268,21 +268,6 @@ PUBLICATION_STEPS = ("disk in_place", "disk retract", "disk unpaused", "tensor s
 #: relabel, a flush or an abort pause keeps the weights, so what runs across them is checked like any request)
 WEIGHT_STEPS = ("disk in_place", "disk retract", "disk unpaused", "tensor session")
 
-
-def tensor_buckets(model_dir: str, n: int):
-    """The checkpoint's tensors in `n` buckets, in the HTTP form SGLang expects for tp=1 (one base64
-    `MultiprocessingSerializer` payload per TP rank); shared-memory files, since the server is no child of ours."""
-    import torch
-    from safetensors.torch import load_file
-    from sglang.srt.utils import MultiprocessingSerializer
-
-    torch.multiprocessing.set_sharing_strategy("file_system")
-    tensors = {}
-    for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
-        tensors.update(load_file(path))
-    names = sorted(tensors)
-    for group in (names[i::n] for i in range(n)):
-        yield [MultiprocessingSerializer.serialize([(k, tensors[k]) for k in group], output_str=True)]
 
 
 def overlapped(r: Response, windows: Sequence[Tuple[float, float]]) -> bool:

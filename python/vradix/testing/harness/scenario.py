@@ -9,7 +9,9 @@ record (`weight_versions`).
 """
 from __future__ import annotations
 
+import glob
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -181,3 +183,19 @@ def shared_prefix_burst(server, n: int = 8, prefix_len: int = 200, tail_len: int
     metas = [x["meta_info"] for x in r.json()]
     return BurstOutcome(computed=sum(m["prompt_tokens"] - m["cached_tokens"] for m in metas),
                         computed_once=prefix_len + n * tail_len, cached=[m["cached_tokens"] for m in metas])
+
+
+def tensor_buckets(model_dir: str, n: int):
+    """The checkpoint's tensors in `n` buckets, in the HTTP form SGLang expects for tp=1 (one base64
+    `MultiprocessingSerializer` payload per TP rank); shared-memory files, since the server is no child of ours."""
+    import torch
+    from safetensors.torch import load_file
+    from sglang.srt.utils import MultiprocessingSerializer
+
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    tensors = {}
+    for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
+        tensors.update(load_file(path))
+    names = sorted(tensors)
+    for group in (names[i::n] for i in range(n)):
+        yield [MultiprocessingSerializer.serialize([(k, tensors[k]) for k in group], output_str=True)]
