@@ -166,6 +166,13 @@ REFUSALS = (
             "refused, a weight-update session does not hold generation, and the flush report and the cache "
             "inspector are gone",
             "the Python HTTP server (leave SGLANG_RUST_SERVER unset)"),
+    Refusal("--smg-grpc-mode", lambda args: bool(getattr(args, "smg_grpc_mode", False)
+                                                 or getattr(args, "grpc_mode", False)),
+            "the SMG gRPC server replaces SGLang's HTTP server and TokenizerManager with the servicer's own request "
+            "manager, so no launcher-side vradix check runs there (the weight-session hold, the refusal of a "
+            "continue inside a session and of relaxed acceptance, the staleness bound's 400, provenance)",
+            "the HTTP server, with SGLang's native gRPC server beside it if needed (--grpc-port), which goes "
+            "through the TokenizerManager"),
     Refusal("--dllm-algorithm", lambda args: getattr(args, "dllm_algorithm", None) is not None,
             "diffusion-LLM serving stages requests between denoising blocks in its own queues (the dLLM "
             "manager's waiting and staging queues), outside the waiting queue and batches a publication re-binds "

@@ -106,7 +106,7 @@ _OPS = _same(
     "irrelevant", "logging, metrics, tracing, debug dumps or watchdogs: they observe the engine (a KV canary checks "
     "pages, a dump writes activations to disk) and nothing a later response is computed from reads what they keep")
 _NETWORK = _same(
-    "host port fastapi_root_path smg_grpc_mode grpc_mode grpc_port grpc_worker_threads grpc_response_timeout_secs "
+    "host port fastapi_root_path grpc_port grpc_worker_threads grpc_response_timeout_secs "
     "sidecar sidecar_args skip_server_warmup warmups enable_http2 http2_max_concurrent_streams "
     "http2_initial_connection_window_size ssl_keyfile ssl_certfile ssl_ca_certs ssl_keyfile_password "
     "enable_ssl_refresh api_key admin_api_key enable_http_worker_reuseport nccl_port dist_timeout dist_init_addr "
@@ -360,6 +360,11 @@ _OWN: Dict[str, Entry] = {
                                       "(row overlap-drain)", OVERLAP),
     "enable_session_radix_cache": Entry("versioned", "session pins on tree nodes: turns still match through the "
                                         "namespaced tree (row session-radix)", NAMESPACE),
+    "smg_grpc_mode": _refused("--smg-grpc-mode", "the SMG gRPC server replaces the HTTP server and the "
+                              "TokenizerManager, so no launcher-side vradix check runs (row smg-grpc)",
+                              "the HTTP server (with --grpc-port for SGLang's native gRPC server)"),
+    "grpc_mode": _refused("--grpc-mode", "the deprecated name of --smg-grpc-mode (row smg-grpc)",
+                          "the HTTP server (with --grpc-port for SGLang's native gRPC server)"),
     "radix_cache_backend": _refused("--radix-cache-backend", "a third-party prefix cache is not SGLang's "
                                     "UnifiedRadixCache, whose namespaces vradix versions",
                                     "the default radix cache (leave --radix-cache-backend unset)"),
