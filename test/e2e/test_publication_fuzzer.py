@@ -31,10 +31,16 @@ def assert_clean(figures: fuzzer.Figures, publications: int) -> None:
     assert figures.publications >= publications and figures.checked > 0, figures.line()
 
 
+def oracle_server(pool, path, combo: fuzzer.Combination):
+    """A stock server with the combination's chunking and page size (the numerics a response depends on)."""
+    return pool.lease(path, vradix=False, chunked_prefill_size=combo.chunked_prefill_size,
+                      extra_args=["--page-size", str(combo.page_size)])
+
+
 @pytest.mark.timeout(900)
 def test_publication_fuzzer_short_seed(weights, server_pool, tmp_path):
     figures = fuzzer.fuzz(weights, str(tmp_path), seed=7, combinations=[fuzzer.Combination()], publications=6,
-                          stock=lambda path: server_pool.lease(path, vradix=False),
+                          stock=lambda path, combo: server_pool.lease(path, vradix=False),
                           server=lambda combo: server_pool.lease(weights["A"]))
     assert_clean(figures, 6)
 
@@ -48,7 +54,7 @@ def test_publication_fuzzer_long_profile(weights, server_pool, tmp_path):
     rng = random.Random(int(os.environ.get("VRADIX_FUZZ_SEED", "2026")))
     combos = [fuzzer.draw_combination(rng) for _ in range(n)]
     figures = fuzzer.fuzz(weights, str(tmp_path), seed=rng.randrange(1 << 30), combinations=combos,
-                          publications=per, stock=lambda path: server_pool.lease(path, vradix=False),
+                          publications=per, stock=lambda path, combo: oracle_server(server_pool, path, combo),
                           progress=lambda combo, so_far: print(f"[fuzz] {combo.name()}; so far {so_far.line()}",
                                                                flush=True))
     assert_clean(figures, n * per)
