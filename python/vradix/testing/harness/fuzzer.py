@@ -230,7 +230,10 @@ class Control:
         self.post("/begin_weight_update")
         label = self.label(weights)
         for bucket in tensor_buckets(self.models[weights], 2):
-            self.post("/update_weights_from_tensor", {"serialized_named_tensors": bucket, "weight_version": label})
+            # no flush asked (SGLang's default asks one): vradix invalidates at the session's end; a flush asked with
+            # requests held in the session is refused without a radix cache, as on stock
+            self.post("/update_weights_from_tensor", {"serialized_named_tensors": bucket, "weight_version": label,
+                                                      "flush_cache": False})
         self.post("/end_weight_update")
         self.serving = weights
 
