@@ -11,6 +11,9 @@ import pytest
 sys.path[:0] = sorted(str(p) for p in pathlib.Path(__file__).parent.iterdir() if p.is_dir() and p.name != "__pycache__")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.pop("VRADIX_DISABLE", None)
+# The census test mode (docs/reliability.md) is on in every scheduler the suite starts, in-process and in the CPU
+# servers, which inherit this process's environment: a test that drives a path vradix misses fails
+os.environ.setdefault("VRADIX_CENSUS", "1")
 # The Triton kernels run on CPU only under the interpreter, which must be on before triton.language is first imported
 # (SGLang imports it during load_plugins). CpuServer does not pass it on to the servers it starts.
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -30,6 +33,18 @@ def restore_environment():
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def census_failures_fail_the_test():
+    """A server stopped during the test whose scheduler failed the census (`vradix.scheduler.census`) fails the
+    test, with the census's message."""
+    from vradix.testing.harness.server import CpuServer
+    before = len(CpuServer.census_failures)
+    yield
+    new = CpuServer.census_failures[before:]
+    if new:
+        pytest.fail("census failure in a server this test stopped:\n" + "\n".join(new), pytrace=False)
 
 
 @pytest.fixture(autouse=True)
@@ -115,9 +130,14 @@ def server_pool(request):
     """One running CPU server per launch configuration, shared across modules (`vradix.testing.harness.pool`): a test
     that needs no fresh process leases its server here. Stopped at the end of the session."""
     from vradix.testing.harness.pool import ServerPool
+    from vradix.testing.harness.server import CpuServer
     pool = request.config.stash[POOL_KEY] = ServerPool()
     yield pool
+    before = len(CpuServer.census_failures)
     pool.close()
+    if len(CpuServer.census_failures) > before:
+        pytest.fail("census failure in a pooled server:\n" + "\n".join(CpuServer.census_failures[before:]),
+                    pytrace=False)
 
 
 @pytest.fixture(autouse=True)

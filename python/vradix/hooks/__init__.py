@@ -2,8 +2,8 @@
 every vradix step; `vradix.plugin.register()` does so only inside its fail-closed install."""
 from __future__ import annotations
 
-from vradix.hooks import (admission, hicache, inspector, launcher, ledger, lora, pd, prefill, publication, ray_actor,
-                          reclaim, report, server_info, startup, storage)
+from vradix.hooks import (admission, census, hicache, inspector, launcher, ledger, lora, pd, prefill, publication,
+                          ray_actor, reclaim, report, server_info, startup, storage)
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
@@ -64,6 +64,10 @@ HOOKS = [
     # each page, and which pages are free. The backstop is registered after the stamp so that it wraps it and runs
     # first: a forward that continues a partly filled page must not re-stamp that page before its cached positions
     # are checked
+    # the census test mode (VRADIX_CENSUS=1): no forward runs on weights that changed without a publication; the
+    # control requests answered since the last publication are named when one does
+    (f"{_SCHED}.run_batch", "BEFORE", census.check_weights_before_forward),
+    (f"{_SCHED}.send_control_output", "BEFORE", census.note_control_request),
     (f"{_SCHED}.run_batch", "BEFORE", ledger.stamp_forward_batch),
     (f"{_SCHED}.run_batch", "BEFORE", ledger.backstop_extend_batch),
     (f"{_TOKEN_ALLOC}.free", "BEFORE", ledger.on_free_slots),
