@@ -8,15 +8,17 @@ it straddles the weight change; the census test mode checks the first at every b
 Otherwise it is refused when the scheduler starts (`check`, from `hooks.startup.attach_to_scheduler`): the error
 names the flag that selects the loop and the alternative.
 
-| loop | selected by | verdict |
-|---|---|---|
-| `event_loop_normal` | `--disable-overlap-schedule` | served: `running_batch`, `last_batch` |
-| `event_loop_overlap` | default | served: its `result_queue` holds copies of `last_batch`, drained at a publication |
-| `event_loop_{normal,overlap}_disagg_prefill` | `--disaggregation-mode prefill` | served: also the bootstrap and inflight queues, and the `result_queue` under continuous input polling |
-| `event_loop_{normal,overlap}_disagg_decode` | `--disaggregation-mode decode` | served: also the prealloc (with its retracted) and transfer queues |
-| `event_loop_pp`, `event_loop_pp_disagg_{prefill,decode}` | `--pp-size` > 1 | served: `collect_inflight_reqs` reads every micro-batch (`running_mbs`, `mbs`); `last_mbs` holds only batches of those |
-| `event_loop_pdmux` | `--enable-pdmux` | refused (`REFUSALS`) |
-| `event_loop_overlap_mlx` | `SGLANG_USE_MLX=1` without `--disable-overlap-schedule` | refused (`REFUSALS`) |
+- `event_loop_normal` (`--disable-overlap-schedule`): served; `running_batch`, `last_batch`.
+- `event_loop_overlap` (the default): served; its `result_queue` holds copies of `last_batch`, drained at a
+  publication.
+- `event_loop_{normal,overlap}_disagg_prefill` (`--disaggregation-mode prefill`): served; also the bootstrap and
+  inflight queues, and the `result_queue` under continuous input polling.
+- `event_loop_{normal,overlap}_disagg_decode` (`--disaggregation-mode decode`): served; also the prealloc queue (with
+  its retracted requests) and the transfer queue.
+- `event_loop_pp`, `event_loop_pp_disagg_{prefill,decode}` (`--pp-size` above 1): served; `collect_inflight_reqs`
+  reads every micro-batch (`running_mbs`, `mbs`), and `last_mbs` holds only batches of `mbs`.
+- `event_loop_pdmux` (`--enable-pdmux`): refused (`REFUSALS`).
+- `event_loop_overlap_mlx` (`SGLANG_USE_MLX=1` without `--disable-overlap-schedule`): refused (`REFUSALS`).
 """
 from __future__ import annotations
 

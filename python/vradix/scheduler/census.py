@@ -116,7 +116,7 @@ def attach(scheduler) -> Optional[Census]:
     return census
 
 
-# ---- 1. requests, at every bump ---------------------------------------------------------------------------------------
+# ---- 1. requests, at every bump --------------------------------------------------------------------------------------
 def check_requests(scheduler, live, epoch: int) -> None:
     """After a bump to `epoch` that treated `live`: raise CensusViolation when a request the scheduler holds with KV
     was neither marked crossing nor finished (see the module docstring)."""
@@ -226,7 +226,7 @@ def short(key) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-# ---- 2. weights, before every forward ---------------------------------------------------------------------------------
+# ---- 2. weights, before every forward --------------------------------------------------------------------------------
 def served_model(scheduler):
     """The model the scheduler's forwards run, or None when it serves none (a stand-in in a test)."""
     return getattr(getattr(getattr(scheduler, "tp_worker", None), "model_runner", None), "model", None)
