@@ -29,6 +29,7 @@ import collections
 import dataclasses
 import enum
 import logging
+import re
 import time
 import types
 import zlib
@@ -130,12 +131,24 @@ def check_requests(scheduler, live, epoch: int) -> None:
     live_ids = {id(r) for r in live}
     bad = [(path, req) for path, req in found.values() if holds_kv(req) and not treated(req)]
     logger.info("vradix census: bump to epoch %d: %d request(s) reachable, %d in live_requests, %d untreated "
-                "holder(s) (%d objects walked%s, %.1f ms)", epoch, len(found), len(live_ids), len(bad), visited,
-                "" if complete else ", walk cut short", (time.perf_counter() - t0) * 1e3)
+                "holder(s) (%d objects walked%s, %.1f ms); outside live_requests: %s", epoch, len(found),
+                len(live_ids), len(bad), visited, "" if complete else ", walk cut short",
+                (time.perf_counter() - t0) * 1e3, outside(found, live_ids) or "none")
     if bad:
         raise CensusViolation(f"{MARKER} the bump to epoch {epoch} left {len(bad)} request(s) holding KV neither "
                               "crossing nor finished: " + "; ".join(describe(path, req, id(req) in live_ids)
                                                                      for path, req in bad))
+
+
+def outside(found: dict, live_ids: set) -> str:
+    """Where the walk found requests `live_requests` does not hold, by attribute path (indices and keys dropped),
+    with how many and how many of them hold KV."""
+    counts = collections.Counter()
+    for path, req in found.values():
+        if id(req) not in live_ids:
+            where = re.sub(r"\[[^\]]*\]", "[]", path)
+            counts[where, holds_kv(req)] += 1
+    return ", ".join(f"{where} x{n}{' holding KV' if held else ''}" for (where, held), n in sorted(counts.items()))
 
 
 def holds_kv(req) -> bool:
