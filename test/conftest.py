@@ -35,16 +35,35 @@ def restore_environment():
     os.environ.update(saved)
 
 
+#: how many of `CpuServer.census_failures` a test or the session has failed on already
+CENSUS_REPORTED = [0]
+
+
+def unreported_census_failures() -> list:
+    from vradix.testing.harness.server import CpuServer
+    new = CpuServer.census_failures[CENSUS_REPORTED[0]:]
+    CENSUS_REPORTED[0] = len(CpuServer.census_failures)
+    return new
+
+
 @pytest.fixture(autouse=True)
 def census_failures_fail_the_test():
-    """A server stopped during the test whose scheduler failed the census (`vradix.scheduler.census`) fails the
-    test, with the census's message."""
-    from vradix.testing.harness.server import CpuServer
-    before = len(CpuServer.census_failures)
+    """A server whose scheduler failed the census (`vradix.scheduler.census`) fails the test during which it was
+    stopped, with the census's message; one stopped by a module's fixture after its last test fails the next test,
+    and the pooled servers fail the session (`server_pool`, `pytest_sessionfinish`)."""
     yield
-    new = CpuServer.census_failures[before:]
+    new = unreported_census_failures()
     if new:
-        pytest.fail("census failure in a server this test stopped:\n" + "\n".join(new), pytrace=False)
+        pytest.fail("census failure in a server stopped during or before this test:\n" + "\n".join(new),
+                    pytrace=False)
+
+
+def pytest_sessionfinish(session):
+    """A census failure no test reported (a server stopped after the last test) fails the run."""
+    new = unreported_census_failures()
+    if new:
+        print("\ncensus failure in a server stopped after the last test:\n" + "\n".join(new))
+        session.exitstatus = 1
 
 
 @pytest.fixture(autouse=True)
@@ -130,14 +149,12 @@ def server_pool(request):
     """One running CPU server per launch configuration, shared across modules (`vradix.testing.harness.pool`): a test
     that needs no fresh process leases its server here. Stopped at the end of the session."""
     from vradix.testing.harness.pool import ServerPool
-    from vradix.testing.harness.server import CpuServer
     pool = request.config.stash[POOL_KEY] = ServerPool()
     yield pool
-    before = len(CpuServer.census_failures)
     pool.close()
-    if len(CpuServer.census_failures) > before:
-        pytest.fail("census failure in a pooled server:\n" + "\n".join(CpuServer.census_failures[before:]),
-                    pytrace=False)
+    new = unreported_census_failures()
+    if new:
+        pytest.fail("census failure in a pooled server:\n" + "\n".join(new), pytrace=False)
 
 
 @pytest.fixture(autouse=True)
