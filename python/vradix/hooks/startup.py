@@ -28,7 +28,8 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
     that selected an event loop a publication cannot treat does not start (`closed_world.loops`)."""
     loops.check(scheduler)
     cache = scheduler.tree_cache
-    census.attach(scheduler)
+    if census.attach(scheduler) is not None:
+        logger.info("vradix census on (test mode): requests checked at every epoch bump, weights before every forward")
     if not cache.supports_prefix_sharing():
         attach_treeless(cache)
         logger.info("vradix %s active without a radix cache: no prefix tree to version; every publication drops the "
