@@ -59,15 +59,15 @@ HOOKS = [
     # prefill scheduling: a request waits for an uncached prefix another request is already computing
     (f"{_SCHED}._get_new_batch_prefill_raw", "AROUND", prefill.track_prefill_pass),
     ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", "AROUND", prefill.hold_back_duplicate_prefill),
+    # the census test mode (VRADIX_CENSUS=1): no forward runs on weights that changed without a publication; the
+    # control requests answered since the last publication are named when one does
+    (f"{_SCHED}.run_batch", "BEFORE", census.check_weights_before_forward),
+    (f"{_SCHED}.send_control_output", "BEFORE", census.note_control_request),
     # forward: the strict guard's backstop fails a request whose cached KV (from the tree, a lent session record, a
     # restored backup, a load-back) was not written under its epoch; the KV page ledger records which epoch wrote
     # each page, and which pages are free. The backstop is registered after the stamp so that it wraps it and runs
     # first: a forward that continues a partly filled page must not re-stamp that page before its cached positions
     # are checked
-    # the census test mode (VRADIX_CENSUS=1): no forward runs on weights that changed without a publication; the
-    # control requests answered since the last publication are named when one does
-    (f"{_SCHED}.run_batch", "BEFORE", census.check_weights_before_forward),
-    (f"{_SCHED}.send_control_output", "BEFORE", census.note_control_request),
     (f"{_SCHED}.run_batch", "BEFORE", ledger.stamp_forward_batch),
     (f"{_SCHED}.run_batch", "BEFORE", ledger.backstop_extend_batch),
     (f"{_TOKEN_ALLOC}.free", "BEFORE", ledger.on_free_slots),
