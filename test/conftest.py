@@ -11,6 +11,9 @@ import pytest
 sys.path[:0] = sorted(str(p) for p in pathlib.Path(__file__).parent.iterdir() if p.is_dir() and p.name != "__pycache__")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.pop("VRADIX_DISABLE", None)
+# The census test mode (docs/reliability.md) is on in every scheduler the suite starts, in-process and in the CPU
+# servers, which inherit this process's environment: a test that drives a path vradix misses fails
+os.environ.setdefault("VRADIX_CENSUS", "1")
 # The Triton kernels run on CPU only under the interpreter, which must be on before triton.language is first imported
 # (SGLang imports it during load_plugins). CpuServer does not pass it on to the servers it starts.
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -30,6 +33,37 @@ def restore_environment():
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+#: how many of `CpuServer.census_failures` a test or the session has failed on already
+CENSUS_REPORTED = [0]
+
+
+def unreported_census_failures() -> list:
+    from vradix.testing.harness.server import CpuServer
+    new = CpuServer.census_failures[CENSUS_REPORTED[0]:]
+    CENSUS_REPORTED[0] = len(CpuServer.census_failures)
+    return new
+
+
+@pytest.fixture(autouse=True)
+def census_failures_fail_the_test():
+    """A server whose scheduler failed the census (`vradix.scheduler.census`) fails the test during which it was
+    stopped, with the census's message; one stopped by a module's fixture after its last test fails the next test,
+    and the pooled servers fail the session (`server_pool`, `pytest_sessionfinish`)."""
+    yield
+    new = unreported_census_failures()
+    if new:
+        pytest.fail("census failure in a server stopped during or before this test:\n" + "\n".join(new),
+                    pytrace=False)
+
+
+def pytest_sessionfinish(session):
+    """A census failure no test reported (a server stopped after the last test) fails the run."""
+    new = unreported_census_failures()
+    if new:
+        print("\ncensus failure in a server stopped after the last test:\n" + "\n".join(new))
+        session.exitstatus = 1
 
 
 @pytest.fixture(autouse=True)
@@ -118,6 +152,9 @@ def server_pool(request):
     pool = request.config.stash[POOL_KEY] = ServerPool()
     yield pool
     pool.close()
+    new = unreported_census_failures()
+    if new:
+        pytest.fail("census failure in a pooled server:\n" + "\n".join(new), pytrace=False)
 
 
 @pytest.fixture(autouse=True)

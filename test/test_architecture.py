@@ -153,7 +153,7 @@ def test_the_layer_check_sees_an_upward_import(tmp_path, bad_import):
 #: test/<folder> -> what its tests exercise: a vradix package, or one of the groups that span packages
 TEST_FOLDERS = {"core": "vradix.core", "ledger": "vradix.ledger", "kernels": "vradix.kernels", "l3": "vradix.l3",
                 "pd": "vradix.pd", "closed_world": "vradix.closed_world", "hooks": "vradix.hooks",
-                "observability": "vradix.observability", "testing": "vradix.testing",
+                "observability": "vradix.observability", "scheduler": "vradix.scheduler", "testing": "vradix.testing",
                 "e2e": "real servers, every package at once", "benchmark": "benchmark/",
                 "packaging": "setup.py, scripts/, docs/"}
 #: test files at the top of test/ -> the root module they test

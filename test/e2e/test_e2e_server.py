@@ -12,6 +12,7 @@ from typing import NamedTuple
 import pytest
 import requests
 
+from vradix import settings
 from vradix.testing.harness.scenario import (LONG_PROMPT, PREFIX, PROBE, StreamingRequest, pause_holding,
                                              shared_prefix_burst, stale_prefix_publication)
 from vradix.testing.harness.server import CpuServer, fresh_stock_outputs
@@ -103,6 +104,9 @@ def test_vradix_publication_never_reuses_stale_prefix(models, oracle, server_poo
         assert v["stale_tokens_pending"] == 0 and not v["stale_reclaim"]["active"], v["stale_reclaim"]
         assert start.since(v, "stale_reclaim", "completed") >= 1 and v["last_publication"]["tokens_deferred"] > 0
         assert f"epoch {e0}->{e0 + 1}" in o.update_message
+        if settings.value("VRADIX_CENSUS"):  # the census ran on the real scheduler, across the real publication
+            assert start.since(v, "census", "bumps_checked") == 1 and start.since(v, "census", "forwards_checked") > 0
+            assert v["census"]["weights_recorded_at"].startswith(f"the publication to epoch {e0 + 1}")
         led = v["kv_ledger"]  # the independent KV page ledger agrees: nothing stale was read, nothing leaked
         assert led["enabled"] and led["verify_mode"] == "strict" and led["kernels"] == "torch"
         assert start.since(v, "kv_ledger", "prefixes_verified") >= 2 and led["violations_caught"] == 0

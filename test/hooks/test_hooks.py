@@ -44,6 +44,8 @@ DRIVEN_BY = {
     "vradix.hooks.admission.sample_verify_prefill_batch": "test_ledger.py::test_sample_guard_detects_a_corrupted_row_in_a_batch",
     "vradix.hooks.prefill.track_prefill_pass": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
     "vradix.hooks.prefill.hold_back_duplicate_prefill": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
+    "vradix.hooks.census.check_weights_before_forward": "test_census_mode.py::test_the_weight_census_passes_across_a_publication_and_fails_on_a_write_without_one",
+    "vradix.hooks.census.note_control_request": "test_census_mode.py::test_the_weight_census_passes_across_a_publication_and_fails_on_a_write_without_one",
     "vradix.hooks.ledger.stamp_forward_batch": "test_ledger.py::test_ledger_follows_writes_frees_and_epochs",
     "vradix.hooks.ledger.backstop_extend_batch": "test_backstop.py::test_a_session_record_lent_across_a_publication_fails_the_next_turn",
     "vradix.hooks.ledger.on_free_slots": "test_ledger.py::test_ledger_follows_writes_frees_and_epochs",

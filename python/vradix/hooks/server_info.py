@@ -7,6 +7,7 @@ from vradix import __version__
 from vradix.core import host_tier, mm_embeddings
 from vradix.observability import metrics
 from vradix.core.state import state_of, state_of_scheduler, treeless_of
+from vradix.scheduler import census
 
 
 def report_flush(result, wrapper, *args, **kwargs):
@@ -37,6 +38,9 @@ def report_server_info(result, internal_state, *args, **kwargs):
         gauges = metrics.metrics_of(scheduler)
         if gauges is not None:
             gauges.export(block)
+    counts = census.of(scheduler)
+    if counts is not None:
+        block["census"] = counts.as_dict()
     ranks = tp_rank_blocks(block) if getattr(scheduler, "tp_size", 1) > 1 else None
     if ranks is not None:
         block["tp_ranks"] = ranks

@@ -5,10 +5,11 @@ import logging
 from typing import Optional
 
 from vradix import __version__, identity
-from vradix.closed_world import epd
+from vradix.closed_world import epd, loops
 from vradix.ledger import host as host_ledger
 from vradix.observability import metrics
 from vradix.core import deferred_reclaim, published, staleness
+from vradix.scheduler import census
 from vradix.scheduler.publication import current_label, published_identity, tp_rank_and_size
 from vradix.pd import layout
 from vradix.core.state import attach, attach_treeless
@@ -23,8 +24,12 @@ def refuse_encoder_server(encoder, server_args, *args, **kwargs):
 
 
 def attach_to_scheduler(_result, scheduler, *args, **kwargs):
-    """AFTER Scheduler.__init__: version the tree cache, or say loudly why vradix is a no-op / refuses."""
+    """AFTER Scheduler.__init__: version the tree cache, or say loudly why vradix is a no-op / refuses. A scheduler
+    that selected an event loop a publication cannot treat does not start (`closed_world.loops`)."""
+    loops.check(scheduler)
     cache = scheduler.tree_cache
+    if census.attach(scheduler) is not None:
+        logger.info("vradix census on (test mode): requests checked at every epoch bump, weights before every forward")
     if not cache.supports_prefix_sharing():
         refuse_treeless_decode(scheduler)
         attach_treeless(cache)

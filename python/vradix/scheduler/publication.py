@@ -16,6 +16,7 @@ from vradix.l3 import prefetch
 from vradix.ledger import guard
 from vradix.observability import metrics
 from vradix.pd import revocation
+from vradix.scheduler import census
 from vradix.scheduler.requests import disagg_requests, live_requests
 
 logger = logging.getLogger("vradix")
@@ -53,6 +54,9 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     logger.info(inv.summary() + " in %.3f ms; %d multimodal embedding(s), %d position grid(s) cleared",
                 inv.latency_ms, inv.mm_embeddings_cleared, inv.position_grids_cleared)
     metrics.export_metrics(scheduler)
+    if is_publication and weights_changed:
+        census.record_weights(scheduler, f"the publication to epoch {inv.epoch_after} ({reason})")
+    census.check_requests(scheduler, live, inv.epoch_after)
     return inv
 
 
@@ -66,6 +70,7 @@ def publish_without_tree(scheduler, reason: str, *, is_publication: bool = True)
     if is_publication:
         treeless.publications += 1
         treeless.last_publication = treeless.last
+        census.record_weights(scheduler, f"the publication {treeless.publications} ({reason})")
     logger.info("vradix: %s without a radix cache: %d multimodal embedding(s), %d position grid(s) cleared", reason,
                 cleared.mm_embeddings, cleared.position_grids)
     return treeless.last
