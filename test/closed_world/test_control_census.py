@@ -123,7 +123,7 @@ def test_a_route_registered_only_under_an_import_time_setting_is_enumerated_and_
 
 
 def test_the_routes_vradix_adds_are_its_routes_in_the_census():
-    """Every hook vradix runs before `launch_server`, run on SGLang's app: the routes it adds are `VRADIX_ROUTES`
+    """Every hook vradix runs before `launch_server`, run on SGLang's app: the routes it adds are `OWN_ROUTES`
     (the app is restored afterwards)."""
     from sglang.srt.entrypoints.http_server import app
 
@@ -137,8 +137,8 @@ def test_the_routes_vradix_adds_are_its_routes_in_the_census():
         added = {control.route_key(r) for r in control.flat_routes(app.routes)}
     finally:
         app.router.routes[:], app.user_middleware[:] = routes, middleware
-    assert added - {control.route_key(r) for r in control.flat_routes(routes)} == set(control.VRADIX_ROUTES)
-    assert set(control.VRADIX_ROUTES) <= set(control.ROUTES)
+    assert added - {control.route_key(r) for r in control.flat_routes(routes)} == set(control.OWN_ROUTES)
+    assert set(control.OWN_ROUTES) <= set(control.ROUTES)
 
 
 def test_a_coroutine_a_hook_wrapped_or_a_subclass_added_is_enumerated():

@@ -8,7 +8,7 @@ public coroutine of its TokenizerManager, read from SGLang 0.5.23's live objects
   `SetInternalStateReq[key]`, because each key is a separate runtime switch.
 - `routes`: `METHODS path` of every route of `sglang.srt.entrypoints.http_server.app`, included routers expanded,
   plus the routes the module registers only under an import-time setting (read from an app the same module builds
-  with those settings on), plus the routes vradix adds (`VRADIX_ROUTES`).
+  with those settings on), plus the routes vradix adds (`OWN_ROUTES`).
 - `coroutines`: the public `async def` methods (hooks unwrapped) of `TokenizerManager`, `TokenizerControlMixin`
   and `TokenizerWorker` (the multi-tokenizer HTTP worker, a TokenizerManager).
 
@@ -33,7 +33,7 @@ import os
 from vradix.closed_world.census import Entry
 
 #: routes vradix adds to SGLang's app (BEFORE `http_server.launch_server`, the cache inspector)
-VRADIX_ROUTES = ("GET /vradix/cache",)
+OWN_ROUTES = ("GET /vradix/cache",)
 
 #: import-time environment under which `http_server` registers every route it has: the debug dumper's control route
 #: exists only with DUMPER_SERVER_PORT=reuse; the Ollama, Vertex and root paths at their defaults
@@ -148,12 +148,12 @@ def sglang_routes() -> set[str]:
     """The routes of SGLang's loaded app and of the app built with every import-time route on."""
     from sglang.srt.entrypoints.http_server import app
     return {route_key(r) for a in (app, app_with_every_route()) for r in flat_routes(a.routes)
-            if route_key(r) not in VRADIX_ROUTES}
+            if route_key(r) not in OWN_ROUTES}
 
 
 def enumerate_routes() -> list[str]:
-    """SGLang's routes (`sglang_routes`) and vradix's (`VRADIX_ROUTES`)."""
-    return sorted(sglang_routes() | set(VRADIX_ROUTES))
+    """SGLang's routes (`sglang_routes`) and vradix's (`OWN_ROUTES`)."""
+    return sorted(sglang_routes() | set(OWN_ROUTES))
 
 
 # ------------------------------------------------------------------------------------------- enumeration: coroutines
