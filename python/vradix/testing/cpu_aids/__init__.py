@@ -3,7 +3,10 @@
 SGLang 0.5.23 builds HiCache's host pool for a GPU: it pins host memory (`cudaHostRegister`, and a pinned dummy page
 for storage prefetch) and binds its device<->host copy ops only on CUDA/HIP/XPU. On the CPU engine both fail before
 the first request. These aids replace exactly two things, and nothing in the tree, controller or storage logic:
-1. `HostKVCache.__init__` is called with `pin_memory=False` (plain host memory; no CUDA driver call);
+1. `HostKVCache.__init__` is called with `pin_memory=False` (plain host memory; no CUDA driver call) and books its
+   buffer against a fixed test budget (`TEST_HOST_BUDGET_BYTES`) instead of the machine's free memory less the
+   10 GiB SGLang keeps back for a GPU server: a tiny-model pool takes kilobytes, and a test server must not fail to
+   start because other servers of the suite hold memory;
 2. `pool_host.mha.transfer_kv_direct` (the `--hicache-io-backend direct --hicache-mem-layout layer_first` copy) is a
    torch index copy, `dst[dst_indices] = src[src_indices]` per layer.
 What a CPU run therefore does not exercise: the CUDA/JIT copy kernels and their `page_first` layouts, pinned-memory
@@ -59,8 +62,20 @@ def forcing_argument(fn, name: str, value):
     return wrapper
 
 
-def _unpinned(init):
-    return forcing_argument(init, "pin_memory", False)
+def _unpinned_on_test_budget(init):
+    """`HostKVCache.__init__` with `pin_memory=False`, building its buffer inside SGLang's own
+    `host_memory_budget_scope(TEST_HOST_BUDGET_BYTES)` (one scope per pool; marked like `forcing_argument`)."""
+    from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
+
+    unpinned = forcing_argument(init, "pin_memory", False)
+
+    @functools.wraps(init)
+    def wrapper(*args, **kwargs):
+        with host_memory_budget_scope(TEST_HOST_BUDGET_BYTES):
+            return unpinned(*args, **kwargs)
+
+    wrapper._vradix_cpu_aid = True
+    return wrapper
 
 
 def apply() -> None:
@@ -73,7 +88,7 @@ def apply() -> None:
     from sglang.srt.mem_cache.pool_host import base, mha
 
     if not getattr(base.HostKVCache.__init__, "_vradix_cpu_aid", False):
-        base.HostKVCache.__init__ = _unpinned(base.HostKVCache.__init__)
+        base.HostKVCache.__init__ = _unpinned_on_test_budget(base.HostKVCache.__init__)
     mha.transfer_kv_direct = transfer_kv_direct
     _applied = True
 

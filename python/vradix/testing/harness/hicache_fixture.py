@@ -40,17 +40,12 @@ TEST_HOST_BUDGET_BYTES = cpu_aids.TEST_HOST_BUDGET_BYTES
 def init_host_tier(cache, *, write_policy: str = "write_through", host_ratio: float = 2.0) -> None:
     """Attach SGLang's HiCache host tier to `cache` (which must carry `cache_init_params`) with the CPU copy path.
     `write_policy` is `--hicache-write-policy`; `host_ratio` is `--hicache-ratio` (host pool size over device)."""
-    from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
-
-    cpu_aids.apply()
+    cpu_aids.apply()  # also books each host pool against the aids' test budget, not the machine's free memory
     server_args = ServerArgs(model_path="dummy", page_size=cache.page_size, hicache_io_backend="direct",
                              hicache_mem_layout="layer_first", hicache_write_policy=write_policy,
                              hicache_ratio=host_ratio)
     set_global_server_args_for_scheduler(server_args)
-    # a test host pool takes kilobytes: book it against a fixed budget, not against the machine's free memory less
-    # the 10 GiB SGLang reserves for a server's other needs (which would make tests depend on the machine's load)
-    with host_memory_budget_scope(TEST_HOST_BUDGET_BYTES):
-        cache.init_hicache(server_args, cache.cache_init_params)
+    cache.init_hicache(server_args, cache.cache_init_params)
     atexit.unregister(cache.shutdown)  # init_hicache registers it; a test cache must not outlive its test
 
 
