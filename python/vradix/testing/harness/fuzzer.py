@@ -2,15 +2,17 @@
 servers, every exact response checked against stock SGLang on the weights it is labelled with.
 
 One run (`fuzz`) draws `combinations` server configurations from a seed (`draw_combination`: page size, chunked
-prefill, radix cache on or off, overlap scheduling on or off, scheduling policy, a staleness window, HiCache). On
-each it starts a vradix server on weights A, runs load workers (single prompts, GRPO groups sent as one batch,
-multi-turn conversations whose history grows with the model's own replies, aborted requests) and, between bursts of
+prefill, radix cache on or off, overlap scheduling on or off, scheduling policy, a staleness window, HiCache,
+streaming sessions). On each it starts a vradix server on weights A, runs load workers (single prompts, GRPO groups
+sent as one batch, multi-turn conversations whose history grows with the model's own replies, aborted requests and,
+with streaming sessions, conversations held in a session whose turns send only their new tokens) and, between bursts of
 traffic, `publications` random control steps (`CONTROL_STEPS`: a disk update paused in place, paused with retract,
 or unpaused; a bucketed tensor session; a label alone; a lock-aware flush; an abort-mode pause), each publication
 naming one of the weights A, B, C in its label.
 
 The oracle: a response whose request overlapped no weight change (no crossing request) and that asked for exact KV
-must equal a stock server on the weights its label names, with the combination's chunking and page size
+(a session turn: the whole history it continues) must equal a stock server on the weights its label names, with the
+combination's chunking and page size
 (`oracle_sets`: weights switched by an idle flush; solo and batched outputs accepted, since float32 batched matmuls
 flip a few greedy near-ties). A mismatch stock reproduces on those weights by computing the prompt another way (from
 an empty cache, or with its shared prefix cached first: `near_tie`) is counted as a near-tie; any other mismatch is a
@@ -30,6 +32,7 @@ import random
 import threading
 import time
 import uuid
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -46,7 +49,8 @@ MAX_NEW_TOKENS = 4
 
 @dataclass(frozen=True)
 class Combination:
-    """One server configuration the census supports (a window is refused with HiCache and without a radix cache)."""
+    """One server configuration the census supports (a window is refused with HiCache, without a radix cache and with
+    streaming sessions; streaming sessions are refused without a radix cache)."""
 
     page_size: int = 1
     chunked_prefill_size: int = 1024
@@ -55,6 +59,7 @@ class Combination:
     policy: str = "fcfs"
     window: int = 0
     hicache: bool = False
+    sessions: bool = False
 
     def args(self) -> List[str]:
         out = ["--page-size", str(self.page_size), "--schedule-policy", self.policy]
@@ -64,20 +69,24 @@ class Combination:
             out.append("--disable-overlap-schedule")
         if self.window:
             out += ["--vradix-max-staleness", str(self.window)]
+        if self.sessions:
+            out.append("--enable-streaming-session")
         return out
 
     def name(self) -> str:
         return (f"ps{self.page_size}-chunk{self.chunked_prefill_size}-{'radix' if self.radix else 'noradix'}-"
                 f"{'overlap' if self.overlap else 'normal'}-{self.policy}-K{self.window}"
-                f"{'-hicache' if self.hicache else ''}")
+                f"{'-hicache' if self.hicache else ''}{'-sessions' if self.sessions else ''}")
 
 
 def draw_combination(rng: random.Random) -> Combination:
     radix = rng.random() < 0.85
     hicache = radix and rng.random() < 0.2
-    return Combination(page_size=rng.choice((1, 1, 4)), chunked_prefill_size=rng.choice((64, 1024)), radix=radix,
-                       overlap=rng.random() < 0.7, policy=rng.choice(("fcfs", "lpm")),
-                       window=rng.choice((0, 0, 1)) if radix and not hicache else 0, hicache=hicache)
+    combo = Combination(page_size=rng.choice((1, 1, 4)), chunked_prefill_size=rng.choice((64, 1024)), radix=radix,
+                        overlap=rng.random() < 0.7, policy=rng.choice(("fcfs", "lpm")),
+                        window=rng.choice((0, 0, 1)) if radix and not hicache else 0, hicache=hicache)
+    sessions = radix and not combo.window and rng.random() < 0.4
+    return dataclasses.replace(combo, sessions=sessions)
 
 
 @dataclass
@@ -106,6 +115,7 @@ class Run:
     rng: random.Random
     prefixes: List[List[int]]
     bounded_server: bool
+    sessions: bool = False
     responses: List[Response] = field(default_factory=list)
     windows: List[Tuple[float, float]] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
@@ -125,10 +135,15 @@ class Run:
             sp["custom_params"] = {"vradix_max_staleness": 0 if exact else 1}
         return {"input_ids": prompts, "sampling_params": sp}
 
-    def send(self, prompts: List[List[int]], exact: bool = True, **extra) -> Optional[list]:
-        """One /generate call (a list of prompts: one batch); records each answer. None when it was aborted."""
+    def send(self, prompts: List[List[int]], exact: bool = True, *, histories: Optional[List[List[int]]] = None,
+             **extra) -> Optional[list]:
+        """One /generate call (a list of prompts: one batch); records each answer as the answer to its prompt, or to
+        its entry of `histories` (a session turn: the whole history it continues). None when it was aborted."""
         t0 = time.monotonic()
-        r = requests.post(self.server.url + "/generate", json={**self.payload(prompts, exact), **extra}, timeout=300)
+        body = {**self.payload(prompts, exact), **extra}
+        if "session_params" in extra:  # a session turn is one request, not a batch
+            (body["input_ids"],) = prompts
+        r = requests.post(self.server.url + "/generate", json=body, timeout=300)
         t1 = time.monotonic()
         if r.status_code != 200:
             if "abort" in r.text.lower():
@@ -137,7 +152,7 @@ class Run:
         answers = r.json()
         answers = answers if isinstance(answers, list) else [answers]
         with self.lock:
-            for p, a in zip(prompts, answers):
+            for p, a in zip(histories or prompts, answers):
                 if (a["meta_info"].get("finish_reason") or {}).get("type") == "abort":
                     continue
                 self.responses.append(Response(tuple(p), t0, t1, a["meta_info"]["weight_version"],
@@ -167,6 +182,26 @@ class Run:
             history += answers[0]["output_ids"]
             self.count("turn")
 
+    def session_conversation(self, rng: random.Random) -> None:
+        """A conversation in a streaming session: each turn sends only its new tokens (the session's slot holds the
+        history) and is checked as the whole history it continues. A turn aborted (an abort pause) ends it."""
+        r = requests.post(self.server.url + "/open_session", json={"capacity_of_str_len": 1 << 16, "streaming": True},
+                          timeout=60)
+        assert r.status_code == 200, f"open_session: HTTP {r.status_code}: {r.text[:300]}"
+        sid, history = r.json(), []
+        try:
+            for i in range(rng.randint(2, 4)):
+                new = (list(rng.choice(self.prefixes)) if i == 0 else []) + self.tail(rng)
+                history += new
+                answers = self.send([new], histories=[list(history)], session_params={"id": sid})
+                if answers is None or (answers[0]["meta_info"].get("finish_reason") or {}).get("type") == "abort":
+                    return
+                history += answers[0]["output_ids"]
+                self.count("session turn")
+        finally:
+            r = requests.post(self.server.url + "/close_session", json={"session_id": sid}, timeout=60)
+            assert r.status_code == 200, f"close_session: HTTP {r.status_code}: {r.text[:300]}"
+
     def aborted(self, rng: random.Random) -> None:
         """A long request aborted while it runs (or before it starts): its answer is never checked."""
         rid = uuid.uuid4().hex
@@ -184,6 +219,8 @@ class Run:
     def worker(self, seed: int) -> None:
         rng = random.Random(seed)
         kinds = (self.single, self.single, self.group, self.conversation, self.aborted)
+        if self.sessions:
+            kinds += (self.session_conversation, self.session_conversation)
         while not self.stop.is_set():
             try:
                 rng.choice(kinds)(rng)
@@ -291,7 +328,7 @@ def start_server(models: Dict[str, str], combo: Combination, workdir: str) -> Cp
 def exercise(server: CpuServer, models: Dict[str, str], combo: Combination, rng: random.Random,
              publications: int, concurrency: int = 3, requests_between: int = 6) -> Run:
     """Traffic and `publications` control steps that publish (flushes and abort pauses come on top) on one server."""
-    run = Run(server, rng, prefix_pool(rng), bounded_server=combo.window > 0)
+    run = Run(server, rng, prefix_pool(rng), bounded_server=combo.window > 0, sessions=combo.sessions)
     (first,) = run.send([run.prefixes[0] + [7]])
     run.label_weights[first["meta_info"]["weight_version"]] = "A"
     control = Control(run, models, combo.radix)
