@@ -37,6 +37,8 @@ LAUNCH_CONTEXT = {
     "routed-experts-capture": ["--enable-hierarchical-cache", "--hicache-io-backend", "direct",
                                "--hicache-mem-layout", "layer_first"],
     "radix-off-streaming-session": ["--disable-radix-cache"],
+    "l3-streaming-session": ["--enable-hierarchical-cache", "--hicache-storage-backend", "file",
+                             "--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first"],
     "pd-decode-session": ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake_tcp",
                           "--disaggregation-decode-enable-radix-cache", "--vradix-weight-identity", "fingerprint"],
     "pd-decode-radix-off": ["--disaggregation-transfer-backend", "mooncake_tcp", "--vradix-weight-identity",

@@ -107,3 +107,36 @@ def test_without_a_radix_cache_stock_lends_old_weights_session_kv_and_vradix_ref
     args.resolve_once()
     with pytest.raises(unversioned.UnversionedPathError, match="--disable-radix-cache.*radix cache on"):
         args.check_server_args()
+
+
+L3_SESSION_ARGS = ["--enable-streaming-session", "--page-size", "4"]
+
+
+def test_with_an_l3_backend_stock_stops_at_a_sessions_second_turn_and_vradix_refuses_the_pair(models, tmp_path,
+                                                                                            monkeypatch):
+    """SGLang 0.5.23's L3 prefetch reads a streaming turn's `last_host_node`, the session slot's `_VirtualNode`,
+    as a tree node: stock SGLang with an L3 storage backend answers a session's first turn and its scheduler stops
+    at the second. vradix refuses the pair at launch, naming the alternative."""
+    from sglang.srt.server_args import prepare_server_args
+
+    from vradix.closed_world import unversioned
+    from vradix.testing.cpu_aids import HICACHE_CPU_FLAGS
+    from vradix.testing.harness.hicache_store import HICACHE_ARGS, hicache_server
+    from vradix.testing.harness.reliability import wait_until
+
+    store = tmp_path / "l3"
+    store.mkdir()
+    with hicache_server(models[0], str(store), vradix=False, max_total_tokens=512, extra_args=L3_SESSION_ARGS) as s:
+        sid = open_streaming_session(s)
+        assert len(turn(s, sid, TURN1)["output_ids"]) == NEW_TOKENS
+        with pytest.raises(Exception):
+            turn(s, sid, TURN2)
+        wait_until(lambda: "'_VirtualNode' object cannot be interpreted as an integer" in s.logs(), 60,
+                   "the scheduler's TypeError in the log")
+
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    args = prepare_server_args(["--model-path", models[0], "--device", "cpu", "--attention-backend", "torch_native",
+                                "--skip-tokenizer-init", *HICACHE_ARGS, *HICACHE_CPU_FLAGS, *L3_SESSION_ARGS])
+    args.resolve_once()
+    with pytest.raises(unversioned.UnversionedPathError, match="--hicache-storage-backend.*host tier only"):
+        args.check_server_args()

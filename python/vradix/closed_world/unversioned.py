@@ -123,6 +123,15 @@ REFUSALS = (
             "would be computed on the previous weights' KV",
             "streaming sessions with the radix cache on (vradix versions their slots), or plain sessions without "
             "the radix cache"),
+    Refusal("--enable-streaming-session with --hicache-storage-backend",
+            lambda args: (bool(getattr(args, "enable_streaming_session", False))
+                          and bool(getattr(args, "enable_hierarchical_cache", False))
+                          and bool(getattr(args, "hicache_storage_backend", None))),
+            "SGLang 0.5.23's L3 prefetch (`Scheduler._prefetch_kvcache`) takes a session turn's slot stand-in "
+            "(`_VirtualNode`) for a tree node and stops the scheduler at the session's second turn (stock SGLang "
+            "too), so the engine cannot serve the pair",
+            "streaming sessions with HiCache's host tier only (no --hicache-storage-backend), or the L3 storage "
+            "backend without streaming sessions"),
     Refusal("--enable-torch-compile on the CPU engine",
             lambda args: bool(getattr(args, "enable_torch_compile", False)) and getattr(args, "device", None) == "cpu",
             "the CPU graph runner compiles with Inductor freezing, which folds the weights into the compiled graph "

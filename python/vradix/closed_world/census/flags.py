@@ -70,6 +70,8 @@ WINDOW_SESSION = ("test_streaming_sessions.py::"
                   "test_a_window_refuses_streaming_sessions_because_an_exact_turn_would_borrow_a_bounded_turns_record",)
 WINDOW_RADIX_OFF = ("test_staleness.py::test_a_window_without_a_radix_cache_reuses_nothing",)
 WINDOW_HYBRID = ("test_staleness.py::test_a_window_is_refused_at_engine_start_on_a_tree_it_cannot_age_out",)
+L3_SESSION = ("test_e2e_streaming_session.py::"
+              "test_with_an_l3_backend_stock_stops_at_a_sessions_second_turn_and_vradix_refuses_the_pair",)
 PD_RADIX_OFF = ("test_pd_rules.py::test_a_decode_role_without_a_radix_cache_would_commit_kv_of_any_weights_so_it_does_not_start",)
 RETRACTION = ("test_cache_level.py::test_retracted_crossing_request_reprefills_under_new_epoch",)
 

@@ -130,6 +130,8 @@ _WINDOW_LEDGER = refused("a window is refused where the ledger is off (`stalenes
 _WINDOW_SESSION = refused("a window is refused with streaming sessions (`staleness.check_server`)", F.WINDOW_SESSION)
 _RADIX_OFF_SESSION = refused("the pair is refused at launch: without a tree vradix keeps no epochs, and the slot "
                              "would lend the last turn's KV across a publication", F.RADIX_OFF[1:])
+_L3_SESSION = refused("SGLang's L3 prefetch stops the scheduler at a session's second turn, stock too (row "
+                      "l3-streaming-session)", (F.REFUSED_AT_LAUNCH,), F.L3_SESSION)
 _DECODE_SESSION = refused("streaming sessions on a decode role are refused (row pd-decode-session)",
                           (F.REFUSED_AT_LAUNCH,))
 _DECODE_RADIX_OFF = refused("a decode role without its radix cache is refused (row pd-decode-radix-off)",
@@ -221,6 +223,7 @@ KV_ROWS: Dict[str, Dict[str, Cell]] = {
         "pd": ok("storage keys carry the role's scope and namespace", F.BUFFER_ONLY, F.PD[:1], pair=False)},
     "hicache_storage_backend": {
         **_HICACHE_MODE,
+        "streaming": _L3_SESSION,
         "ledger-off": ok("L3 keys carry the namespace; the landing guard compares epochs, not the ledger",
                          F.HICACHE_L3, pair=False),
         "pd": ok("decode restores only the request's identity's pages", (
@@ -260,7 +263,8 @@ KV_ROWS: Dict[str, Dict[str, Cell]] = {
         "ledger-off": ok("slots are released by the publication's bookkeeping (`sessions.settle_at_bump`), not by "
                          "the ledger", F.SESSIONS, pair=False),
         "streaming": _OWN_COLUMN, "pd": _DECODE_SESSION,
-        "hicache": ok("a slot's record is released at a publication; host copies carry the namespace", F.SESSIONS,
+        "hicache": ok("the host tier alone (an L3 storage backend is refused, row l3-streaming-session): a slot's "
+                      "record is released at a publication; host copies carry the namespace", F.SESSIONS,
                       F.HICACHE[:1], pair=False)},
     "speculative_algorithm": {
         "radix-off": ok("draft KV is per request without a tree", F.NAMESPACE, F.RADIX_OFF[:1], pair=False),
