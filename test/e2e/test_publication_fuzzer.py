@@ -45,6 +45,20 @@ def test_publication_fuzzer_short_seed(weights, server_pool, tmp_path):
     assert_clean(figures, 6)
 
 
+@pytest.mark.timeout(300)
+def test_token_gaps_tell_the_weights_own_greedy_output_from_another_weights_output(weights, server_pool):
+    """The near-tie recheck's measure on a real stock server: the weights' own greedy output is at their top choice
+    at every token; another weights' output is far from it at its first token (a stale hit is never a near-tie)."""
+    prompt = tuple(range(30, 130))
+    with server_pool.lease(weights["B"], vradix=False) as s:
+        other = tuple(s.generate(list(prompt), fuzzer.MAX_NEW_TOKENS)["output_ids"])
+        s.reset(weights["A"], "A")
+        own = tuple(s.generate(list(prompt), fuzzer.MAX_NEW_TOKENS)["output_ids"])
+        assert own != other
+        assert max(fuzzer.token_gaps(s, prompt, own)) <= fuzzer.NEAR_TIE_LOGPROB
+        assert fuzzer.token_gaps(s, prompt, other)[0] > 10 * fuzzer.NEAR_TIE_LOGPROB
+
+
 @pytest.mark.long
 @pytest.mark.timeout(6 * 3600)
 def test_publication_fuzzer_long_profile(weights, server_pool, tmp_path):
