@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     finally:
         pool.close()
     print("| combinations | publications | requests | checked vs stock | crossing (not checked) | bounded (not "
-          "checked) | near-ties reproduced by stock | mismatches | errors | minutes |")
+          "checked) | greedy near-ties (not mismatches) | mismatches | errors | minutes |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     print(f"| {len(figures.combinations)} | {figures.publications} | {figures.requests} | {figures.checked} | "
           f"{figures.crossing_not_checked} | {figures.bounded_not_checked} | {len(figures.near_ties)} | "

@@ -427,7 +427,7 @@ class Figures:
     crossing_not_checked: int = 0
     bounded_not_checked: int = 0
     mismatches: List[tuple] = field(default_factory=list)
-    #: mismatches stock on the same weights reproduces when it computes the prompt another way (`near_tie`)
+    #: mismatches that are greedy near-ties of the labelled weights (`near_tie`)
     near_ties: List[tuple] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
     counts: Dict[str, int] = field(default_factory=dict)
@@ -443,7 +443,7 @@ class Figures:
     def line(self) -> str:
         return (f"{len(self.combinations)} combination(s), {self.publications} publications, {self.requests} "
                 f"requests, {self.checked} checked, {self.crossing_not_checked} crossing, {self.bounded_not_checked} "
-                f"bounded, {len(self.mismatches)} mismatches ({len(self.near_ties)} near-ties reproduced by stock), "
+                f"bounded, {len(self.mismatches)} mismatches ({len(self.near_ties)} greedy near-ties, not counted), "
                 f"{len(self.errors)} errors")
 
 
