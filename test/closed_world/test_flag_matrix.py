@@ -94,3 +94,20 @@ def test_no_field_is_classified_twice():
         twice += sorted(seen & set(group))
         seen |= set(group)
     assert not twice, f"classified in two groups: {twice}"
+
+
+def test_the_cells_named_as_fuzzed_are_drawn_by_the_fuzzers_long_profile():
+    """Every cell the matrix calls run together by the fuzzer is drawn by its long profile's default seed and count (`fuzzer.LONG_PROFILE_*`)
+    (a combination setting the row's path and the column's), and is a supported cell."""
+    import random
+    from vradix.testing.harness import fuzzer
+    rng = random.Random(fuzzer.LONG_PROFILE_SEED)
+    combos = [fuzzer.draw_combination(rng) for _ in range(fuzzer.LONG_PROFILE_COMBINATIONS)]
+    row_on = {"page_size": lambda c: c.page_size > 1, "chunked_prefill_size": lambda c: c.chunked_prefill_size < 1024,
+              "disable_overlap_schedule": lambda c: not c.overlap}
+    column_on = {"radix-off": lambda c: not c.radix, "window": lambda c: c.window > 0,
+                 "streaming": lambda c: c.sessions, "hicache": lambda c: c.hicache}
+    for name, column in sorted(matrix.FUZZED):
+        assert any(row_on[name](c) and column_on[column](c) for c in combos), (name, column)
+        c = matrix.cell(name, column)
+        assert c.decision == "supported" and c.pair and matrix.FUZZER_LONG_PROFILE in c.tests, (name, column)

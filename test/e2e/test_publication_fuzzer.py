@@ -1,6 +1,7 @@
 """The publication fuzzer (`vradix.testing.harness.fuzzer`): random traffic and random control requests (every
 publication kind, pauses in each mode, flushes, relabels), every exact response that crossed no control step equal to
-a stock server on the weights its label names.
+a stock server on the weights its label names, and every bounded response that reused another weights' KV equal to
+stock on the cache state its spans describe.
 
 - `test_publication_fuzzer_short_seed` (`make test`): the session's pooled vradix server (default flags), 6
   publications, the pooled stock server as the oracle;
@@ -59,13 +60,36 @@ def test_token_gaps_tell_the_weights_own_greedy_output_from_another_weights_outp
         assert fuzzer.token_gaps(s, prompt, other)[0] > 10 * fuzzer.NEAR_TIE_LOGPROB
 
 
+@pytest.mark.timeout(300)
+def test_a_bounded_response_is_checked_against_the_stale_cache_state_its_spans_describe(weights, server_pool):
+    """The bounded oracle on a real stock server: with spans A then B, the answer stock gives on A's prefix KV updated
+    in place to B passes; B's answer from an empty cache (the same spans, but nothing stale reused) is a mismatch."""
+    import random
+    prefix = list(range(30, 126))
+    prompt = tuple(prefix + [200, 201, 202])
+    with server_pool.lease(weights["B"], vradix=False) as s:
+        s.reset(weights["B"], "B")
+        fresh = tuple(s.generate(list(prompt), fuzzer.MAX_NEW_TOKENS)["output_ids"])
+        stale, cached = fuzzer.rebuilt_answer(s, weights, [("A", len(prefix))], "B", prompt)
+    assert cached == len(prefix) and stale != fresh  # the oracle can tell them apart
+    run = fuzzer.Run(server=None, rng=random.Random(0), prefixes=[prefix], bounded_server=True)
+    run.label_weights.update({"vA": "A", "vB": "B"})
+    spans = (("vA", 0, len(prefix)), ("vB", len(prefix), len(prompt) + fuzzer.MAX_NEW_TOKENS))
+    for output in (stale, fresh):
+        run.responses.append(fuzzer.Response(prompt, 0.0, 1.0, "vB", output, False, len(prefix), spans))
+    figures = fuzzer.check(fuzzer.Combination(window=1), run, weights,
+                           stock=lambda path, combo: server_pool.lease(path, vradix=False))
+    assert (figures.checked, figures.bounded_rebuilt, figures.errors) == (2, 2, [])
+    assert [m[3] for m in figures.mismatches] == [fresh] and not figures.near_ties
+
+
 @pytest.mark.long
 @pytest.mark.timeout(6 * 3600)
 def test_publication_fuzzer_long_profile(weights, server_pool, tmp_path):
     import random
-    n = int(os.environ.get("VRADIX_FUZZ_COMBINATIONS", "20"))
-    per = int(os.environ.get("VRADIX_FUZZ_PUBLICATIONS", "25"))
-    rng = random.Random(int(os.environ.get("VRADIX_FUZZ_SEED", "2026")))
+    n = int(os.environ.get("VRADIX_FUZZ_COMBINATIONS", fuzzer.LONG_PROFILE_COMBINATIONS))
+    per = int(os.environ.get("VRADIX_FUZZ_PUBLICATIONS", fuzzer.LONG_PROFILE_PUBLICATIONS))
+    rng = random.Random(int(os.environ.get("VRADIX_FUZZ_SEED", fuzzer.LONG_PROFILE_SEED)))
     combos = [fuzzer.draw_combination(rng) for _ in range(n)]
     figures = fuzzer.fuzz(weights, str(tmp_path), seed=rng.randrange(1 << 30), combinations=combos,
                           publications=per, stock=lambda path, combo: oracle_server(server_pool, path, combo),

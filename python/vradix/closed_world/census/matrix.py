@@ -321,8 +321,29 @@ def _kind_cells(name: str) -> Dict[str, Cell]:
     return _independent(entry.tests, _DERIVED)
 
 
+#: the publication fuzzer's long profile (`vradix.testing.harness.fuzzer`), which runs these rows' paths together
+#: with these columns on one server, every response checked against stock
+FUZZER_LONG_PROFILE = "test_publication_fuzzer.py::test_publication_fuzzer_long_profile"
+#: the cells its default draw (`fuzzer.LONG_PROFILE_*`) runs together (test_flag_matrix.py checks the draw)
+FUZZED = frozenset({
+    ("page_size", "radix-off"), ("page_size", "window"), ("page_size", "streaming"), ("page_size", "hicache"),
+    ("chunked_prefill_size", "radix-off"), ("chunked_prefill_size", "window"), ("chunked_prefill_size", "streaming"),
+    ("disable_overlap_schedule", "window"), ("disable_overlap_schedule", "streaming"),
+    ("disable_overlap_schedule", "hicache"),
+})
+
+
 def cell(name: str, column: str) -> Cell:
-    """The decided cell of field `name` with `column` (KeyError: the field is not a matrix row)."""
+    """The decided cell of field `name` with `column` (KeyError: the field is not a matrix row); a cell the fuzzer
+    runs together is a pair test."""
+    decided = _decided(name, column)
+    if (name, column) in FUZZED and decided.decision == "supported":
+        return Cell(decided.decision, f"{decided.text}; run together by the publication fuzzer",
+                    decided.tests + (FUZZER_LONG_PROFILE,), True, decided.by, decided.args)
+    return decided
+
+
+def _decided(name: str, column: str) -> Cell:
     entry = F.FLAGS[name]
     if entry.verdict == "refused":
         if (name, column) in REFUSED_NA:

@@ -17,8 +17,10 @@ combination's chunking and page size
 flip a few greedy near-ties). A mismatch stock reproduces on those weights by computing the prompt another way (from
 an empty cache, or with its shared prefix cached first), or whose every token is within `NEAR_TIE_LOGPROB` of
 stock's top choice (`near_tie`), is counted as a near-tie; any other mismatch is a stale hit. Requests that overlapped a step that changed the weights (crossing requests) are counted,
-not checked; bounded requests (a window server) are counted, not checked (their reference is the cache state their
-spans describe).
+not checked. A bounded response (a window server) whose reused prefix is all its labelled weights' KV is checked like
+an exact one; one that reused another weights' KV is checked against stock on the cache state its spans describe,
+rebuilt (`rebuilt_answer`: each span's prefix computed under its weights, in order, with disk updates that keep the
+cache, then the labelled weights), with the same cached length.
 
 Invariants: every HTTP error other than an abort is recorded and fails the run; each server runs SGLang's busy-time
 memory checks and ends with no Traceback in its log and, with a radix cache, SGLang's strict idle memory check
@@ -45,6 +47,8 @@ from vradix.testing.harness.server import CpuServer
 
 WEIGHTS = ("A", "B", "C")
 MAX_NEW_TOKENS = 4
+#: the long profile's defaults (its figures in docs/reliability.md; the flag matrix names the pairs its draw runs)
+LONG_PROFILE_SEED, LONG_PROFILE_COMBINATIONS, LONG_PROFILE_PUBLICATIONS = 2026, 20, 25
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,10 @@ class Response:
     label: str
     output: Tuple[int, ...]
     exact: bool
+    #: prefix tokens it reused (SGLang's `cached_tokens`)
+    cached: int = 0
+    #: its `kv_weight_versions` (every bounded response has them): (label, start, end) per span of prompt + output
+    spans: Tuple[Tuple[str, int, int], ...] = ()
 
 
 def prefix_pool(rng: random.Random, n: int = 4, length: int = 96) -> List[List[int]]:
@@ -156,8 +164,10 @@ class Run:
             for p, a in zip(histories or prompts, answers):
                 if (a["meta_info"].get("finish_reason") or {}).get("type") == "abort":
                     continue
-                self.responses.append(Response(tuple(p), t0, t1, a["meta_info"]["weight_version"],
-                                               tuple(a["output_ids"]), exact or not self.bounded_server))
+                meta = a["meta_info"]
+                spans = tuple((x["version"], x["start"], x["end"]) for x in meta.get("kv_weight_versions") or ())
+                self.responses.append(Response(tuple(p), t0, t1, meta["weight_version"], tuple(a["output_ids"]),
+                                               exact or not self.bounded_server, meta.get("cached_tokens", 0), spans))
         return answers
 
     @staticmethod
@@ -418,6 +428,30 @@ def token_gaps(server: CpuServer, prompt: Tuple[int, ...], output: Tuple[int, ..
     return [top[0][0] - lp for (lp, _, _), top in zip(chosen, tops)]
 
 
+def reused_segments(r: Response, label_weights: Dict[str, str]) -> List[Tuple[str, int]]:
+    """The prefix a response reused (`[0, cached)`), as its spans describe it: (weights, end) per span, in order."""
+    return [(label_weights[v], min(e, r.cached)) for v, s, e in r.spans if s < r.cached]
+
+
+def rebuilt_answer(s: CpuServer, models: Dict[str, str], segments: Sequence[Tuple[str, int]], weights: str,
+                   prompt: Tuple[int, ...]) -> Tuple[Tuple[int, ...], int]:
+    """What stock SGLang answers for `prompt` on `weights` when its cache holds exactly the KV `segments` describe:
+    from an empty cache, each segment's prompt prefix computed under its weights on top of the segments before it
+    (a disk update without a flush between weights: stock keeps what the old weights computed), then `weights`
+    loaded the same way. Returns (output ids, cached tokens)."""
+    serving = segments[0][0]
+    s.reset(models[serving], f"rebuild-{serving}")
+    for seg_weights, end in segments:
+        if seg_weights != serving:
+            s.update_weights(models[seg_weights], f"rebuild-{seg_weights}")
+            serving = seg_weights
+        s.generate(list(prompt[:end]), 1)
+    if serving != weights:
+        s.update_weights(models[weights], f"rebuild-{weights}")
+    meta = s.generate(list(prompt), MAX_NEW_TOKENS)
+    return tuple(meta["output_ids"]), meta["meta_info"]["cached_tokens"]
+
+
 @dataclass
 class Figures:
     combinations: List[str] = field(default_factory=list)
@@ -425,7 +459,9 @@ class Figures:
     requests: int = 0
     checked: int = 0
     crossing_not_checked: int = 0
-    bounded_not_checked: int = 0
+    #: bounded responses that reused another weights' KV, checked against stock on the cache state their spans
+    #: describe (`rebuilt_answer`); part of `checked`
+    bounded_rebuilt: int = 0
     mismatches: List[tuple] = field(default_factory=list)
     #: mismatches that are greedy near-ties of the labelled weights (`near_tie`)
     near_ties: List[tuple] = field(default_factory=list)
@@ -435,35 +471,57 @@ class Figures:
     def add(self, other: "Figures") -> None:
         for name in ("combinations", "mismatches", "near_ties", "errors"):
             getattr(self, name).extend(getattr(other, name))
-        for name in ("publications", "requests", "checked", "crossing_not_checked", "bounded_not_checked"):
+        for name in ("publications", "requests", "checked", "crossing_not_checked", "bounded_rebuilt"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for k, v in other.counts.items():
             self.counts[k] = self.counts.get(k, 0) + v
 
     def line(self) -> str:
         return (f"{len(self.combinations)} combination(s), {self.publications} publications, {self.requests} "
-                f"requests, {self.checked} checked, {self.crossing_not_checked} crossing, {self.bounded_not_checked} "
-                f"bounded, {len(self.mismatches)} mismatches ({len(self.near_ties)} greedy near-ties, not counted), "
-                f"{len(self.errors)} errors")
+                f"requests, {self.checked} checked ({self.bounded_rebuilt} bounded on a rebuilt stale cache), "
+                f"{self.crossing_not_checked} crossing, {len(self.mismatches)} mismatches ({len(self.near_ties)} "
+                f"greedy near-ties, not counted), {len(self.errors)} errors")
+
+
+def sort_responses(combo: Combination, run: Run, figures: Figures) -> Tuple[list, list]:
+    """(exact checks, rebuilt checks): every response outside the weight changes, as (weights, response) or
+    (weights, response, reused segments). A bounded response whose reused KV is all its labelled weights' is checked
+    like an exact one; a span it computed itself under other weights than its label's, or a label no step set, is an
+    error."""
+    exact, rebuilt = [], []
+    for r in run.responses:
+        unknown = {r.label, *(v for v, _, _ in r.spans)} - set(run.label_weights)
+        if unknown:
+            figures.errors.append(f"{combo.name()}: a response labelled {sorted(unknown)}, which no step set")
+            continue
+        if overlapped(r, run.windows):
+            figures.crossing_not_checked += 1
+            continue
+        weights = run.label_weights[r.label]
+        computed = {run.label_weights[v] for v, _, e in r.spans if e > r.cached}
+        if computed - {weights}:
+            figures.errors.append(f"{combo.name()}: a response labelled {r.label!r} ({weights}) computed KV under "
+                                  f"{sorted(computed)} without crossing a weight change: {r.spans}")
+            continue
+        segments = [] if r.exact else reused_segments(r, run.label_weights)
+        if {w for w, _ in segments} - {weights}:
+            rebuilt.append((weights, r, segments))
+        else:
+            exact.append((weights, r))
+    return exact, rebuilt
 
 
 def check(combo: Combination, run: Run, models: Dict[str, str], stock) -> Figures:
     """One server's figures: every exact response outside the weight changes against the oracle of its label's
     weights, computed by `stock(path, combo)` (a context: a stock server with the combination's chunking and page
-    size); a mismatch stock reproduces by computing the prompt another way is a near-tie, not a stale hit."""
-    figures, to_check = Figures(combinations=[combo.name()], errors=list(run.errors),
-                                requests=len(run.responses), counts=dict(run.counts)), []
+    size); a mismatch stock reproduces by computing the prompt another way is a near-tie, not a stale hit. Every
+    bounded response that reused another weights' KV against stock on the cache state its spans describe, rebuilt
+    (its cached length must match too; a token difference within `NEAR_TIE_LOGPROB` there is a near-tie)."""
+    figures = Figures(combinations=[combo.name()], errors=list(run.errors), requests=len(run.responses),
+                      counts=dict(run.counts))
     figures.publications = sum(v for k, v in run.counts.items()
                                if k.startswith("control: ") and k[len("control: "):] in PUBLICATION_STEPS)
-    for r in run.responses:
-        if r.label not in run.label_weights:
-            figures.errors.append(f"{combo.name()}: a response labelled {r.label!r}, which no step set")
-        elif not r.exact:
-            figures.bounded_not_checked += 1
-        elif overlapped(r, run.windows):
-            figures.crossing_not_checked += 1
-        else:
-            to_check.append((run.label_weights[r.label], r))
+    to_check, to_rebuild = sort_responses(combo, run, figures)
     wanted: Dict[str, set] = {}
     for weights, r in to_check:
         wanted.setdefault(weights, set()).add(r.prompt)
@@ -477,7 +535,26 @@ def check(combo: Combination, run: Run, models: Dict[str, str], stock) -> Figure
             figures.near_ties.append(found)
         else:
             figures.mismatches.append(found)
+    if to_rebuild:
+        with stock(models["A"], combo) as s:
+            for weights, r, segments in to_rebuild:
+                check_rebuilt(s, models, combo, weights, r, segments, figures)
     return figures
+
+
+def check_rebuilt(s: CpuServer, models: Dict[str, str], combo: Combination, weights: str, r: Response,
+                  segments: Sequence[Tuple[str, int]], figures: Figures) -> None:
+    """One bounded response against stock on the cache state its spans describe (`rebuilt_answer`)."""
+    figures.checked += 1
+    figures.bounded_rebuilt += 1
+    output, cached = rebuilt_answer(s, models, segments, weights, r.prompt)
+    if (output, cached) == (r.output, r.cached):
+        return
+    found = (combo.name(), r.label, r.prompt, r.output, [output], f"rebuilt {segments}: cached {cached} vs {r.cached}")
+    if cached == r.cached and max(token_gaps(s, r.prompt, r.output)) <= NEAR_TIE_LOGPROB:
+        figures.near_ties.append(found)
+    else:
+        figures.mismatches.append(found)
 
 
 def fuzz(models: Dict[str, str], workdir: str, *, seed: int, combinations: Sequence[Combination],
