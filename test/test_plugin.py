@@ -100,3 +100,35 @@ def test_the_wheel_ships_the_entry_point_and_the_startup_check(tmp_path):
         assert "vradix-plugin-check.pth" in names
         eps = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "[sglang.srt.plugins]" in eps and "vradix = vradix.plugin:register" in eps
+
+
+@pytest.mark.parametrize("one_scan", [False, True], ids=["sglang-scans", "one-scan"])
+def test_one_scan_propagation_rebinds_exactly_what_sglangs_scan_per_target_rebinds(one_scan, monkeypatch):
+    """SGLang's HookRegistry on two throwaway modules: a function target aliased by `from src import f` elsewhere
+    (and twice in one module), a method target aliased at module level, and an alias inside the source module itself (SGLang's scan skips
+    the source). One scan leaves every binding as SGLang's per-target scans do."""
+    import collections
+    import types
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    src, user = types.ModuleType("vradix_scan_src"), types.ModuleType("vradix_scan_user")
+    exec("def f():\n    return 1\nclass C:\n    def m(self):\n        return 1\nsame = f\n", src.__dict__)
+    user.f, user.g, user.m = src.f, src.f, src.C.m
+    original_f = src.f
+    for mod in (src, user):
+        monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setattr(HookRegistry, "_hooks", collections.defaultdict(list))
+    monkeypatch.setattr(HookRegistry, "_patched", set())
+    HookRegistry.register("vradix_scan_src.f", lambda result: result + 1, HookType.AFTER)
+    HookRegistry.register("vradix_scan_src.C.m", lambda result, self: result + 10, HookType.AFTER)
+    if one_scan:
+        with plugin.one_scan_propagation() as scan:
+            HookRegistry.apply_hooks()
+        assert len(scan.pending) == 2
+    else:
+        HookRegistry.apply_hooks()
+    assert (src.f(), user.f(), user.g(), src.C().m()) == (2, 2, 2, 11)
+    assert src.same is original_f  # the source's own alias is left alone, as SGLang's scan leaves it
+    assert user.m is src.C.m  # a module-level alias of the method's function is rebound too
+    from sglang.srt.plugins import hook_registry
+    assert hook_registry._propagate_patch.__module__ == hook_registry.__name__  # restored

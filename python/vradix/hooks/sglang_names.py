@@ -84,6 +84,8 @@ PRIVATE_NAMES = (
                 "_compute_prefix_hash", MEMBER, "hooks.storage.record_decode_offload (the pages' storage keys)"),
     PrivateName("sglang.srt.mem_cache.hicache_storage:HiCacheStorageFailureInjector", "_backend", INSTANCE,
                 "l3.manifest, observability.snapshot (the store behind SGLang's fault injector)"),
+    PrivateName("sglang.srt.plugins.hook_registry", "_propagate_patch", MEMBER,
+                "plugin.one_scan_propagation (every hook's `from X import Y` rebinding in one scan)"),
 )
 
 
