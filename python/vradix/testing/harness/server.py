@@ -27,7 +27,7 @@ from vradix.testing.harness.process import LoggedProcess
 CPU_FLAGS = [
     "--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
     "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
-    "--grammar-backend", "none", "--skip-tokenizer-init", "--host", "127.0.0.1",
+    "--grammar-backend", "none", "--skip-tokenizer-init", "--host", "127.0.0.1", "--sleep-on-idle",
 ]
 
 
