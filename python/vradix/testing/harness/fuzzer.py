@@ -180,14 +180,16 @@ class Run:
 
     def group(self, rng: random.Random) -> None:
         prompt = rng.choice(self.prefixes) + self.tail(rng)
-        self.send([prompt] * 4)
+        self.send([prompt] * 4, exact=rng.random() < 0.7)
         self.count("grpo_group")
 
     def conversation(self, rng: random.Random) -> None:
-        history = list(rng.choice(self.prefixes))
+        """A multi-turn conversation; on a window server half of them are bounded (every turn may reuse the
+        history's older KV: the use a window is for)."""
+        history, exact = list(rng.choice(self.prefixes)), rng.random() < 0.5
         for _ in range(rng.randint(2, 4)):
             history += self.tail(rng)
-            answers = self.send([history])
+            answers = self.send([history], exact=exact)
             if answers is None:
                 return
             history += answers[0]["output_ids"]
