@@ -261,3 +261,27 @@ def test_pretraining_is_deterministic_and_beats_chance_on_held_out_prompts(small
     res = policy.pretrain(model, task, 0, target=target, max_steps=400, eval_every=25, eval_prompts=48)
     assert before["reward"] < CHANCE                 # a random init spreads its mass over the whole vocabulary
     assert res.reward >= target and res.steps < 400, res.history
+
+
+def test_a_multi_turn_trajectory_becomes_one_sample_with_every_turns_tokens_and_provenance():
+    from rl_rollout.client import Record
+    from rl_train.rollout import Trajectory, to_samples
+    task = Task.make(0, system_tokens=4)
+    qs = [Question("copy", (1, 2)), Question("sort", (1, 2))]
+    p0 = task.prompt(qs[0])
+    out0 = [D[1], D[3], EOS]                                    # one position wrong
+    p1 = p0 + out0 + Task.env_turn(qs[0], out0, qs[1])
+    out1 = [D[1], D[2], EOS]                                    # right, sampled by v1 over history computed by v0
+    m0 = {"weight_version": "v0", "output_token_logprobs": [[-0.1, D[1]], [-0.2, D[3]], [-0.3, EOS]]}
+    m1 = {"weight_version": "v1", "output_token_logprobs": [[-0.4, D[1]], [-0.5, D[2]], [-0.6, EOS]],
+          "kv_weight_versions": [{"version": "v0", "start": 0, "end": 6}, {"version": "v1", "start": 6,
+                                                                             "end": len(p1) + 3}]}
+    trajs = [Trajectory(0, 0, qs, [Record("g0s0", 0, p0, out0, m0), Record("g0s0", 1, p1, out1, m1)])]
+    (s,) = to_samples(trajs, ORDER)
+    assert s.ids == p1 + out1 and s.reward == pytest.approx((0.5 + 1.0) / 2)
+    at0, at1 = len(p0), len(p1)
+    assert [i for i, x in enumerate(s.sampled) if x] == [at0, at0 + 1, at0 + 2, at1, at1 + 1, at1 + 2]
+    assert s.rollout_logprobs[at0:at0 + 3] == [-0.1, -0.2, -0.3] and s.rollout_logprobs[at1:] == [-0.4, -0.5, -0.6]
+    assert s.versions[at0] == "v0" and s.versions[at1] == "v1" and s.versions[0] == ""
+    # turn 1 read positions [0, 6) computed by v0, older than its admission version v1: reused stale KV
+    assert s.classes[at0:at0 + 3] == [FRESH] * 3 and s.classes[at1:] == [STALE] * 3
