@@ -22,6 +22,7 @@ if __name__ == "__main__" and not __package__:
 
 import rl_train
 from . import loop, policy
+from .report import table
 from .modes import RUN_NAMES, RUNS
 from .task import Task
 
@@ -53,7 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--samples", type=int, default=4, help="n samples per prompt")
     p.add_argument("--turns", type=int, default=3, help="turns per multiturn episode")
     p.add_argument("--concurrency", type=int, default=8, help="trajectories in flight")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=3e-4)
     g = p.add_argument_group("policy")
     g.add_argument("--system-tokens", type=int, default=128)
     g.add_argument("--pretrain-target", type=float, default=0.5,
@@ -96,6 +97,7 @@ def main(argv=None) -> int:
                 results.append(out)
             if "Traceback" in server.logs():
                 raise RuntimeError(f"server ({name}) logged a traceback:\n{server.tail(80)}")
+    print(table(results))
     with open(a.json, "w") as f:
         json.dump({"config": vars(a), "wall_s": round(time.time() - t0, 1), "results": results}, f, indent=1)
     print(f"JSON: {a.json}\ntotal {time.time() - t0:.0f}s")

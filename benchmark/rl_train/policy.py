@@ -41,10 +41,17 @@ def build(seed: int, **config_kw):
     return model
 
 
+def _quiet() -> None:
+    """No per-call progress bars from transformers (a checkpoint is saved and loaded every step)."""
+    from transformers.utils import logging
+    logging.disable_progress_bar()
+
+
 def save(model, out: str, meta: Optional[dict] = None) -> str:
     """An HF checkpoint directory SGLang loads (safetensors, float32, the test models' word-level tokenizer)."""
     from vradix.testing.models.llama import save_tokenizer
 
+    _quiet()
     os.makedirs(out, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     save_tokenizer(out)
@@ -57,6 +64,7 @@ def save(model, out: str, meta: Optional[dict] = None) -> str:
 def load(path: str):
     from transformers import LlamaForCausalLM
 
+    _quiet()
     return LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)
 
 
