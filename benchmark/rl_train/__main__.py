@@ -92,7 +92,8 @@ def main(argv=None) -> int:
                 turns = a.turns if w == "multiturn" else 1
                 out = loop.run(server, run.mode, policy_dir, task, os.path.join(workdir, name, w), steps=a.steps,
                                prompts=a.prompts, n=a.samples, turns=turns, concurrency=a.concurrency,
-                               seed=a.seed, lr=a.lr, correction=run.correction, name=name, log=log)
+                               seed=a.seed, lr=a.lr, correction=run.correction, name=name, log=log,
+                               progress=True)
                 out["workload"] = w
                 results.append(out)
             if "Traceback" in server.logs():

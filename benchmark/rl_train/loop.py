@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -47,10 +48,15 @@ def publish(server, mode: Mode, path: str, index: int, version: str, in_flight: 
 
 def run(server, mode: Mode, policy_dir: str, task: Task, workdir: str, *, steps: int, prompts: int, n: int,
         turns: int, concurrency: int, seed: int, lr: float, correction: str = "none", name: str = "",
-        log: Callable[[str], None] = lambda s: None) -> Dict[str, object]:
+        log: Callable[[str], None] = lambda s: None, progress: bool = False) -> Dict[str, object]:
     """`steps` GRPO steps of `prompts` x `n` trajectories of `turns` turns on `server` (already started on
-    `policy_dir`); one row of metrics per step. `name` labels the run (default: the mode's name)."""
+    `policy_dir`); one row of metrics per step. `name` labels the run (default: the mode's name); `progress`: a
+    progress bar (tqdm, stderr) over the steps."""
+    from tqdm import tqdm
+
     name = name or mode.name
+    bar = tqdm(total=steps, desc=f"{name} ({turns} turn{'s' if turns > 1 else ''})", unit="step",
+               disable=not progress, file=sys.stderr)
     rng = random.Random(f"{seed}:prompts")
     batches = [draw_groups(task, rng, prompts, turns) for _ in range(steps)]
     trainer = Trainer(policy.load(policy_dir), lr=lr, correction=correction)
@@ -108,6 +114,9 @@ def run(server, mode: Mode, policy_dir: str, task: Task, workdir: str, *, steps:
             f"({ev['fresh']['tokens']}) crossing {ev['crossing']['abs_delta']:.2e} ({ev['crossing']['tokens']}) "
             f"stale {ev['stale']['abs_delta']:.2e} ({ev['stale']['tokens']}), stale prompt tokens {stale_prompt}, "
             f"kl {row['kl_to_next']:.2e}, pause {pub.pause_s * 1000:.0f} ms")
+        bar.set_postfix(reward=f"{row['reward']:.3f}", stale=tokens_by_class["stale"])
+        bar.update()
         if nxt is not None:
             current = nxt
+    bar.close()
     return {"run": name, "mode": mode.name, "correction": correction, "rows": rows, "publications": [vars(p) for p in pubs]}
