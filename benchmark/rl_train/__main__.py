@@ -83,7 +83,8 @@ def main(argv=None) -> int:
     results = []
     for name in a.runs:
         run = RUNS[name]
-        flags = ["--enable-metrics", "--schedule-policy", "lpm", *run.mode.server_flags()]
+        # float32 as the trainer: SGLang's dtype "auto" serves a float32 checkpoint in half precision
+        flags = ["--enable-metrics", "--schedule-policy", "lpm", "--dtype", "float32", *run.mode.server_flags()]
         log(f"starting CPU server ({name}) ...")
         with CpuServer(policy_dir, vradix=run.mode.vradix, extra_args=flags,
                        max_total_tokens=a.max_total_tokens) as server:

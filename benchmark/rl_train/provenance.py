@@ -104,7 +104,8 @@ def classify(prompt_len: int, n_out: int, meta: dict, order: Dict[str, int],
 
 def stock_stale_prefixes(records: Sequence, publications: Sequence = (), first_version: str = "") -> Dict[int, int]:
     """{id(record): stale positions in its cached prefix} for a stock server's trace, by the shadow of the cache:
-    the same walk as `rl_rollout.shadow_cache.stale_reuse`, keeping each request's count."""
+    the walk of `rl_rollout.shadow_cache.stale_reuse`, keeping each request's count, with a copy of every output
+    position (see below)."""
     from rl_rollout.shadow_cache import ShadowCache
     from rl_rollout.trace import MIXED, output_tags, prefill_order, spans_of
 
@@ -121,6 +122,9 @@ def stock_stale_prefixes(records: Sequence, publications: Sequence = (), first_v
             for v in dict.fromkeys(sp["version"] for sp in spans):
                 cache.add(seq, 0, [v] * len(seq), at)
             continue
-        tags = output_tags(spans, len(r.output_ids), clean and spans[0]["version"] == version)
+        # one tag more than `output_tags` gives: a request that stopped on EOS leaves the KV of every output
+        # position in the tree, its last one included (the next turn's cached_tokens reach prompt + output). The
+        # extra copy takes the first version's tag unless the request crossed, so the count stays a lower bound
+        tags = output_tags(spans, len(r.output_ids) + 1, clean and spans[0]["version"] == version)
         cache.add(r.input_ids + r.output_ids, len(r.input_ids), tags, m.get("request_finished_ts", at))
     return out
