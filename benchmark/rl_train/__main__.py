@@ -63,6 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--workdir", help="policy and step checkpoints (default: a new temporary folder)")
     p.add_argument("--max-total-tokens", type=int, default=65536)
     p.add_argument("--json", default="rl_train.json")
+    p.add_argument("--raw", help="append every request's ids and meta_info to this JSON-lines file")
     a = p.parse_args(argv)
     if min(a.steps, a.prompts, a.samples, a.turns, a.concurrency) < 1:
         p.error("counts must be >= 1")
@@ -96,6 +97,11 @@ def main(argv=None) -> int:
                                seed=a.seed, lr=a.lr, correction=run.correction, name=name, log=log,
                                progress=True)
                 out["workload"] = w
+                records = out.pop("records")
+                if a.raw:
+                    with open(a.raw, "a") as f:
+                        for r in records:
+                            f.write(json.dumps({"workload": w, "run": name, **vars(r)}) + "\n")
                 results.append(out)
             if "Traceback" in server.logs():
                 raise RuntimeError(f"server ({name}) logged a traceback:\n{server.tail(80)}")

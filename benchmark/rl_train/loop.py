@@ -81,7 +81,7 @@ def run(server, mode: Mode, policy_dir: str, task: Task, workdir: str, *, steps:
         batch_records = [r for tr in trajs for r in tr.records]
         records += batch_records
         nxt: Optional[Background] = Background(lambda k=k: rollout(k + 1)) if k + 1 < steps else None
-        stale = None if mode.vradix else stock_stale_prefixes(records, pubs, first)
+        stale = None if mode.vradix else stock_stale_prefixes(records)
         samples = to_samples(trajs, order, stale)
         m = trainer.step(samples, n)
         version = f"{name}-v{k + 1}"
@@ -94,9 +94,9 @@ def run(server, mode: Mode, policy_dir: str, task: Task, workdir: str, *, steps:
                            for name, cls in (("fresh", FRESH), ("crossing", CROSSING), ("stale", STALE))}
         stale_prompt = (sum(stale[id(r)] for r in batch_records) if stale is not None else
                         sum((r.meta.get("vradix_staleness") or {}).get("stale_tokens", 0) for r in batch_records))
-        ideal = ideal_work(records, pubs[:-1], first)["ideal_prompt_tokens"]
-        prev_ideal = ideal_work(records[:len(records) - len(batch_records)], pubs[:-1], first)["ideal_prompt_tokens"] \
-            if k else 0
+        # versions from the engine (each request's first sampled token), as for the shadow cache (provenance.py)
+        ideal = ideal_work(records)["ideal_prompt_tokens"]
+        prev_ideal = ideal_work(records[:len(records) - len(batch_records)])["ideal_prompt_tokens"] if k else 0
         row = {"step": k, "run": name, "reward": m["reward"], "loss": m["loss"], "grad_norm": m["grad_norm"],
                "kl_to_next": m["kl_to_next"], "clip_active": m["clip_active"], "tokens": m["tokens"],
                "tokens_trained": m["tokens_trained"], "tokens_by_class": tokens_by_class,
@@ -119,4 +119,5 @@ def run(server, mode: Mode, policy_dir: str, task: Task, workdir: str, *, steps:
         if nxt is not None:
             current = nxt
     bar.close()
-    return {"run": name, "mode": mode.name, "correction": correction, "rows": rows, "publications": [vars(p) for p in pubs]}
+    return {"run": name, "mode": mode.name, "correction": correction, "rows": rows,
+            "publications": [vars(p) for p in pubs], "first_version": first, "records": records}

@@ -102,15 +102,20 @@ def classify(prompt_len: int, n_out: int, meta: dict, order: Dict[str, int],
     return TokenProvenance(versions, classes, staleness)
 
 
-def stock_stale_prefixes(records: Sequence, publications: Sequence = (), first_version: str = "") -> Dict[int, int]:
+def stock_stale_prefixes(records: Sequence) -> Dict[int, int]:
     """{id(record): stale positions in its cached prefix} for a stock server's trace, by the shadow of the cache:
     the walk of `rl_rollout.shadow_cache.stale_reuse`, keeping each request's count, with a copy of every output
-    position (see below)."""
+    position (see below).
+
+    A request's version is the one that sampled its first token (`prefill_order` without a publication log), not
+    the publication clock: a publication pauses between forwards and every prompt here fits one prefill chunk, so
+    that is the version its prefill ran under, read from the engine rather than placed by clock offsets (on a loaded
+    host the offset estimate can move a boundary by more than the pause window)."""
     from rl_rollout.shadow_cache import ShadowCache
     from rl_rollout.trace import MIXED, output_tags, prefill_order, spans_of
 
     cache, out = ShadowCache(), {}
-    for r, version in prefill_order(records, publications, first_version):
+    for r, version in prefill_order(records):
         m, spans = r.meta, spans_of(r)
         at, cached = m["forward_entry_time"], m["cached_tokens"]
         stale = cache.stale_positions(r.input_ids, cached, version, at)

@@ -285,3 +285,19 @@ def test_a_multi_turn_trajectory_becomes_one_sample_with_every_turns_tokens_and_
     assert s.versions[at0] == "v0" and s.versions[at1] == "v1" and s.versions[0] == ""
     # turn 1 read positions [0, 6) computed by v0, older than its admission version v1: reused stale KV
     assert s.classes[at0:at0 + 3] == [FRESH] * 3 and s.classes[at1:] == [STALE] * 3
+
+
+def test_the_stock_shadow_counts_a_next_turns_reuse_of_old_kv_and_not_of_its_own_versions():
+    from rl_rollout.client import Record
+    from rl_train.provenance import stock_stale_prefixes
+
+    def rec(ids, out, cached, version, fe, fin):
+        return Record("r", 0, list(ids), list(out), {"cached_tokens": cached, "weight_version": version,
+                                                    "forward_entry_time": fe, "request_finished_ts": fin})
+    turn1 = rec(range(100, 110), [D[1], D[2], EOS], 0, "v0", 1.0, 2.0)
+    # the next turn matched the whole first turn, its EOS included (SGLang keeps the KV of every output position)
+    turn2 = rec(list(range(100, 110)) + [D[1], D[2], EOS, OK], [EOS], 13, "v0", 3.0, 3.5)
+    # after a publication, a sibling turn served the same 13 positions from the tree: nothing computed them under v1
+    after = rec(list(range(100, 110)) + [D[1], D[2], EOS, BAD], [EOS], 13, "v1", 5.0, 5.5)
+    out = stock_stale_prefixes([turn1, turn2, after])
+    assert (out[id(turn1)], out[id(turn2)], out[id(after)]) == (0, 0, 13)
