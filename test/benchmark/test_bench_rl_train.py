@@ -301,3 +301,34 @@ def test_the_stock_shadow_counts_a_next_turns_reuse_of_old_kv_and_not_of_its_own
     after = rec(list(range(100, 110)) + [D[1], D[2], EOS, BAD], [EOS], 13, "v1", 5.0, 5.5)
     out = stock_stale_prefixes([turn1, turn2, after])
     assert (out[id(turn1)], out[id(turn2)], out[id(after)]) == (0, 0, 13)
+
+
+@pytest.mark.e2e
+@pytest.mark.long  # two CPU servers and a pretraining; not in CI yet
+@pytest.mark.timeout(900)
+def test_smoke_two_steps_unsafe_in_place_against_vradix(tmp_path):
+    """Two GRPO steps of multi-turn episodes on each of two CPU servers (one at a time): the loop's invariants."""
+    import json
+    import subprocess
+    out = tmp_path / "rl_train.json"
+    cmd = [sys.executable, os.path.join(ROOT, "benchmark", "rl_train"), "--runs", "in_place,in_place+vradix",
+           "--workload", "multiturn", "--steps", "2", "--prompts", "4", "--samples", "4", "--turns", "3",
+           "--system-tokens", "32", "--pretrain-target", "0.3", "--workdir", str(tmp_path / "work"),
+           "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=840, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    res = {r["run"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(res) == {"in_place", "in_place+vradix"}
+    for r in res.values():
+        assert len(r["rows"]) == len(r["publications"]) == 2
+        assert all(0 <= row["reward"] <= 1 and row["kl_to_next"] > 0 and row["grad_norm"] > 0 for row in r["rows"])
+    exact = res["in_place+vradix"]["rows"]
+    # vradix exact: nothing stale is ever reused, and every token whose sampling read only its own weights' KV
+    # has the engine's log-prob at the numerical floor against the trainer's float32 recomputation
+    assert all(row["tokens_by_class"]["stale"] == 0 and row["stale_prompt_tokens_reused"] == 0 for row in exact)
+    assert all(row["engine_vs_sampler"]["fresh"]["max_abs_delta"] < 1e-4 for row in exact), exact
+    # the unsafe mode reused KV computed under the previous weights after the publication
+    unsafe = res["in_place"]["rows"]
+    assert unsafe[1]["tokens_by_class"]["stale"] > 0 and unsafe[1]["stale_prompt_tokens_reused"] > 0, unsafe[1]
+    assert unsafe[1]["engine_vs_sampler"]["stale"]["abs_delta"] > 1e-4, unsafe[1]
