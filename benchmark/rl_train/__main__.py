@@ -46,10 +46,10 @@ def _list(choices):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="benchmark/rl_train", description=rl_train.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", type=_list(RUN_NAMES), default=["in_place", "in_place+vradix"])
+    p.add_argument("--runs", type=_list(RUN_NAMES), default=list(RUN_NAMES))
     p.add_argument("--workload", type=_list(WORKLOADS), default=list(WORKLOADS))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--steps", type=int, default=8)
     p.add_argument("--prompts", type=int, default=8, help="prompts (groups) per step")
     p.add_argument("--samples", type=int, default=4, help="n samples per prompt")
     p.add_argument("--turns", type=int, default=3, help="turns per multiturn episode")

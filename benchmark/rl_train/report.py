@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import List
 
-COLUMNS = ("workload", "run", "step", "reward", "fresh", "crossing", "stale", "|dlogp| fresh", "|dlogp| crossing",
+COLUMNS = ("workload", "run", "step", "reward", "fresh", "crossing", "stale", "trained", "|dlogp| fresh", "|dlogp| crossing",
            "|dlogp| stale", "sq log-ratio", "ESS/n", "clip frac", "grad norm", "KL(next)", "stale prompt",
            "computed", "ideal", "pause ms", "step s")
 
@@ -11,7 +11,7 @@ COLUMNS = ("workload", "run", "step", "reward", "fresh", "crossing", "stale", "|
 def _row(workload: str, r: dict) -> List[str]:
     ev, by = r["engine_vs_sampler"], r["tokens_by_class"]
     return [workload, r["run"], str(r["step"]), f"{r['reward']:.3f}", str(by["fresh"]), str(by["crossing"]),
-            str(by["stale"]), f"{ev['fresh']['abs_delta']:.1e}", f"{ev['crossing']['abs_delta']:.1e}",
+            str(by["stale"]), f"{r['tokens_trained']:.0f}", f"{ev['fresh']['abs_delta']:.1e}", f"{ev['crossing']['abs_delta']:.1e}",
             f"{ev['stale']['abs_delta']:.1e}", f"{ev['all']['sq_log_ratio']:.1e}", f"{ev['all']['ess_frac']:.4f}",
             f"{ev['all']['clip_frac']:.3f}", f"{r['grad_norm']:.3f}", f"{r['kl_to_next']:.1e}",
             str(r["stale_prompt_tokens_reused"]), str(r["prompt_tokens_computed"]), str(r["ideal_prompt_tokens"]),
