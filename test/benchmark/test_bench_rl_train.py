@@ -332,3 +332,18 @@ def test_smoke_two_steps_unsafe_in_place_against_vradix(tmp_path):
     unsafe = res["in_place"]["rows"]
     assert unsafe[1]["tokens_by_class"]["stale"] > 0 and unsafe[1]["stale_prompt_tokens_reused"] > 0, unsafe[1]
     assert unsafe[1]["engine_vs_sampler"]["stale"]["abs_delta"] > 1e-4, unsafe[1]
+
+
+def test_the_runs_are_the_rollout_benchmarks_modes_and_the_cli_runs_them_all_by_default():
+    from rl_rollout.modes import MODES
+    from rl_train.__main__ import parse_args
+    from rl_train.modes import RUNS
+    assert all(r.mode is MODES[r.mode.name] for r in RUNS.values())
+    assert {r.mode.name for r in RUNS.values()} == {"radix-off", "retract+flush", "in_place", "in_place+vradix",
+                                                    "in_place+vradix(1)"}
+    assert RUNS["in_place+vradix(1)+provenance"].correction == "mask"
+    assert all(r.correction in grpo.CORRECTIONS for r in RUNS.values())
+    a = parse_args([])
+    assert a.runs == list(RUNS) and a.workload == ["grpo", "multiturn"]
+    with pytest.raises(SystemExit):
+        parse_args(["--runs", "in_place+vradix(3)"])
