@@ -82,7 +82,7 @@ def run(server, mode: Mode, policy_dir: str, task: Task, workdir: str, *, steps:
         records += batch_records
         nxt: Optional[Background] = Background(lambda k=k: rollout(k + 1)) if k + 1 < steps else None
         stale = None if mode.vradix else stock_stale_prefixes(records)
-        samples = to_samples(trajs, order, stale)
+        samples = to_samples(trajs, order, stale, pubs)
         m = trainer.step(samples, n)
         version = f"{name}-v{k + 1}"
         path = policy.save(trainer.model, os.path.join(workdir, f"step{k + 1}"))
@@ -105,6 +105,7 @@ def run(server, mode: Mode, policy_dir: str, task: Task, workdir: str, *, steps:
                "prompt_tokens_computed": int(round(counters["computed"])),
                "ideal_prompt_tokens": ideal - prev_ideal,
                "crossing_requests": sum(1 for r in batch_records if len(r.meta.get("weight_versions") or []) > 1),
+               "unlabelled_crossing_requests": sum(x.meta["unlabelled_crossing"] for x in samples),
                "rollout_s": rollout_s, "train_s": m["train_s"], "pause_s": pub.pause_s,
                "step_s": time.perf_counter() - t_step}
         t_step = time.perf_counter()

@@ -54,16 +54,34 @@ def position_versions(meta: dict, n_positions: int, default: str) -> List[str]:
     return out
 
 
+def unlabelled_crossing(meta: dict, publications: Sequence) -> bool:
+    """Whether the request crossed a publication its `weight_versions` do not record: its first forward started
+    before the publication that loaded the version SGLang says sampled its first token. The publication's
+    `boundary` is the midpoint of the window in which the scheduler starts no forward (pause returned -> continue
+    sent), on the client clock, which is the server's for the local servers this loop starts. Seen on a
+    --disable-radix-cache server: requests in flight across a publication reported every token under the new
+    version, the first ones included, which the old weights sampled. `publications` are
+    `rl_rollout.schedule.Publication`s."""
+    spans = meta.get("weight_versions") or [{"version": meta.get("weight_version")}]
+    for p in publications:
+        if p.version == spans[0]["version"]:
+            return meta.get("forward_entry_time", p.boundary) < p.boundary
+    return False
+
+
 def classify(prompt_len: int, n_out: int, meta: dict, order: Dict[str, int],
-             stale_prefix: Optional[int] = None) -> TokenProvenance:
+             stale_prefix: Optional[int] = None, unlabelled: bool = False) -> TokenProvenance:
     """The provenance of a response's output tokens.
 
     `order` maps every version label to its publication index (older is smaller). `stale_prefix`: for a stock
     server, the stale positions the shadow cache found in the cached prefix (None on a vradix server, whose
-    `kv_weight_versions` say it per position)."""
+    `kv_weight_versions` say it per position). `unlabelled` (see `unlabelled_crossing`): the sampler spans are
+    wrong, so every token is CROSSING (its reference is the version SGLang named)."""
     samplers = sampler_versions(meta, n_out)
     if not samplers:
         return TokenProvenance([], [], [])
+    if unlabelled:
+        return TokenProvenance(samplers, [CROSSING] * n_out, [1] * n_out)
     admitted = samplers[0]
     retracted = meta.get("num_retractions", 0) > 0
     if stale_prefix is None:

@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from rl_rollout.client import Record
 
 from .grpo import FRESH
-from .provenance import classify
+from .provenance import classify, unlabelled_crossing
 from .task import EOS, Question, Task, episode_reward
 from .trainer import Sample
 
@@ -75,20 +75,24 @@ def run_batch(server, task: Task, groups: List[List[Question]], n: int, concurre
 
 
 def to_samples(trajs: Sequence[Trajectory], order: Dict[str, int],
-               stale_prefix: Optional[Dict[int, int]] = None) -> List[Sample]:
+               stale_prefix: Optional[Dict[int, int]] = None, publications: Sequence = ()) -> List[Sample]:
     """The trainer's samples. `stale_prefix` ({id(record): stale positions}, `provenance.stock_stale_prefixes`) for a
-    stock server; None on a vradix server (its responses carry per-position provenance)."""
+    stock server; None on a vradix server (its responses carry per-position provenance). `publications`: the
+    publication log, to catch crossings the sampler spans do not record (`provenance.unlabelled_crossing`); a
+    sample's meta counts them (`unlabelled_crossing`)."""
     out = []
     for tr in trajs:
         last = tr.records[-1]
         ids = last.input_ids + last.output_ids
         sampled, lps = [0] * len(ids), [0.0] * len(ids)
         versions, classes = [""] * len(ids), [FRESH] * len(ids)
-        responses = []
+        responses, unlabelled = [], 0
         for r in tr.records:
             p, n = len(r.input_ids), len(r.output_ids)
             assert ids[:p + n] == r.input_ids + r.output_ids, "each turn's prompt is the history so far"
-            prov = classify(p, n, r.meta, order, None if stale_prefix is None else stale_prefix[id(r)])
+            missed = unlabelled_crossing(r.meta, publications)
+            unlabelled += missed
+            prov = classify(p, n, r.meta, order, None if stale_prefix is None else stale_prefix[id(r)], missed)
             engine = [lp for lp, *_ in r.meta["output_token_logprobs"]]
             assert len(engine) == n, (len(engine), n)
             for j in range(n):
@@ -97,7 +101,7 @@ def to_samples(trajs: Sequence[Trajectory], order: Dict[str, int],
             responses.append(r.output_ids)
         out.append(Sample(tr.group, ids, sampled, lps, versions, classes, episode_reward(tr.questions, responses),
                           {"staleness": [(r.meta.get("vradix_staleness") or {}).get("staleness", 0)
-                                         for r in tr.records]}))
+                                         for r in tr.records], "unlabelled_crossing": unlabelled}))
     return out
 
 

@@ -347,3 +347,18 @@ def test_the_runs_are_the_rollout_benchmarks_modes_and_the_cli_runs_them_all_by_
     assert a.runs == list(RUNS) and a.workload == ["grpo", "multiturn"]
     with pytest.raises(SystemExit):
         parse_args(["--runs", "in_place+vradix(3)"])
+
+
+def test_a_crossing_the_sampler_spans_do_not_record_is_caught_by_the_publication_clock():
+    from rl_rollout.schedule import Publication
+    from rl_train.provenance import unlabelled_crossing
+    pubs = [Publication(1, "v1", "train step", 0, boundary=10.0), Publication(2, "v2", "train step", 0, boundary=20.0)]
+    # every token labelled v2, yet the first forward ran before v2 was loaded
+    assert unlabelled_crossing({"weight_version": "v2", "forward_entry_time": 19.9}, pubs)
+    assert not unlabelled_crossing({"weight_version": "v2", "forward_entry_time": 20.1}, pubs)
+    # a recorded crossing names the version of its first forward
+    spans = [{"version": "v1", "start": 0, "end": 2}, {"version": "v2", "start": 2, "end": 4}]
+    assert not unlabelled_crossing({"weight_versions": spans, "forward_entry_time": 19.9}, pubs)
+    assert not unlabelled_crossing({"weight_version": "v0", "forward_entry_time": 1.0}, pubs)
+    p = classify(10, 3, {"weight_version": "v2"}, ORDER, stale_prefix=0, unlabelled=True)
+    assert p.classes == [CROSSING] * 3 and p.versions == ["v2"] * 3
