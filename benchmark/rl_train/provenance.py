@@ -141,13 +141,14 @@ def stock_stale_prefixes(records: Sequence) -> Dict[int, int]:
         clean = stale == 0
         cache.add(r.input_ids, cached, [version if clean else MIXED] * (len(r.input_ids) - cached), at)
         if m.get("num_retractions", 0):
-            seq = r.input_ids + r.output_ids[:-1]
+            seq = r.input_ids + r.output_ids   # every output position, as below
             for v in dict.fromkeys(sp["version"] for sp in spans):
                 cache.add(seq, 0, [v] * len(seq), at)
             continue
-        # one tag more than `output_tags` gives: a request that stopped on EOS leaves the KV of every output
-        # position in the tree, its last one included (the next turn's cached_tokens reach prompt + output). The
-        # extra copy takes the first version's tag unless the request crossed, so the count stays a lower bound
+        # one tag more than `output_tags` gives (and the whole sequence for a retracted request, above): a request
+        # that stopped on EOS leaves the KV of every output position in the tree, its last one included (the next
+        # turn's cached_tokens reach prompt + output). The extra copy takes the first version's tag unless the
+        # request crossed, so the count stays a lower bound
         tags = output_tags(spans, len(r.output_ids) + 1, clean and spans[0]["version"] == version)
         cache.add(r.input_ids + r.output_ids, len(r.input_ids), tags, m.get("request_finished_ts", at))
     return out

@@ -301,6 +301,14 @@ def test_the_stock_shadow_counts_a_next_turns_reuse_of_old_kv_and_not_of_its_own
     after = rec(list(range(100, 110)) + [D[1], D[2], EOS, BAD], [EOS], 13, "v1", 5.0, 5.5)
     out = stock_stale_prefixes([turn1, turn2, after])
     assert (out[id(turn1)], out[id(turn2)], out[id(after)]) == (0, 0, 13)
+    # retract+flush: a request retracted at the publication is re-prefilled under v1, its whole sequence included,
+    # so a next turn at v1 that reuses all of it reused nothing stale
+    crossed = rec(range(100, 110), [D[1], D[2], EOS], 0, "v0", 1.0, 6.0)
+    crossed.meta.update(weight_versions=[{"version": "v0", "start": 0, "end": 1}, {"version": "v1", "start": 1, "end": 3}],
+                        num_retractions=1)
+    nxt = rec(list(range(100, 110)) + [D[1], D[2], EOS, OK], [EOS], 13, "v1", 7.0, 7.5)
+    out = stock_stale_prefixes([crossed, nxt])
+    assert out[id(nxt)] == 0
 
 
 @pytest.mark.e2e
