@@ -15,6 +15,7 @@ Entry point: `python benchmark/rl_train` (the folder; `__main__` is the CLI). On
   loop        one-step-off asynchronous GRPO on one server, a publication into it after every step
   modes       the runs: benchmark/rl_rollout's publication modes, and K = 1 with a trainer that uses the provenance
   report      the per-step table
+  plots       the figures: mismatch over steps per run, prompt work against mismatch
 
     python benchmark/rl_train                                             # every run, both workloads, 8 steps
     python benchmark/rl_train --runs in_place,in_place+vradix --steps 2   # one pair

@@ -21,7 +21,7 @@ if __name__ == "__main__" and not __package__:
     sys.exit(0)
 
 import rl_train
-from . import loop, policy
+from . import loop, plots, policy
 from .report import table
 from .modes import RUN_NAMES, RUNS
 from .task import Task
@@ -63,6 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--workdir", help="policy and step checkpoints (default: a new temporary folder)")
     p.add_argument("--max-total-tokens", type=int, default=65536)
     p.add_argument("--json", default="rl_train.json")
+    p.add_argument("--plots", default=".", help="folder for the two PNG figures (empty: none)")
     p.add_argument("--raw", help="append every request's ids and meta_info to this JSON-lines file")
     a = p.parse_args(argv)
     if min(a.steps, a.prompts, a.samples, a.turns, a.concurrency) < 1:
@@ -108,7 +109,10 @@ def main(argv=None) -> int:
     print(table(results))
     with open(a.json, "w") as f:
         json.dump({"config": vars(a), "wall_s": round(time.time() - t0, 1), "results": results}, f, indent=1)
-    print(f"JSON: {a.json}\ntotal {time.time() - t0:.0f}s")
+    print(f"JSON: {a.json}")
+    if a.plots:
+        print("plots:", ", ".join(plots.write(results, a.plots)))
+    print(f"total {time.time() - t0:.0f}s")
     return 0
 
 

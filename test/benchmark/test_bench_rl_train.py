@@ -370,3 +370,26 @@ def test_a_crossing_the_sampler_spans_do_not_record_is_caught_by_the_publication
     assert not unlabelled_crossing({"weight_version": "v0", "forward_entry_time": 1.0}, pubs)
     p = classify(10, 3, {"weight_version": "v2"}, ORDER, stale_prefix=0, unlabelled=True)
     assert p.classes == [CROSSING] * 3 and p.versions == ["v2"] * 3
+
+
+def test_the_plots_average_by_tokens_and_write_two_figures(tmp_path):
+    from rl_train import plots
+
+    def cls(tokens, delta):
+        return {"tokens": tokens, "abs_delta": delta}
+
+    def row(step, fresh, crossing, stale, computed, ideal):
+        return {"step": step, "engine_vs_sampler": {"fresh": fresh, "crossing": crossing, "stale": stale},
+                "prompt_tokens_computed": computed, "ideal_prompt_tokens": ideal}
+
+    rows = [row(0, cls(10, 1e-7), cls(0, 0.0), cls(0, 0.0), 300, 100),
+            row(1, cls(5, 1e-7), cls(5, 0.5), cls(10, 0.03), 100, 100)]
+    # non-crossing tokens only: (10 * 1e-7 + 5 * 1e-7 + 10 * 0.03) / 25; every token adds the crossing ones
+    assert plots.mismatch(rows) == pytest.approx((15e-7 + 0.3) / 25)
+    assert plots.mismatch(rows, ("fresh", "crossing", "stale")) == pytest.approx((15e-7 + 2.5 + 0.3) / 30)
+    assert plots.mismatch(rows[:1], ("crossing",)) == plots.FLOOR
+    assert plots.work(rows) == 2.0
+    results = [{"workload": w, "run": r, "rows": rows} for w in ("grpo", "multiturn") for r in ("a", "b")]
+    paths = plots.write(results, str(tmp_path))
+    assert [os.path.basename(p) for p in paths] == ["mismatch_over_steps.png", "work_vs_mismatch.png"]
+    assert all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in paths)
