@@ -16,6 +16,7 @@ Entry point: `python benchmark/rl_train` (the folder; `__main__` is the CLI). On
   modes       the runs: benchmark/rl_rollout's publication modes, and K = 1 with a trainer that uses the provenance
   report      the per-step table
   plots       the figures: mismatch over steps per run, prompt work against mismatch
+  invariants  what must hold whatever the seed (`--check`, the CI smoke)
 
     python benchmark/rl_train                                             # every run, both workloads, 8 steps
     python benchmark/rl_train --runs in_place,in_place+vradix --steps 2   # one pair

@@ -21,8 +21,8 @@ if __name__ == "__main__" and not __package__:
     sys.exit(0)
 
 import rl_train
-from . import loop, plots, policy
-from .report import table
+from . import invariants, loop, plots, policy
+from .report import summary, table
 from .modes import RUN_NAMES, RUNS
 from .task import Task
 
@@ -65,6 +65,10 @@ def parse_args(argv=None):
     p.add_argument("--json", default="rl_train.json")
     p.add_argument("--plots", default=".", help="folder for the two PNG figures (empty: none)")
     p.add_argument("--raw", help="append every request's ids and meta_info to this JSON-lines file")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 when a run breaks the loop's invariants (rl_train.invariants; the CI smoke)")
+    p.add_argument("--vradix-disabled", action="store_true",
+                   help="start every server with VRADIX_DISABLE=1, the vradix runs included (to show --check fail)")
     a = p.parse_args(argv)
     if min(a.steps, a.prompts, a.samples, a.turns, a.concurrency) < 1:
         p.error("counts must be >= 1")
@@ -88,9 +92,10 @@ def main(argv=None) -> int:
         # float32 as the trainer: SGLang's dtype "auto" serves a float32 checkpoint in half precision
         flags = ["--enable-metrics", "--schedule-policy", "lpm", "--dtype", "float32", *run.mode.server_flags()]
         log(f"starting CPU server ({name}) ...")
-        with CpuServer(policy_dir, vradix=run.mode.vradix, extra_args=flags,
+        with CpuServer(policy_dir, vradix=run.mode.vradix and not a.vradix_disabled, extra_args=flags,
                        max_total_tokens=a.max_total_tokens) as server:
-            run.mode.check_server(server.server_info())
+            if not a.vradix_disabled:
+                run.mode.check_server(server.server_info())
             for w in a.workload:
                 turns = a.turns if w == "multiturn" else 1
                 out = loop.run(server, run.mode, policy_dir, task, os.path.join(workdir, name, w), steps=a.steps,
@@ -107,12 +112,20 @@ def main(argv=None) -> int:
             if "Traceback" in server.logs():
                 raise RuntimeError(f"server ({name}) logged a traceback:\n{server.tail(80)}")
     print(table(results))
+    print()
+    print(summary(results))
     with open(a.json, "w") as f:
         json.dump({"config": vars(a), "wall_s": round(time.time() - t0, 1), "results": results}, f, indent=1)
     print(f"JSON: {a.json}")
     if a.plots:
         print("plots:", ", ".join(plots.write(results, a.plots)))
     print(f"total {time.time() - t0:.0f}s")
+    if a.check:
+        broken = invariants.violations(results)
+        for line in broken:
+            print("invariant broken:", line)
+        print(f"invariants: {'broken' if broken else 'hold'} ({len(results)} runs)")
+        return 1 if broken else 0
     return 0
 
 

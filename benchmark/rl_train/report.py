@@ -25,3 +25,26 @@ def table(results: List[dict]) -> str:
     for res in results:
         lines += ["| " + " | ".join(_row(res["workload"], r)) + " |" for r in res["rows"]]
     return "\n".join(lines)
+
+
+SUMMARY = ("workload", "run", "mean reward", "tokens fresh / crossing / stale", "trained", "|dlogp| non-crossing",
+           "|dlogp| all", "max |dlogp| fresh", "stale prompt", "work / ideal", "mean KL(next)", "mean pause ms")
+
+
+def summary(results: List[dict]) -> str:
+    """One line per (workload, run) over its steps: the mismatch the cache policy adds (over non-crossing requests'
+    tokens; `plots.mismatch`), over every token, the work against the ideal correct engine, the per-step KL."""
+    from .plots import mismatch, work
+    lines = ["| " + " | ".join(SUMMARY) + " |", "|" + "---|" * len(SUMMARY)]
+    for res in results:
+        rows = res["rows"]
+        by = {c: sum(r["tokens_by_class"][c] for r in rows) for c in ("fresh", "crossing", "stale")}
+        lines.append("| " + " | ".join([
+            res["workload"], res["run"], f"{sum(r['reward'] for r in rows) / len(rows):.3f}",
+            f"{by['fresh']} / {by['crossing']} / {by['stale']}", f"{sum(r['tokens_trained'] for r in rows):.0f}",
+            f"{mismatch(rows):.1e}", f"{mismatch(rows, ('fresh', 'crossing', 'stale')):.1e}",
+            f"{max(r['engine_vs_sampler']['fresh']['max_abs_delta'] for r in rows):.1e}",
+            str(sum(r["stale_prompt_tokens_reused"] for r in rows)), f"{work(rows):.2f}",
+            f"{sum(r['kl_to_next'] for r in rows) / len(rows):.1e}",
+            f"{1000 * sum(r['pause_s'] for r in rows) / len(rows):.0f}"]) + " |")
+    return "\n".join(lines)
