@@ -13,14 +13,11 @@ import tempfile
 import time
 from typing import Dict, List, Sequence
 
-if __name__ == "__main__" and not __package__:
-    # Run as a folder, this file has no package and Python put the folder itself first on sys.path, where its
-    # modules (`trace`, `client`, ...) would shadow top-level ones: rerun it as the package's module from the parent.
-    _here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [os.path.dirname(_here)] + [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
-    import runpy
-    runpy.run_module("rl_rollout", run_name="__main__", alter_sys=True)
-    sys.exit(0)
+if __name__ == "__main__" and not __package__:  # run as a folder: rerun as the package, so its modules shadow nothing
+    from vradix.testing.harness.bench_cli import run_folder_as_package
+    run_folder_as_package(__file__, "rl_rollout")
+
+from vradix.testing.harness.bench_cli import choice_list
 
 from vradix.testing.harness.http import ServerClient
 
@@ -101,16 +98,6 @@ def _range(s: str):
     return lo, hi
 
 
-def _list(choices):
-    def parse(s: str):
-        items = [x.strip() for x in s.split(",") if x.strip()]
-        bad = [x for x in items if x not in choices]
-        if bad or not items:
-            raise argparse.ArgumentTypeError(f"unknown {bad or s!r}; choose from {', '.join(choices)}")
-        return items
-    return parse
-
-
 def _counts(s: str) -> List[int]:
     try:
         ks = [int(x) for x in s.split(",") if x.strip()]
@@ -125,8 +112,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="benchmark/rl_rollout", description=rl_rollout.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="drive an existing server (one --mode per server; see above)")
-    p.add_argument("--mode", "--modes", dest="modes", type=_list(MODE_NAMES), default=list(MODE_NAMES))
-    p.add_argument("--workload", type=_list(WORKLOADS), default=list(DEFAULT_WORKLOADS))
+    p.add_argument("--mode", "--modes", dest="modes", type=choice_list(MODE_NAMES), default=list(MODE_NAMES))
+    p.add_argument("--workload", type=choice_list(WORKLOADS), default=list(DEFAULT_WORKLOADS))
     p.add_argument("--weights", help="comma-separated checkpoint dirs for publications (--url; default: the "
                                      "server's model_path)")
     p.add_argument("--seed", type=int, default=0)

@@ -11,14 +11,11 @@ import sys
 import tempfile
 import time
 
-if __name__ == "__main__" and not __package__:
-    # Run as a folder, this file has no package and Python put the folder itself first on sys.path, where its
-    # modules (`task`, `policy`, ...) would shadow top-level ones: rerun it as the package's module from the parent.
-    _here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [os.path.dirname(_here)] + [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
-    import runpy
-    runpy.run_module("rl_train", run_name="__main__", alter_sys=True)
-    sys.exit(0)
+if __name__ == "__main__" and not __package__:  # run as a folder: rerun as the package, so its modules shadow nothing
+    from vradix.testing.harness.bench_cli import run_folder_as_package
+    run_folder_as_package(__file__, "rl_train")
+
+from vradix.testing.harness.bench_cli import choice_list
 
 import rl_train
 from . import invariants, loop, plots, policy
@@ -33,21 +30,11 @@ def log(msg: str) -> None:
     print(f"[rl-train {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _list(choices):
-    def parse(s: str):
-        items = [x.strip() for x in s.split(",") if x.strip()]
-        bad = [x for x in items if x not in choices]
-        if bad or not items:
-            raise argparse.ArgumentTypeError(f"unknown {bad or s!r}; choose from {', '.join(choices)}")
-        return items
-    return parse
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="benchmark/rl_train", description=rl_train.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", type=_list(RUN_NAMES), default=list(RUN_NAMES))
-    p.add_argument("--workload", type=_list(WORKLOADS), default=list(WORKLOADS))
+    p.add_argument("--runs", type=choice_list(RUN_NAMES), default=list(RUN_NAMES))
+    p.add_argument("--workload", type=choice_list(WORKLOADS), default=list(WORKLOADS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--prompts", type=int, default=8, help="prompts (groups) per step")
@@ -63,7 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--workdir", help="policy and step checkpoints (default: a new temporary folder)")
     p.add_argument("--max-total-tokens", type=int, default=65536)
     p.add_argument("--json", default="rl_train.json")
-    p.add_argument("--plots", default=".", help="folder for the two PNG figures (empty: none)")
+    p.add_argument("--plots", default="rl_train_plots", help="folder for the two PNG figures (empty: none)")
     p.add_argument("--raw", help="append every request's ids and meta_info to this JSON-lines file")
     p.add_argument("--check", action="store_true",
                    help="exit 1 when a run breaks the loop's invariants (rl_train.invariants; the CI smoke)")
