@@ -32,7 +32,7 @@ csrc: setup  ## compile csrc/ into vradix._C for sm_90 (build/csrc-sm90; compile
 bench-rl: setup  ## RL rollout benchmark, every publication mode (exact, and bounded K = 1, 2) on CPU servers (tables + JSON + PNGs, ~15 min)
 	$(PY) benchmark/rl_rollout
 
-bench-rl-train: setup  ## RL training loop: GRPO on a self-pretrained tiny policy, every publication mode on CPU servers (table + JSON, ~13 min on 2 cores)
+bench-rl-train: setup  ## RL training loop: GRPO on a self-pretrained tiny policy, every publication mode on CPU servers (tables, JSON and two PNGs; ~6 min on 2 cores)
 	$(PY) benchmark/rl_train
 
 wheel: setup  ## dist/: the plugin wheel and the replacement sglang-0.5.23+vradix wheel (docs/packaging.md)
