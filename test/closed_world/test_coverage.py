@@ -1,4 +1,4 @@
-"""docs/coverage.md is the closed world, and this module holds it to its word (issue 20, requirement 1).
+"""docs/coverage.md is the closed world, and this module holds it to its word.
 
 - every row has a known verdict, and every test a row names exists (file and function, read with `ast`); at least
   one of them runs in `make test` (is not marked `long`);

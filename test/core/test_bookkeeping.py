@@ -1,4 +1,4 @@
-"""Bookkeeping that cannot grow or collide (issue 10, item 7), on SGLang's real UnifiedRadixCache (Rust and Python
+"""Bookkeeping that cannot grow or collide, on SGLang's real UnifiedRadixCache (Rust and Python
 TreeCores, page sizes 1/16) with its real allocators, driven through the scheduler's own `mem_cache.common` functions
 with the vradix hooks installed by `load_plugins()`:
 - crossing requests are tracked by identity, so two live requests sharing a user rid both get their stale path freed;

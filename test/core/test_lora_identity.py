@@ -1,4 +1,4 @@
-"""LoRA identity beyond one process (issue 20, hole 5): an adapter is identified by its content, and every key that
+"""LoRA identity beyond one process: an adapter is identified by its content, and every key that
 leaves the process carries that identity.
 
 SGLang 0.5.23 does not serve LoRA on its CPU engine (its LoRA layers pin host memory, which needs a CUDA driver), so

@@ -1,4 +1,4 @@
-"""Weight-derived state outside the KV cache (issue 20, holes 6 and 7), at cache level on SGLang's real objects:
+"""Weight-derived state outside the KV cache, at cache level on SGLang's real objects:
 
 - the interpolated position-embedding grids of SGLang's real MoonViT (`Learnable2DInterpPosEmb`) and PaddleOCR-VL
   (`SiglipVisionEmbeddings`) modules are dropped at a publication, so the next forward interpolates the new weights;

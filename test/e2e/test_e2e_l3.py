@@ -1,4 +1,4 @@
-"""L3 garbage collection on a real HiCache CPU server with a `file` store (issue 11, item 4).
+"""L3 garbage collection on a real HiCache CPU server with a `file` store.
 
 A 600-token prompt is served on weights A, B is published (`/update_weights_from_disk`), the prompt is served again,
 then `python -m vradix.l3 gc --dir STORE --url SERVER` runs. Oracles, independent of the manifests: the prompt's page

@@ -405,7 +405,7 @@ def test_a_decode_publication_revokes_a_promise_prefill_has_not_fulfilled(vradix
 
 @pytest.mark.timeout(120)
 def test_both_roles_run_the_backstop_with_the_ledger_on_and_catch_nothing(vradix_pair):
-    """Issue 20: the backstop runs on every role. After this module's traffic (repeats that hit each role's cache,
+    """The backstop runs on every role. After this module's traffic (repeats that hit each role's cache,
     publications, skews, a revoked promise), both roles keep the KV page ledger on with the strict guard, each has
     checked batches (prefill: extend batches reading its cache; decode: the prebuilt batches transferred requests
     enter through), and neither caught a violation: no false positive on a real pair. Before: the ledger was off on

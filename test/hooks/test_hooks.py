@@ -1,4 +1,4 @@
-"""Every hook in `vradix.hooks.HOOKS` runs in a test (issue 10, item 4).
+"""Every hook in `vradix.hooks.HOOKS` runs in a test.
 
 `DRIVEN_BY` names, for each hook body, the test that calls it. `test_every_hook_is_driven_by_a_named_test` fails
 when a hook is added to HOOKS without an entry here, or when an entry names a test that does not exist or that only
@@ -114,7 +114,7 @@ DRIVEN_BY = {
 }
 
 
-#: hooks no test drives yet (issue 10, item 4, left open): each needs a real SchedulerWeightUpdaterManager with a CPU
+#: hooks no test drives yet: each needs a real SchedulerWeightUpdaterManager with a CPU
 #: tp_worker and a one-rank gloo TP group. Only shrink this set; a hook added to HOOKS cannot be listed here.
 #: hooks that no test drives yet (must stay empty; kept so a gap is named, not hidden)
 NOT_YET_DRIVEN: set = set()

@@ -1,5 +1,5 @@
 """HiCache L3 across publications, at the cache level: storage prefetches in flight when a publication re-binds their
-request (issue 11, item 3), and the manifests and garbage collection of a `file` store (issue 11, item 4).
+request, and the manifests and garbage collection of a `file` store.
 
 Everything below runs on SGLang's real UnifiedRadixCache with its real HiCache controller, host pool, storage threads
 and `HiCacheFile` backend on a temporary directory (the recipe of SGLang's test kit, `_init_hicache(storage_backend=

@@ -1,4 +1,4 @@
-"""The strict guard's backstop at the last point before the forward (issue 20, req 3), on SGLang's real
+"""The strict guard's backstop at the last point before the forward, on SGLang's real
 UnifiedRadixCache, pools and streaming session (both tree cores, page sizes 1 and 16).
 
 Each test puts KV that was not written under a request's epoch in front of its forward through one path — a

@@ -1,5 +1,5 @@
-"""P/D decode KV offload to L3 (`--disaggregation-decode-enable-offload-kvcache`) across a publication, at cache level
-(issue 20, hole 4): SGLang's real `DecodeKVCacheOffloadManager` (its host pool, `HiCacheController`, storage threads
+"""P/D decode KV offload to L3 (`--disaggregation-decode-enable-offload-kvcache`) across a publication, at cache
+level: SGLang's real `DecodeKVCacheOffloadManager` (its host pool, `HiCacheController`, storage threads
 and `HiCacheFile` backend on a temporary directory, with the CPU copy path) over a real UnifiedRadixCache, driven as
 the decode loop drives it: `offload_kv_cache` after a decode step and at the finish, `check_offload_progress` each
 iteration (whose write acks trigger the pages' L3 backup), `finalize_release_on_finish` when nothing is left to

@@ -1,5 +1,5 @@
-"""The KV page ledger and its backstop on a P/D decode role (issue 20, req 3: "stamp received pages at commit with the
-identity the handshake verified"), at cache level on SGLang's real UnifiedRadixCache (both tree cores, page sizes 1
+"""The KV page ledger and its backstop on a P/D decode role (received pages are stamped at commit with the
+identity the handshake verified), at cache level on SGLang's real UnifiedRadixCache (both tree cores, page sizes 1
 and 16), its real `DecodeTransferQueue._commit_transfer_to_req` (hooked), real `MetadataBuffers`, `DecodeRequest`,
 `DecodePrefixMatch` and `FakeKVReceiver`, and the real `SchedulerDisaggregationDecodeMixin._verify_kv_checksums`
 (hooked) over a real prebuilt `ScheduleBatch`.

@@ -1,4 +1,4 @@
-"""P/D decode retraction with a KV backup, at cache level (issue 20, hole 3): SGLang's real UnifiedRadixCache (Rust
+"""P/D decode retraction with a KV backup, at cache level: SGLang's real UnifiedRadixCache (Rust
 and Python TreeCores, page sizes 1/16), pools and `DecodePreallocQueue`, driven through SGLang's own calls in the
 scheduler's order: `release_req` (backup, release, evict), `DecodePreallocQueue.add(is_retracted=True)`, a
 publication (`bump_scheduler`), `resume_retracted_reqs` (new row, backup restored, no re-match), decode steps, and the

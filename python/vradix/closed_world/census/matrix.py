@@ -14,7 +14,7 @@ refuses a `supported` cell's arguments.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Dict, Tuple
 
@@ -338,8 +338,8 @@ def cell(name: str, column: str) -> Cell:
     runs together is a pair test."""
     decided = _decided(name, column)
     if (name, column) in FUZZED and decided.decision == "supported":
-        return Cell(decided.decision, f"{decided.text}; run together by the publication fuzzer",
-                    decided.tests + (FUZZER_LONG_PROFILE,), True, decided.by, decided.args)
+        return replace(decided, text=f"{decided.text}; run together by the publication fuzzer",
+                       tests=decided.tests + (FUZZER_LONG_PROFILE,), pair=True)
     return decided
 
 

@@ -1,9 +1,7 @@
 """What the benchmark packages' CLIs share: running as a folder, and comma-separated choices.
 
-Running a benchmark package as a folder (`python benchmark/<package>`), the way its docs and the Makefile call it:
-
-Run as a folder, the package's `__main__.py` has no package, and Python put the folder itself first on `sys.path`,
-where the package's modules (`trace`, `task`, `policy`, ...) would shadow top-level ones of the same name.
+Run as a folder (`python benchmark/<package>`, the way the docs and the Makefile call it), a package's `__main__.py`
+has no package, and Python put the folder itself first on `sys.path`, where the package's modules (`trace`, `task`, `policy`, ...) would shadow top-level ones of the same name.
 `run_folder_as_package` reruns it as the package's module from the parent folder instead. It imports only the
 standard library, so it is safe to call before anything else is imported."""
 from __future__ import annotations
