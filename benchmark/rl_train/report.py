@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import List
 
+from .plots import mismatch, work
+
 COLUMNS = ("workload", "run", "step", "reward", "fresh", "crossing", "stale", "trained", "|dlogp| fresh", "|dlogp| crossing",
            "|dlogp| stale", "sq log-ratio", "ESS/n", "clip frac", "grad norm", "KL(next)", "stale prompt",
            "computed", "ideal", "pause ms", "step s")
@@ -34,7 +36,6 @@ SUMMARY = ("workload", "run", "mean reward", "tokens fresh / crossing / stale", 
 def summary(results: List[dict]) -> str:
     """One line per (workload, run) over its steps: the mismatch the cache policy adds (over non-crossing requests'
     tokens; `plots.mismatch`), over every token, the work against the ideal correct engine, the per-step KL."""
-    from .plots import mismatch, work
     lines = ["| " + " | ".join(SUMMARY) + " |", "|" + "---|" * len(SUMMARY)]
     for res in results:
         rows = res["rows"]
