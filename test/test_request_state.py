@@ -1,4 +1,4 @@
-"""One per-request state object (issue: hardening, item 8) and the guard paths that read it, against SGLang's real
+"""One per-request state object and the guard paths that read it, against SGLang's real
 UnifiedRadixCache and allocators: a request carries exactly one vradix attribute, a request vradix never admitted is
 refused at the match instead of being treated as "current epoch", and the sample guard's log names the request whose
 row is corrupt."""
@@ -6,6 +6,7 @@ import logging
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from sglang.srt.mem_cache import common
 
@@ -13,7 +14,8 @@ from vradix import request
 from vradix.core import epochs
 from vradix.core.admission import stamp
 from vradix.ledger.guard import GuardConfig
-from vradix.hooks.admission import sample_verify_prefill_batch
+from vradix.hooks.ledger import backstop_extend_batch, read_verdicts_at_result
+from vradix.testing.harness.cache_fixture import ForwardWrite
 from vradix.request import UnstampedRequestError
 from vradix.core.state import attach
 from vradix.testing.harness.cache_fixture import build_cache, seq
@@ -65,7 +67,7 @@ def test_the_sample_guard_names_the_request_whose_row_is_corrupt(env, caplog):
     fx.prefill(warm)
     fx.finish(warm)
     reqs = []
-    for i in range(2):  # two requests reusing the cached prefix; the first crosses a publication (not checked)
+    for i in range(2):  # two requests reusing the cached prefix; the first crosses a publication (checked against its own range)
         r = fx.make_req(seq(10, 40) + [i])
         stamp(state, r)
         assert fx.admit(r) == 40
@@ -74,12 +76,15 @@ def test_the_sample_guard_names_the_request_whose_row_is_corrupt(env, caplog):
     request.of(reqs[0]).crossed = True
     r2t = fx.req_pool.req_to_token
     state.ledger.page_epoch[int(r2t[reqs[1].kv.req_pool_idx, 5])] = 7  # corrupt the second request's prefix
-    # the hook reads only these three attributes of a ScheduleBatch
-    batch = SimpleNamespace(tree_cache=fx.cache, reqs=reqs, req_to_token_pool=fx.req_pool)
+    batch = ForwardWrite(out_cache_loc=torch.empty(0, dtype=torch.int64), reqs=reqs,
+                         prefix_lens=[r.prefix_len for r in reqs])
     with caplog.at_level(logging.ERROR, logger="vradix"):
-        sample_verify_prefill_batch(None, batch)
-    assert state.guard.stats.violations_caught == 1
-    assert f"request {reqs[1].rid} position 5" in state.guard.stats.last_violation
+        backstop_extend_batch(fx.scheduler_view(), batch)
+        read_verdicts_at_result(fx.scheduler_view(), batch)
+    assert state.guard.stats.violations_caught == 2  # both read the shared page, each checked against its own range
+    assert f"request {reqs[1].rid} would read 1 of 40" in state.guard.stats.last_violation
+    assert state.guard.stats.last_violation.endswith("detected only (sample mode)")
+    assert all(r.discard_output_reason is None for r in reqs)  # sample mode only detects
     request.of(reqs[0]).crossed = False
     for r in reqs:
         fx.finish(r)

@@ -104,3 +104,20 @@ def test_gpu_check_pd_command_lines_parse_with_sglangs_own_parser():
         assert parsed.disaggregation_mode in ("prefill", "decode"), name
         if "decode" in name:
             assert parsed.hicache_storage_prefetch_policy == "wait_complete", name
+
+
+def test_gpu_check_hot_path_finds_the_planted_page_with_the_device_forms_on_cpu():
+    """The hot-path GPU check's iteration (backstop launch, stamp, frees; verdicts read at their results) runs here
+    with the device forms on CPU tensors: every verdict stays pending until its result, and the first one finds the
+    stale page planted in request 1's prefix, as the host computation does. (The sync debug mode itself needs CUDA.)"""
+    import importlib.util
+
+    path = os.path.join(ROOT, "benchmark", "gpu_check", "gpu_check_hot_path.py")
+    spec = importlib.util.spec_from_file_location("gpu_check_hot_path", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for page_size in (1, 16):
+        world = script.World(1 << 12, page_size, rows=9, width=4352, device="cpu")
+        ok, what = script.check_no_sync("torch", world, (8, 4096, 256), iterations=3)
+        assert ok, what
+        assert "3 verdicts pending until their results" in what and f"request 1: {page_size} positions" in what

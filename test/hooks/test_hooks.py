@@ -41,12 +41,15 @@ DRIVEN_BY = {
     "vradix.hooks.admission.rebind_before_match": "test_cache_level.py::test_lazy_rebind_at_match_covers_requests_the_bump_did_not_see",
     "vradix.hooks.admission.release_stale_session_slot": "test_streaming_sessions.py::test_turn_running_across_a_publication_keeps_its_kv_and_its_slot_is_never_lent_again",
     "vradix.hooks.admission.verify_load_back": "test_hicache_ledger.py::test_a_host_copy_of_an_older_epoch_is_not_loaded_for_a_newer_request",
-    "vradix.hooks.admission.sample_verify_prefill_batch": "test_ledger.py::test_sample_guard_detects_a_corrupted_row_in_a_batch",
     "vradix.hooks.prefill.track_prefill_pass": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
     "vradix.hooks.prefill.hold_back_duplicate_prefill": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
     "vradix.hooks.census.check_weights_before_forward": "test_census_mode.py::test_the_weight_census_passes_across_a_publication_and_fails_on_a_write_without_one",
     "vradix.hooks.census.note_control_request": "test_census_mode.py::test_the_weight_census_passes_across_a_publication_and_fails_on_a_write_without_one",
     "vradix.hooks.ledger.stamp_forward_batch": "test_ledger.py::test_ledger_follows_writes_frees_and_epochs",
+    "vradix.hooks.ledger.read_verdicts_at_result":
+        "test_hot_path_sync.py::test_an_extend_batch_reads_nothing_of_the_ledger_before_its_result",
+    "vradix.hooks.ledger.hold_stash_until_verdict":
+        "test_hot_path_sync.py::test_the_overlap_loop_holds_a_chunk_checkpoint_until_its_verdict_is_read",
     "vradix.hooks.ledger.backstop_extend_batch": "test_backstop.py::test_a_session_record_lent_across_a_publication_fails_the_next_turn",
     "vradix.hooks.ledger.on_free_slots": "test_ledger.py::test_ledger_follows_writes_frees_and_epochs",
     "vradix.hooks.ledger.on_free_pages": "test_ledger.py::test_ledger_follows_writes_frees_and_epochs",

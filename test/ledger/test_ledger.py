@@ -1,5 +1,5 @@
 """The KV page ledger against SGLang's real UnifiedRadixCache and allocators (both tree cores, page sizes 1/16):
-it stays in step with writes and frees, the sample guard detects a corrupted prefix in a batch (the strict guard's
+it stays in step with writes and frees, the sample guard detects a corrupted prefix in a sampled batch (the strict guard's
 backstop: test_backstop.py), and the post-publication audit finds a leaked page (and repairs it on request)."""
 import pytest
 import torch
@@ -54,19 +54,27 @@ def test_ledger_follows_writes_frees_and_epochs(env):
 
 
 def test_sample_guard_detects_a_corrupted_row_in_a_batch(env):
+    """VRADIX_VERIFY=sample: every Nth extend batch gets the backstop's check, read at its result; a violation is
+    recorded, never failed."""
     fx, state = env
+    state.guard.config = GuardConfig(verify="sample", sample_every=2)
+    P = seq(10, 48)
+    w, _ = admitted(fx, state, P + [9])
+    fx.prefill(w)  # batch 1 (checked: it reads nothing cached)
+    fx.finish(w)
+    r2t = fx.req_pool.req_to_token
     reqs = []
     for i in range(3):
-        r, _ = admitted(fx, state, seq(100 * i + 10, 40) + [i])
-        fx.prefill(r, checkpoint=False)
+        r, hit = admitted(fx, state, P + [i])
+        assert hit == 48
+        if i == 0:
+            state.ledger.page_epoch[int(r2t[r.kv.req_pool_idx, 33]) // fx.page_size] = 3
+        fx.prefill(r, checkpoint=False)  # batches 2, 3, 4: the 3rd one is checked
         reqs.append(r)
-    rows, lens, epochs = [r.kv.req_pool_idx for r in reqs], [40] * 3, [0] * 3
-    r2t = fx.req_pool.req_to_token
-    assert guard.batch_violations(state.ledger, r2t, rows, lens, epochs).count == 0
-    state.ledger.page_epoch[int(r2t[rows[1], 33]) // fx.page_size] = 3
-    found = guard.batch_violations(state.ledger, r2t, rows, lens, epochs)
-    assert found.count >= 1 and found.first_index == 1 and found.first_pos <= 33
-    assert found.first_pos == 33 - 33 % fx.page_size  # the first position on the corrupted page
+    assert state.guard.stats.batches_verified == 1 and state.guard.stats.violations_caught == 1
+    assert f"request {reqs[1].rid} would read {fx.page_size} of 48" in state.guard.stats.last_violation
+    assert "detected only (sample mode)" in state.guard.stats.last_violation
+    assert all(r.discard_output_reason is None for r in reqs)
     for r in reqs:
         fx.finish(r)
 

@@ -16,6 +16,7 @@ from vradix.core import staleness
 from vradix.core.staleness import StalenessRecord
 from vradix.core.deferred_reclaim import DeferredReclaim
 from vradix.ledger.guard import GuardConfig, GuardStats
+from vradix.ledger.verdicts import PendingVerdicts
 from vradix.ledger.device import PageLedger
 from vradix.ledger import device as kv_ledger
 
@@ -84,10 +85,13 @@ class EpochIdentity:
 class GuardRecord:
     """The KV page ledger's verify guard and audit. `config` is written only at startup (`hooks.startup`: from the
     settings, narrowed to detection only on a multi-rank engine); `stats` only by the guard's checks and the audit
-    (`vradix.ledger.guard`, run by `hooks.ledger`, `hooks.admission` and `scheduler.publication`)."""
+    (`vradix.ledger.guard`, run by `hooks.ledger`, `hooks.admission` and `scheduler.publication`); `verdicts` only
+    through its own methods (`vradix.ledger.verdicts`)."""
 
     config: GuardConfig = field(default_factory=GuardConfig)
     stats: GuardStats = field(default_factory=GuardStats)
+    #: the checks launched before a forward and not read yet (read at their batch's result)
+    verdicts: PendingVerdicts = field(default_factory=PendingVerdicts)
 
 
 @dataclass
@@ -288,6 +292,8 @@ class EpochState:
             "prefixes_verified": st.prefixes_verified,
             "verify_host_reads": st.verify_host_reads,
             "batches_verified": st.batches_verified,
+            "verdicts_pending": len(self.guard.verdicts),
+            "checkpoints_held": st.checkpoints_held,
             "violations_caught": st.violations_caught,
             "last_violation": st.last_violation or None,
             "audits": st.audits,

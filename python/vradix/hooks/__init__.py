@@ -55,7 +55,6 @@ HOOKS = [
     ("sglang.srt.session.streaming_session.StreamingSession.try_match_prefix", "BEFORE",
      admission.release_stale_session_slot),
     (f"{_URC}.init_load_back", "AROUND", admission.verify_load_back),
-    ("sglang.srt.mem_cache.allocation.alloc_for_extend", "AFTER", admission.sample_verify_prefill_batch),
     # prefill scheduling: a request waits for an uncached prefix another request is already computing
     (f"{_SCHED}._get_new_batch_prefill_raw", "AROUND", prefill.track_prefill_pass),
     ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", "AROUND", prefill.hold_back_duplicate_prefill),
@@ -70,6 +69,11 @@ HOOKS = [
     # are checked
     (f"{_SCHED}.run_batch", "BEFORE", ledger.stamp_forward_batch),
     (f"{_SCHED}.run_batch", "BEFORE", ledger.backstop_extend_batch),
+    # the backstop's verdict is launched on the device and read where SGLang waits for the batch's output (no device
+    # sync added to an iteration); the one insert before that point, the overlap loop's chunk checkpoint, reads a
+    # complete verdict or is held until the next checkpoint
+    (f"{_SCHED}.process_batch_result", "BEFORE", ledger.read_verdicts_at_result),
+    (f"{_SCHED}.stash_chunked_request", "AROUND", ledger.hold_stash_until_verdict),
     (f"{_TOKEN_ALLOC}.free", "BEFORE", ledger.on_free_slots),
     (f"{_PAGED_ALLOC}.free", "BEFORE", ledger.on_free_slots),
     (f"{_PAGED_ALLOC}.free_page_ids", "BEFORE", ledger.on_free_pages),

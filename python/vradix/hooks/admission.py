@@ -53,28 +53,6 @@ def release_stale_session_slot(session, params, *args, **kwargs):
         sessions.release_before_lend(state, session.cache, params.req)
 
 
-def sample_verify_prefill_batch(_result, batch, *args, **kwargs):
-    """AFTER mem_cache.allocation.alloc_for_extend (sample guard): one fused check of the batch's reused prefixes,
-    rows already written. Requests that crossed a publication hold older KV by contract and are not checked."""
-    state = state_of(batch.tree_cache) if batch.tree_cache is not None else None
-    if state is None or state.ledger is None or not guard.should_sample_batch(state.guard.config, state.guard.stats):
-        return
-    reusing = [(r, request.require(r)) for r in batch.reqs if r.prefix_len > 0]
-    picked = [(r, st) for r, st in reusing if not st.crossed and not st.max_staleness]
-    if not picked:
-        return
-    rows = [r.kv.req_pool_idx for r, _ in picked]
-    lens = [r.prefix_len for r, _ in picked]
-    epochs = [st.epoch for _, st in picked]
-    found = guard.batch_violations(state.ledger, batch.req_to_token_pool.req_to_token, rows, lens, epochs)
-    state.guard.stats.batches_verified += 1
-    if found.count:
-        guard.record_violation(state.guard.stats, (
-            f"prefill batch: {found.count} reused prefix positions not written under their request's epoch (first: "
-            f"request {picked[found.first_index][0].rid} position {found.first_pos}) — detected after the fact "
-            "(sample mode)"))
-
-
 def verify_load_back(original, cache, params, *args, **kwargs):
     """AROUND UnifiedRadixCache.init_load_back (strict guard): the host copies a request is about to load back must
     carry its epoch (their pages' epochs travel with them, `vradix.ledger.host`). On a violation nothing is

@@ -6,24 +6,62 @@ from http import HTTPStatus
 
 from vradix.ledger import guard
 from vradix.ledger.device import ledger_of
+from vradix.ledger.verdicts import DeviceValues
 from vradix.core.state import state_of
 
 
 def backstop_extend_batch(scheduler, batch, *args, **kwargs):
-    """BEFORE Scheduler.run_batch (strict guard): every cached KV position an extend batch's requests read must carry
-    the epoch each request is bound to (or, crossing, its own KV's epochs): one gather over the batch
-    (`guard.check_prefix_reads`). A violating request fails (`fail_stale_reads`); with more than one TP/PP rank the
-    violation is only counted and logged, so every rank runs the same batch."""
+    """BEFORE Scheduler.run_batch (strict guard; every Nth batch, detection only, in sample mode): every cached KV
+    position an extend batch's requests read must carry
+    the epoch each request is bound to (or, crossing, its own KV's epochs): one gather over the batch, launched on
+    the device ahead of the forward and read at the batch's result (`read_verdicts_at_result`), never here: no
+    device synchronisation before the forward. A violating request fails there (`fail_stale_reads`); with more than
+    one TP/PP rank the violation is only counted and logged, so every rank runs the same batch."""
     state = state_of(scheduler.tree_cache)
-    if (state is None or state.ledger is None or state.guard.config.verify != "strict" or batch is None
-            or not batch.forward_mode.is_extend() or getattr(batch, "split_index", 0)):
+    if (state is None or state.ledger is None or batch is None or not batch.forward_mode.is_extend()
+            or getattr(batch, "split_index", 0) or not guard.checks_batch(state.guard.config, state.guard.stats)):
         return
     reads = guard.prefix_reads(batch, state.epoch)
     if not reads:
         return
-    for req, what in guard.reads_to_fail(state.ledger, state.guard.config, state.guard.stats,
-                                         scheduler.req_to_token_pool.req_to_token, reads, state.epoch):
-        fail_stale_reads(scheduler, req, what)
+    r2t = scheduler.req_to_token_pool.req_to_token
+    counts = guard.launch_prefix_check(state.ledger, state.guard.stats, r2t, reads)
+    current = state.epoch
+
+    def settle(values: list) -> None:
+        for req, what in guard.reads_to_fail(state.ledger, state.guard.config, state.guard.stats, r2t, reads,
+                                             values, current):
+            fail_stale_reads(scheduler, req, what)
+
+    state.guard.verdicts.launch(batch.out_cache_loc, [r.req for r in reads], counts, settle)
+
+
+def read_verdicts_at_result(scheduler, batch, *args, **kwargs):
+    """BEFORE Scheduler.process_batch_result: SGLang is about to wait for this batch's output, so the checks launched
+    with it and before it are complete: read them (`PendingVerdicts.read_through`) and fail their violating requests
+    before the result commits anything of them (normal and overlap loops alike)."""
+    state = state_of(scheduler.tree_cache)
+    if state is not None and len(state.guard.verdicts) and batch is not None:
+        state.guard.verdicts.read_through(batch.out_cache_loc)
+
+
+def hold_stash_until_verdict(original, scheduler, req, *args, **kwargs):
+    """AROUND Scheduler.stash_chunked_request: the overlap loop checkpoints a chunk into the tree while it schedules
+    the next batch, before the chunk's result (and its verdict) is processed. A complete verdict is read here (a
+    violating request then inserts nothing); one the device has not finished is not waited for: the chunk is not
+    inserted now (SGLang's own path for a request barred from the tree, which still advances its prefix), and the
+    next checkpoint or the final insert inserts from where the tree's copy ends."""
+    state = state_of(scheduler.tree_cache)
+    verdicts = state.guard.verdicts if state is not None else None
+    if not verdicts or not verdicts.awaits(req) or verdicts.read_if_ready(req):
+        return original(scheduler, req, *args, **kwargs)
+    state.guard.stats.checkpoints_held += 1
+    barred = req.skip_radix_cache_insert
+    req.skip_radix_cache_insert = True
+    try:
+        return original(scheduler, req, *args, **kwargs)
+    finally:
+        req.skip_radix_cache_insert = barred
 
 
 def backstop_prebuilt_batch(_result, scheduler, batch, *args, **kwargs):
@@ -40,8 +78,10 @@ def backstop_prebuilt_batch(_result, scheduler, batch, *args, **kwargs):
     reads = guard.first_decode_reads(batch, state.epoch)
     if not reads:
         return
-    bad = guard.reads_to_fail(state.ledger, state.guard.config, state.guard.stats,
-                              scheduler.req_to_token_pool.req_to_token, reads, state.epoch)
+    r2t = scheduler.req_to_token_pool.req_to_token
+    # read at once: the batch runs no forward, and failing a request means dropping it before it joins decode
+    counts = DeviceValues.launch(guard.launch_prefix_check(state.ledger, state.guard.stats, r2t, reads)).read()
+    bad = guard.reads_to_fail(state.ledger, state.guard.config, state.guard.stats, r2t, reads, counts, state.epoch)
     if bad:
         fail_prebuilt_reads(scheduler, batch, bad)
 

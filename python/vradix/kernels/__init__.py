@@ -75,9 +75,20 @@ def _module(impl: str):
     return {"cuda": cuda_ext, "triton": triton_module}[impl]()
 
 
+def on_host(*tensors: torch.Tensor, impl: Optional[str] = None) -> bool:
+    """Whether the kernels may take their host forms (numpy views): every tensor is a CPU tensor and no
+    implementation is forced (`VRADIX_KERNELS=auto`). A host form reads its result at once; that is no device
+    synchronisation, as there is no device. `VRADIX_KERNELS=torch` runs the device forms on CPU too."""
+    return (impl or settings.value("VRADIX_KERNELS")) == "auto" and all(t.device.type == "cpu" for t in tensors)
+
+
 def stamp(page_epoch: torch.Tensor, loc: torch.Tensor, epoch: int, page_size: int, impl: Optional[str] = None):
-    """Mark the pages of the KV slots `loc` as written under `epoch` (or `FREE`)."""
-    if loc.numel():
+    """Mark the pages of the KV slots `loc` as written under `epoch` (or `FREE`). Nothing is read back."""
+    if not loc.numel():
+        return
+    if on_host(page_epoch, loc, impl=impl):
+        reference.host_stamp(page_epoch, loc, int(epoch), int(page_size))
+    else:
         _module(impl_for(page_epoch, impl)).stamp(page_epoch, loc, int(epoch), int(page_size))
 
 
@@ -102,11 +113,15 @@ def verify(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_si
 
 
 def rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: list[int], lens: list[int],
-                        lo: list[int], hi: list[int], page_size: int) -> list[int]:
+                        lo: list[int], hi: list[int], page_size: int, impl: Optional[str] = None):
     """Per row, the count of its first `lens[i]` positions on pages whose epoch is outside [lo[i], hi[i]]: one
-    gather/compare over the batch and one host read (`reference.rows_outside_epochs`). The forward backstop checks
-    an extend batch's prefixes through it. Every implementation uses the torch form: it is a handful of element-wise
-    launches whose cost is the one host read, not the arithmetic."""
+    gather/compare over the batch, nothing read back. Returns an int64 device tensor (`reference.rows_outside_epochs`,
+    the one form every implementation uses: a handful of element-wise launches), or, for a ledger in host memory
+    (`on_host`), the counts as a host list. The forward backstop checks an extend batch's prefixes through it."""
+    if not rows:
+        return []
+    if on_host(page_epoch, req_to_token, impl=impl):
+        return reference.host_rows_outside_epochs(page_epoch, req_to_token, rows, lens, lo, hi, int(page_size))
     return reference.rows_outside_epochs(page_epoch, req_to_token, rows, lens, lo, hi, int(page_size))
 
 
@@ -130,5 +145,5 @@ def invalidate(page_epoch: torch.Tensor, epoch: int, pinned_mask: Optional[torch
     return _module(name).invalidate(page_epoch, int(epoch), pinned_mask)
 
 
-__all__ = ["FREE", "NO_VIOLATION", "IMPLS", "Violations", "available", "impl_for", "stamp", "verify",
+__all__ = ["FREE", "NO_VIOLATION", "IMPLS", "Violations", "available", "impl_for", "on_host", "stamp", "verify",
            "verify_async", "rows_outside_epochs", "spans", "invalidate", "cuda_ext"]

@@ -20,15 +20,20 @@ NO_VIOLATION = -1
 
 
 def stamp(page_epoch: torch.Tensor, loc: torch.Tensor, epoch: int, page_size: int) -> None:
-    """page_epoch[loc // page_size] = epoch, in place (duplicate pages in `loc` are fine)."""
+    """page_epoch[loc // page_size] = epoch, in place (duplicate pages in `loc` are fine). One scatter on the
+    ledger's device, nothing read back (`host_stamp` is the same on numpy views, for a ledger in host memory)."""
     if loc.numel() == 0:
         return
-    if page_epoch.device.type == "cpu" and loc.device.type == "cpu":
-        # per batch and per free: on CPU, numpy views of the same memory skip torch's per-call dispatch
-        pages = loc.numpy()
-        page_epoch.numpy()[pages // page_size if page_size > 1 else pages] = epoch
-        return
     page_epoch.index_fill_(0, (loc.to(torch.int64) // page_size), epoch)
+
+
+def host_stamp(page_epoch: torch.Tensor, loc: torch.Tensor, epoch: int, page_size: int) -> None:
+    """`stamp` for CPU tensors: numpy views of the same memory skip torch's per-call dispatch (per batch and per
+    free, on a CPU engine)."""
+    if loc.numel() == 0:
+        return
+    pages = loc.numpy()
+    page_epoch.numpy()[pages // page_size if page_size > 1 else pages] = epoch
 
 
 def verify(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: torch.Tensor, prefix_lens: torch.Tensor,
@@ -58,18 +63,13 @@ def verify(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: torch.Ten
 
 
 def rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: list[int], lens: list[int],
-                        lo: list[int], hi: list[int], page_size: int) -> list[int]:
+                        lo: list[int], hi: list[int], page_size: int) -> torch.Tensor:
     """For each row i: how many of its first `lens[i]` positions lie on a page whose epoch is outside
-    [lo[i], hi[i]] (a FREE page is outside every range).
+    [lo[i], hi[i]] (a FREE page is outside every range), as an int64 tensor on the ledger's device.
 
-    One gather of the rows' slots and one compare for the whole list, one host read; rows, lengths and bounds are
-    host lists (no device sync to size the grid). On CPU the same arithmetic runs on numpy views of the same memory:
-    for a batch of a few prefixes of a few hundred slots torch's per-call dispatch costs several times the gather."""
-    n = len(rows)
-    if n == 0:
-        return []
-    if page_epoch.device.type == "cpu" and req_to_token.device.type == "cpu":
-        return _rows_outside_epochs_host(page_epoch.numpy(), req_to_token.numpy(), rows, lens, lo, hi, page_size)
+    One gather of the rows' slots and one compare for the whole list, and nothing read back: rows, lengths and
+    bounds are host lists (no device read to size the grid) sent with non-blocking copies. The caller reads the
+    counts where the device is known to have finished (`vradix.ledger.verdicts`)."""
     dev = page_epoch.device
     width = max(lens)
     slots = req_to_token[torch.tensor(rows, dtype=torch.int64).to(req_to_token.device, non_blocking=True), :width]
@@ -78,7 +78,14 @@ def rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, ro
     epochs = page_epoch[torch.where(in_prefix, slots, 0) // page_size]
     low = torch.tensor(lo, dtype=page_epoch.dtype).to(dev, non_blocking=True)[:, None]
     high = torch.tensor(hi, dtype=page_epoch.dtype).to(dev, non_blocking=True)[:, None]
-    return (in_prefix & ((epochs < low) | (epochs > high))).sum(dim=1).tolist()
+    return (in_prefix & ((epochs < low) | (epochs > high))).sum(dim=1)
+
+
+def host_rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: list[int],
+                             lens: list[int], lo: list[int], hi: list[int], page_size: int) -> list[int]:
+    """`rows_outside_epochs` for CPU tensors, as a host list: for a batch of a few prefixes of a few hundred slots,
+    torch's per-call dispatch costs several times the gather, so the same arithmetic runs on numpy views."""
+    return _rows_outside_epochs_host(page_epoch.numpy(), req_to_token.numpy(), rows, lens, lo, hi, page_size)
 
 
 def _rows_outside_epochs_host(page_epoch, req_to_token, rows, lens, lo, hi, page_size: int) -> list[int]:

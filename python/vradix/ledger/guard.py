@@ -6,15 +6,17 @@ Verify guard (`VRADIX_VERIFY=off|sample|strict`, default `strict`):
   whatever put them there: a tree match, a streaming session's lent record, a restored retraction backup, a
   HiCache load-back, a P/D transfer — must lie on a page whose ledger epoch is the request's bound epoch, or, for a
   crossing request, an epoch from its bound one to the current one (its own KV, computed across the bumps it
-  crossed; `allowed_epochs`). One gather/compare over the whole batch and one host read
-  (`kernels.rows_outside_epochs`). A violating request fails with a clear error (vradix, the epochs, the count of
-  bad positions) through SGLang's own "forward ran on KV that must not be used" path: its output is discarded,
-  it finishes aborted, and it inserts nothing (`hooks.ledger.fail_stale_reads`). `violations_caught` counts it.
+  crossed; `allowed_epochs`). One gather/compare over the whole batch, launched on the device before the forward
+  (`kernels.rows_outside_epochs`) and read on the host at the batch's result, where SGLang waits for that forward
+  anyway (`vradix.ledger.verdicts`): no device synchronisation is added to a scheduler iteration. A violating
+  request fails with a clear error (vradix, the epochs, the count of bad positions) through SGLang's own "forward
+  ran on KV that must not be used" path: its output is discarded, it finishes aborted, and it inserts nothing
+  (`hooks.ledger.fail_stale_reads`). `violations_caught` counts it.
   The backstop sees only what the ledger records (see `vradix.ledger.device`): state outside the KV pool (a recurrent
   state slot, an embedding cache, weight-derived buffers) and KV written by paths that bypass the ledger (the
   engines where the ledger is off) are not checked.
-* sample — every Nth prefill batch (`VRADIX_VERIFY_SAMPLE_EVERY`, default 16) that reuses cached prefix KV is checked
-  after its rows are written, with one fused kernel over the batch. Detection only: a violation is counted and logged.
+* sample — every Nth extend batch (`VRADIX_VERIFY_SAMPLE_EVERY`, default 16) gets the strict check, launched and
+  read the same way. Detection only: a violation is counted and logged.
 * off — no check.
 
 Audit (`VRADIX_AUDIT=off|report|repair`, default `report`), after every publication: pages stamped with an older
@@ -69,9 +71,11 @@ class GuardConfig:
 class GuardStats:
     #: request prefixes checked against the ledger (strict: each extend read; plus each HiCache load-back)
     prefixes_verified: int = 0
-    #: strict checks run (each one a gather/compare and one host read, for a whole extend batch)
+    #: verdicts read on the host (each one a gather/compare for a whole batch, read at the batch's result)
     verify_host_reads: int = 0
     batches_verified: int = 0
+    #: chunk checkpoints held because their chunk's verdict was not complete yet (overlap loop; inserted later)
+    checkpoints_held: int = 0
     violations_caught: int = 0
     last_violation: str = ""
     leaked_pages_total: int = 0
@@ -131,17 +135,15 @@ def first_decode_reads(batch, current: int) -> list[PrefixRead]:
     return reads
 
 
-def check_prefix_reads(ledger: PageLedger, stats: GuardStats, req_to_token: torch.Tensor,
-                       reads: list[PrefixRead]) -> list[tuple[PrefixRead, int]]:
-    """One gather/compare over every read of the batch and one host read; returns the violating reads with their
-    count of bad positions."""
-    counts = kernels.rows_outside_epochs(ledger.page_epoch, req_to_token, [r.row for r in reads],
-                                         [r.length for r in reads], [r.lo for r in reads], [r.hi for r in reads],
-                                         ledger.page_size)
-    stats.verify_host_reads += 1
+def launch_prefix_check(ledger: PageLedger, stats: GuardStats, req_to_token: torch.Tensor,
+                        reads: list[PrefixRead]):
+    """One gather/compare over every read of the batch, nothing read back: per read, its count of bad positions (a
+    device tensor, or a host list for a ledger in host memory; `kernels.rows_outside_epochs`)."""
     stats.batches_verified += 1
     stats.prefixes_verified += len(reads)
-    return [(r, n) for r, n in zip(reads, counts) if n]
+    return kernels.rows_outside_epochs(ledger.page_epoch, req_to_token, [r.row for r in reads],
+                                       [r.length for r in reads], [r.lo for r in reads], [r.hi for r in reads],
+                                       ledger.page_size)
 
 
 def violation_message(ledger: PageLedger, req_to_token: torch.Tensor, read: PrefixRead, bad: int,
@@ -173,36 +175,39 @@ def record_violation(stats: GuardStats, what: str) -> None:
 
 #: what a violation's record says when the engine only detects (`GuardConfig.detect_only`)
 DETECTED_ONLY = "detected only (more than one TP/PP rank)"
+#: what a violation's record says under VRADIX_VERIFY=sample
+SAMPLED_ONLY = "detected only (sample mode)"
 
 
 def reads_to_fail(ledger: PageLedger, config: GuardConfig, stats: GuardStats, req_to_token: torch.Tensor,
-                  reads: list[PrefixRead], current: int) -> list[tuple[object, str]]:
-    """The strict check of a batch's prefix reads (`check_prefix_reads`): every violation is recorded, and the
-    (request, message) of each one that must fail is returned; none when the engine only detects."""
+                  reads: list[PrefixRead], counts: list[int], current: int) -> list[tuple[object, str]]:
+    """The verdict of a batch's prefix reads, `counts` read on the host (`launch_prefix_check`): every violation is
+    recorded, and the (request, message) of each one that must fail is returned; none when the engine only
+    detects (more than one rank, or the sample mode)."""
+    stats.verify_host_reads += 1
+    detect_only = config.detect_only or config.verify != "strict"
     failing = []
-    for read, n in check_prefix_reads(ledger, stats, req_to_token, reads):
+    for read, n in zip(reads, counts):
+        if not n:
+            continue
         what = violation_message(ledger, req_to_token, read, n, current)
-        record_violation(stats, f"{what}; {DETECTED_ONLY if config.detect_only else 'failing the request'}")
-        if not config.detect_only:
+        outcome = ((DETECTED_ONLY if config.detect_only else SAMPLED_ONLY) if detect_only
+                   else "failing the request")
+        record_violation(stats, f"{what}; {outcome}")
+        if not detect_only:
             failing.append((read.req, what))
     return failing
 
 
-# ---- sample: one fused check per prefill batch -----------------------------------------------------------------------
-def should_sample_batch(config: GuardConfig, stats: GuardStats) -> bool:
+# ---- which batches are checked ----------------------------------------------------------------------------------------
+def checks_batch(config: GuardConfig, stats: GuardStats) -> bool:
+    """strict: every extend batch; sample: every `sample_every`-th one (counted here); off: none."""
+    if config.verify == "strict":
+        return True
     if config.verify != "sample":
         return False
     stats._prefill_batches_seen += 1
     return (stats._prefill_batches_seen - 1) % config.sample_every == 0
-
-
-def batch_violations(ledger: PageLedger, req_to_token: torch.Tensor, rows: list[int], prefix_lens: list[int],
-                     epochs: list[int]) -> kernels.Violations:
-    dev = ledger.page_epoch.device
-    return kernels.verify(ledger.page_epoch, req_to_token, torch.tensor(rows, dtype=torch.int64, device=dev),
-                          torch.tensor(prefix_lens, dtype=torch.int64, device=dev),
-                          torch.tensor(epochs, dtype=torch.int32, device=dev), ledger.page_size,
-                          max_prefix_len=max(prefix_lens))
 
 
 # ---- audit: after every publication ----------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     has not fulfilled yet (`vradix.pd.revocation`). `weights_changed` is False for a publication of a label alone.
     """
     state = state_of(scheduler.tree_cache)
+    # the publication drained the in-flight batches, so no check is left in flight; read any a dropped result left
+    state.guard.verdicts.read_all()
     live = live_requests(scheduler)
     queued = [*scheduler.waiting_queue, *disagg_requests(scheduler)]
     t0 = time.perf_counter()

@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.mem_cache import common
@@ -42,6 +43,10 @@ class CacheFixture:
     page_size: int
     total: int
     _rids: itertools.count = field(default_factory=itertools.count)
+    #: the overlap loop's order: a forward's result is processed only when the test says so (`process_result`),
+    #: after the next batch is scheduled; by default each result is processed right after its forward
+    overlap: bool = False
+    _results: list = field(default_factory=list)
 
     @property
     def tree_core_name(self) -> str:
@@ -157,11 +162,28 @@ class CacheFixture:
 
     def _forward_writes(self, batch: "ForwardWrite") -> None:
         """The 'forward pass' of a one-request batch, announced through the real `Scheduler.run_batch` BEFORE hooks
-        in the order SGLang runs them (the last registered first: the backstop, then the ledger stamp)."""
+        in the order SGLang runs them (the last registered first: the backstop, then the ledger stamp), then its
+        result, through the `Scheduler.process_batch_result` BEFORE hook that reads the backstop's verdict (the
+        normal loop's order: each result is processed before the next batch is scheduled)."""
         from vradix.hooks.ledger import backstop_extend_batch, stamp_forward_batch
         view = self.scheduler_view()
         backstop_extend_batch(view, batch)
         stamp_forward_batch(view, batch)
+        self._results.append(batch)
+        if not self.overlap:
+            self.process_result()
+
+    def process_result(self) -> None:
+        """Process the oldest forward's result: SGLang's `process_batch_result` BEFORE hook (the backstop's verdict
+        is read there)."""
+        from vradix.hooks.ledger import read_verdicts_at_result
+        read_verdicts_at_result(self.scheduler_view(), self._results.pop(0))
+
+    def stash_chunk(self, req: Req) -> None:
+        """The overlap loop's checkpoint of a chunked request: SGLang's real `Scheduler.stash_chunked_request`, with
+        the hooks vradix installed on it."""
+        from sglang.srt.managers.scheduler import Scheduler
+        Scheduler.stash_chunked_request(self.scheduler_view(chunked=req), req)
 
     def scheduler_view(self, **queues) -> "SchedulerView":
         """A `SchedulerView` over this fixture (see its docstring); `queues` sets its request lists."""
@@ -217,6 +239,7 @@ class SchedulerView:
         self.running = list(running)
         self.chunked_req = chunked
         self._engine_paused = paused
+        self.disaggregation_mode = DisaggregationMode.NULL
         census.attach(self)
 
     def collect_inflight_reqs(self) -> list:
