@@ -125,6 +125,29 @@ def test_verify_int64_table_and_unfound_first(device, impl):
     assert list(kernels.verify(*args, 16, impl=impl)) == want
 
 
+# ---- rows_outside_epochs (the backstop's per-row verdict) ----------------------------------------------------------
+@pytest.mark.parametrize("device,impl", CASES + [(d, "torch") for d in DEVICES])
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("n_rows,ctx", [(1, 1), (7, 300), (33, 2049)])
+def test_rows_outside_epochs_matches_the_host_form(device, impl, page_size, n_rows, ctx):
+    """Per row, the positions outside its [lo, hi] epoch range (a FREE page is outside every range): the device
+    forms (torch reference, Triton; the CUDA extension's pick runs Triton) return a tensor nobody has read, equal to
+    the host form's list."""
+    num_pages = n_rows * (ctx // page_size + 2) + 8
+    pe = random_table(num_pages, seed=n_rows + ctx, lo=-1, hi=4, device=device)
+    table = random_rows(num_pages, page_size, n_rows + 2, ctx + 3, seed=ctx, device=device)
+    g = torch.Generator().manual_seed(page_size)
+    rows = torch.randperm(n_rows + 2, generator=g)[:n_rows].tolist()
+    lens = torch.randint(0, ctx + 1, (n_rows,), generator=g).tolist()
+    lo = torch.randint(0, 3, (n_rows,), generator=g).tolist()
+    hi = [a + int(b) for a, b in zip(lo, torch.randint(0, 2, (n_rows,), generator=g))]
+    want = reference.host_rows_outside_epochs(pe.cpu(), table.cpu(), rows, lens, lo, hi, page_size)
+    got = kernels.rows_outside_epochs(pe, table, rows, lens, lo, hi, page_size, impl=impl)
+    assert isinstance(got, torch.Tensor) and got.device.type == torch.device(device).type
+    assert got.tolist() == want
+    assert sum(want) > 0 or n_rows == 1  # the random table does put pages outside the ranges
+
+
 # ---- spans ----------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("device,impl", CASES)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)

@@ -115,14 +115,19 @@ def verify(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_si
 def rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: list[int], lens: list[int],
                         lo: list[int], hi: list[int], page_size: int, impl: Optional[str] = None):
     """Per row, the count of its first `lens[i]` positions on pages whose epoch is outside [lo[i], hi[i]]: one
-    gather/compare over the batch, nothing read back. Returns an int64 device tensor (`reference.rows_outside_epochs`,
-    the one form every implementation uses: a handful of element-wise launches), or, for a ledger in host memory
-    (`on_host`), the counts as a host list. The forward backstop checks an extend batch's prefixes through it."""
+    gather/compare over the batch, nothing read back. Returns an int64 device tensor, or, for a ledger in host
+    memory (`on_host`), the counts as a host list. The forward backstop checks an extend batch's prefixes through
+    it. The host lists travel in one non-blocking copy; Triton runs it in one launch (also where the CUDA extension
+    is picked: it has no kernel of its own for this), the torch reference in a handful."""
     if not rows:
         return []
     if on_host(page_epoch, req_to_token, impl=impl):
         return reference.host_rows_outside_epochs(page_epoch, req_to_token, rows, lens, lo, hi, int(page_size))
-    return reference.rows_outside_epochs(page_epoch, req_to_token, rows, lens, lo, hi, int(page_size))
+    meta = torch.tensor([rows, lens, lo, hi], dtype=torch.int64).to(page_epoch.device, non_blocking=True)
+    name = impl_for(page_epoch, impl)
+    if name in ("cuda", "triton") and triton_module() is not None and available("triton", page_epoch.device):
+        return triton_module().rows_outside_epochs(page_epoch, req_to_token, meta, max(lens), int(page_size))
+    return reference.rows_outside_epochs(page_epoch, req_to_token, meta, max(lens), int(page_size))
 
 
 def spans(page_epoch, req_to_token, row: int, length: int, page_size: int,

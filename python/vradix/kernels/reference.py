@@ -62,23 +62,21 @@ def verify(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: torch.Ten
                         torch.where(found, first % width, none)])
 
 
-def rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: list[int], lens: list[int],
-                        lo: list[int], hi: list[int], page_size: int) -> torch.Tensor:
+def rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, meta: torch.Tensor, width: int,
+                        page_size: int) -> torch.Tensor:
     """For each row i: how many of its first `lens[i]` positions lie on a page whose epoch is outside
     [lo[i], hi[i]] (a FREE page is outside every range), as an int64 tensor on the ledger's device.
 
-    One gather of the rows' slots and one compare for the whole list, and nothing read back: rows, lengths and
-    bounds are host lists (no device read to size the grid) sent with non-blocking copies. The caller reads the
-    counts where the device is known to have finished (`vradix.ledger.verdicts`)."""
+    `meta` is an int64 [4, n] device tensor of rows, lengths, lows and highs (one host-to-device copy of the host
+    lists); `width` >= every length, known on the host. One gather of the rows' slots and one compare for the whole
+    batch, nothing read back: the caller reads the counts where the device is known to have finished
+    (`vradix.ledger.verdicts`)."""
+    rows, lens, lo, hi = meta
     dev = page_epoch.device
-    width = max(lens)
-    slots = req_to_token[torch.tensor(rows, dtype=torch.int64).to(req_to_token.device, non_blocking=True), :width]
-    slots = slots.to(device=dev, dtype=torch.int64)
-    in_prefix = torch.arange(width, device=dev)[None, :] < torch.tensor(lens).to(dev, non_blocking=True)[:, None]
+    slots = req_to_token[rows.to(req_to_token.device), :width].to(device=dev, dtype=torch.int64)
+    in_prefix = torch.arange(width, device=dev)[None, :] < lens[:, None]
     epochs = page_epoch[torch.where(in_prefix, slots, 0) // page_size]
-    low = torch.tensor(lo, dtype=page_epoch.dtype).to(dev, non_blocking=True)[:, None]
-    high = torch.tensor(hi, dtype=page_epoch.dtype).to(dev, non_blocking=True)[:, None]
-    return (in_prefix & ((epochs < low) | (epochs > high))).sum(dim=1)
+    return (in_prefix & ((epochs < lo[:, None]) | (epochs > hi[:, None]))).sum(dim=1)
 
 
 def host_rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: list[int],

@@ -48,6 +48,22 @@ def _verify_kernel(page_epoch_ptr, r2t_ptr, r2t_stride, rows_ptr, prefix_lens_pt
 
 
 @triton.jit
+def _rows_outside_kernel(page_epoch_ptr, r2t_ptr, r2t_stride, meta_ptr, n, out_ptr, page_size,
+                         BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    row = tl.load(meta_ptr + i)
+    length = tl.load(meta_ptr + n + i)
+    lo = tl.load(meta_ptr + 2 * n + i)
+    hi = tl.load(meta_ptr + 3 * n + i)
+    m = offs < length
+    slots = tl.load(r2t_ptr + row * r2t_stride + offs, mask=m, other=0).to(tl.int64)
+    epochs = tl.load(page_epoch_ptr + slots // page_size, mask=m, other=0).to(tl.int64)
+    count = tl.sum((m & ((epochs < lo) | (epochs > hi))).to(tl.int64), axis=0)
+    tl.atomic_add(out_ptr + i, count, mask=count > 0)
+
+
+@triton.jit
 def _row_epochs_kernel(page_epoch_ptr, r2t_ptr, r2t_stride, row, length, page_size, out_ptr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < length
@@ -124,6 +140,16 @@ def stamp(page_epoch: torch.Tensor, loc: torch.Tensor, epoch: int, page_size: in
     n = loc.numel()
     if n:
         _stamp_kernel[(triton.cdiv(n, _BLOCK),)](page_epoch, loc.contiguous(), n, epoch, page_size, BLOCK=_BLOCK)
+
+
+def rows_outside_epochs(page_epoch, req_to_token, meta, width, page_size):
+    """`reference.rows_outside_epochs` in one launch (plus the zeroed output)."""
+    n = meta.shape[1]
+    out = torch.zeros(n, dtype=torch.int64, device=page_epoch.device)
+    grid = (n, triton.cdiv(width, _ROW_BLOCK))
+    _rows_outside_kernel[grid](page_epoch, req_to_token, req_to_token.stride(0), meta.contiguous(), n, out,
+                               page_size, BLOCK=_ROW_BLOCK)
+    return out
 
 
 def verify(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_size, max_prefix_len):
