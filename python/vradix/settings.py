@@ -95,10 +95,10 @@ _TABLE = (
             "vradix.plugin", _true_word),
     Setting("VRADIX_VERIFY", "strict", "`off`, `sample`, `strict` (any case)",
             "The KV page ledger's verify guard: `strict` fails a request that would read KV of another epoch; "
-            "`sample` checks every Nth prefill batch and only counts; `off` checks nothing.",
+            "`sample` checks every Nth extend batch and only counts; `off` checks nothing.",
             "vradix.ledger.guard", _choice(VERIFY_MODES)),
     Setting("VRADIX_VERIFY_SAMPLE_EVERY", "16", "a positive integer",
-            "Under `VRADIX_VERIFY=sample`: check every Nth prefill batch that reuses cached prefix KV.",
+            "Under `VRADIX_VERIFY=sample`: give every Nth extend batch the strict check, detection only.",
             "vradix.ledger.guard", _positive_int),
     Setting("VRADIX_AUDIT", "report", "`off`, `report`, `repair` (any case)",
             "The post-publication audit of stale pages nobody owns: count them (`report`), also free them "
