@@ -3,7 +3,6 @@ UnifiedRadixCache and allocators: a request carries exactly one vradix attribute
 refused at the match instead of being treated as "current epoch", and the sample guard's log names the request whose
 row is corrupt."""
 import logging
-from types import SimpleNamespace
 
 import pytest
 import torch
