@@ -7,18 +7,12 @@
 #      benchmark/kernels/bench_fingerprint.py, and the layout-invariant identity's cost per TP rank on the GPU
 #      (benchmark/kernels/bench_identity.py --device cuda).
 # Needs only torch + triton + nvcc + pytest (no sglang). Writes logs to ${OUT:-build/gpu_check}.
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-OUT="${OUT:-build/gpu_check}"; mkdir -p "$OUT"
-PY="${PY:-python3}"
-export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" TRITON_INTERPRET=0 PYTHONPATH="$PWD/python"
-[ -n "${CUDA_HOME:-}" ] || for c in /usr/local/cuda "$(dirname "$(dirname "$(command -v nvcc)")")"; do
-  [ -f "$c/include/cuda_runtime.h" ] && export CUDA_HOME="$c" && break; done
+source "$(dirname "$0")/cuda_env.sh"
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
   "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
   START=$(date +%s)
-  "$PY" -c "import vradix._C" 2>/dev/null || VRADIX_BUILD_CUDA=1 MAX_JOBS=16 "$PY" setup.py -q build_ext --inplace
+  build_extension
   echo "[gpu_check] extension built (or found) in $(( $(date +%s) - START )) s"
   "$PY" -c "from vradix import kernels; import torch; print('[gpu_check] cuda ext:', kernels.cuda_ext() is not None, 'impl for cuda tensors:', kernels.impl_for(torch.zeros(1, device='cuda')))"
   "$PY" -m pytest --noconftest -q -p no:cacheprovider test/kernels/test_kernels.py

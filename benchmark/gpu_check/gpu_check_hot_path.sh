@@ -6,15 +6,9 @@
 #      kernel implementation, each verdict read at its result and checked against the host; then their timings
 #      against the HBM bound.
 # Needs only torch + triton + nvcc. Writes logs to ${OUT:-build/gpu_check}. About a minute after the build.
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-OUT="${OUT:-build/gpu_check}"; mkdir -p "$OUT"
-PY="${PY:-python3}"
-export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" TRITON_INTERPRET=0 PYTHONPATH="$PWD/python"
-[ -n "${CUDA_HOME:-}" ] || for c in /usr/local/cuda "$(dirname "$(dirname "$(command -v nvcc)")")"; do
-  [ -f "$c/include/cuda_runtime.h" ] && export CUDA_HOME="$c" && break; done
+source "$(dirname "$0")/cuda_env.sh"
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-  "$PY" -c "import vradix._C" 2>/dev/null || VRADIX_BUILD_CUDA=1 MAX_JOBS=16 "$PY" setup.py -q build_ext --inplace
+  build_extension
   "$PY" benchmark/gpu_check/gpu_check_hot_path.py --json "$OUT/gpu_check_hot_path.json" "$@"
 } 2>&1 | tee "$OUT/gpu_check_hot_path.log"

@@ -61,6 +61,22 @@ def admitted(fx, state, tokens):
     return req, fx.admit(req)
 
 
+def cached(fx, state, prefix):
+    """A finished request that put `prefix` in the tree (its forward's result processed at once)."""
+    writer, _ = admitted(fx, state, prefix + [1])
+    fx.prefill(writer, checkpoint=False)
+    fx.process_result()
+    fx.finish(writer)
+    return writer
+
+
+def plant_epoch(fx, state, writer, position: int, epoch: int) -> None:
+    """The ledger says weights of `epoch` wrote the page of `writer`'s cached `position` (a stale page behind the
+    tree)."""
+    slots = fx.cache.tree_core.collect_full_device_indices(writer.last_node, fx.cache.root_node_handle(None))
+    state.ledger.page_epoch[int(slots[position]) // fx.page_size] = epoch
+
+
 def cached_tokens(fx):
     return fx.cache.evictable_size() + fx.cache.protected_size()
 
@@ -85,8 +101,7 @@ def test_an_extend_batch_reads_nothing_of_the_ledger_before_its_result(counted):
     assert reads() == ["tolist"] and reader.discard_output_reason is None
     fx.finish(reader)
     reads()
-    cached = fx.cache.tree_core.collect_full_device_indices(writer.last_node, fx.cache.root_node_handle(None))
-    state.ledger.page_epoch[int(cached[40]) // fx.page_size] = 7  # a page other weights wrote, behind the tree
+    plant_epoch(fx, state, writer, 40, 7)  # a page other weights wrote, behind the tree
     before = cached_tokens(fx)
     bad, hit = admitted(fx, state, P + [3, 4])
     fx.prefill(bad, checkpoint=False)
@@ -107,10 +122,7 @@ def test_the_overlap_loop_holds_a_chunk_checkpoint_until_its_verdict_is_read(cou
     fx, state, reads = counted
     fx.overlap = True
     P = seq(10, 64)
-    writer, _ = admitted(fx, state, P + [1])
-    fx.prefill(writer, checkpoint=False)
-    fx.process_result()
-    fx.finish(writer)
+    writer = cached(fx, state, P)
     reads()
     r, hit = admitted(fx, state, P + seq(300, 64))
     assert hit == 64
@@ -132,8 +144,7 @@ def test_the_overlap_loop_holds_a_chunk_checkpoint_until_its_verdict_is_read(cou
     assert fx.idle_invariant_holds()
 
     # a stale prefix: the held checkpoint never inserts it, and the verdict fails the request
-    cached = fx.cache.tree_core.collect_full_device_indices(writer.last_node, fx.cache.root_node_handle(None))
-    state.ledger.page_epoch[int(cached[0]) // fx.page_size] = 5
+    plant_epoch(fx, state, writer, 0, 5)
     bad, _ = admitted(fx, state, P + seq(500, 64))
     before = cached_tokens(fx)
     fx.prefill(bad, upto=96, checkpoint=False)
@@ -152,12 +163,8 @@ def test_a_verdict_the_device_reports_complete_is_read_at_the_checkpoint(env):
     fx, state = env
     fx.overlap = True
     P = seq(10, 64)
-    writer, _ = admitted(fx, state, P + [1])
-    fx.prefill(writer, checkpoint=False)
-    fx.process_result()
-    fx.finish(writer)
-    cached = fx.cache.tree_core.collect_full_device_indices(writer.last_node, fx.cache.root_node_handle(None))
-    state.ledger.page_epoch[int(cached[0]) // fx.page_size] = 5
+    writer = cached(fx, state, P)
+    plant_epoch(fx, state, writer, 0, 5)
     bad, _ = admitted(fx, state, P + seq(500, 64))
     before = cached_tokens(fx)
     fx.prefill(bad, upto=96, checkpoint=False)
@@ -174,10 +181,7 @@ def test_a_publication_reads_every_verdict_still_pending(counted):
     fx, state, reads = counted
     fx.overlap = True
     P = seq(10, 64)
-    writer, _ = admitted(fx, state, P + [1])
-    fx.prefill(writer, checkpoint=False)
-    fx.process_result()
-    fx.finish(writer)
+    writer = cached(fx, state, P)
     r, _ = admitted(fx, state, P + [2])
     fx.prefill(r, checkpoint=False)
     reads()
