@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-long test-fast bench bench-kernels bench-rl bench-rl-train csrc wheel clean
+.PHONY: setup lint demo test test-long test-fast bench bench-kernels bench-rl bench-rl-train csrc wheel clean
 
 setup:  ## build .venv from nothing (idempotent; reruns are fast)
 	bash scripts/setup_env.sh
@@ -11,7 +11,10 @@ setup:  ## build .venv from nothing (idempotent; reruns are fast)
 demo: setup  ## CPU server on a tiny model: stale-prefix publication scenario, stock vs vradix
 	$(PY) -m vradix.demo
 
-test: setup  ## cache-level, plugin and end-to-end server tests (CPU; what CI runs)
+lint: setup  ## ruff with a small rule set (pyproject.toml: pyflakes and syntax errors)
+	$(VENV)/bin/ruff check python test benchmark scripts
+
+test: setup lint  ## lint, then the cache-level, plugin and end-to-end server tests (CPU; what CI runs)
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=1200 --durations=40 -m "not long" test $(PYTEST_ARGS)
 
 test-long: setup  ## the long profiles CI leaves out (benchmark smokes that repeat E2E coverage)

@@ -1,4 +1,5 @@
-"""sglang-vradix: pure-Python package, plus the `vradix._C` CUDA kernels when CUDA torch and nvcc are present.
+"""sglang-vradix's build steps that pyproject.toml cannot declare (its metadata lives there): the `vradix._C` CUDA
+kernels when CUDA torch and nvcc are present, and the SGLANG_PLUGINS startup check shipped next to the package.
 
 VRADIX_BUILD_CUDA=0 skips the extension (CPU installs, CI's venv); =1 requires it (fails if it cannot be built);
 unset builds it when possible. TORCH_CUDA_ARCH_LIST picks the targets (e.g. "9.0" for H100/H200).
@@ -53,18 +54,4 @@ def cuda_extension():
 ext_modules, cmdclass = cuda_extension()
 cmdclass = {**cmdclass, "build_py": build_py_with_pth}
 
-setup(
-    name="sglang-vradix",
-    version="0.1.0",
-    package_dir={"": "python"},
-    packages=find_packages("python"),
-    # the CPU aids' plugin metadata (a dist-info each, put on sys.path only by CPU test/demo servers)
-    package_data={"vradix.testing.cpu_aids": ["plugin/*.dist-info/*", "hybrid_plugin/*.dist-info/*",
-                                             "pd_plugin/*.dist-info/*", "tp_plugin/*.dist-info/*"],
-                  "vradix.testing.cpu_aids.vlm": ["plugin/*.dist-info/*"]},
-    ext_modules=ext_modules,
-    cmdclass=cmdclass,
-    entry_points={"sglang.srt.plugins": ["vradix = vradix.plugin:register"]},
-    install_requires=["sglang==0.5.23", "torch==2.14.1"],
-    python_requires=">=3.10",
-)
+setup(ext_modules=ext_modules, cmdclass=cmdclass)

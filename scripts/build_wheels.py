@@ -25,7 +25,7 @@ import repack_sglang_wheel  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 #: what `pip wheel` needs from the source tree
-SOURCES = ("setup.py", "python", "csrc")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "python", "csrc")
 UPSTREAM_CACHE = ROOT / "build" / "upstream"
 
 

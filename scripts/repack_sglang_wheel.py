@@ -9,7 +9,8 @@ Invariants of the output:
   dist-info files `repack` rewrites (METADATA, entry_points.txt, top_level.txt, RECORD), under the renamed
   `sglang-0.5.23+vradix<v>.dist-info/`;
 - METADATA differs from upstream's only in its `Version:` line; entry_points.txt is upstream's plus the plugin's
-  `[sglang.srt.plugins]` entry; top_level.txt gains the plugin's top-level packages;
+  console script (`vradix`, in upstream's `[console_scripts]`) and `[sglang.srt.plugins]` entry; top_level.txt
+  gains the plugin's top-level packages;
 - reproducible: entries sorted by name (dist-info last, RECORD last of all), added or rewritten entries stamped with
   SOURCE_DATE_EPOCH (default `DEFAULT_EPOCH`), upstream entries keep their own timestamps and modes, so two runs on
   the same inputs give byte-identical wheels.
@@ -121,19 +122,41 @@ def with_version(metadata: str, version: str) -> str:
     raise RepackError("METADATA has no Version header")
 
 
-def with_plugin_entry_points(upstream: str, plugin: str) -> str:
-    """Upstream entry_points.txt, followed by the plugin's `[sglang.srt.plugins]` section taken verbatim."""
-    section, keep = [], False
-    for line in plugin.splitlines():
+def entry_point_sections(text: str) -> dict:
+    """entry_points.txt as {section: [non-empty lines]}, in file order."""
+    sections, current = {}, None
+    for line in text.splitlines():
         if line.startswith("["):
-            keep = line.strip() == f"[{PLUGIN_GROUP}]"
-        if keep and line.strip():
-            section.append(line)
+            current = line.strip()[1:-1]
+            sections.setdefault(current, [])
+        elif current is not None and line.strip():
+            sections[current].append(line)
+    return sections
+
+
+def with_plugin_entry_points(upstream: str, plugin: str) -> str:
+    """Upstream entry_points.txt with the plugin's console scripts appended to upstream's `[console_scripts]`
+    section, followed by the plugin's `[sglang.srt.plugins]` section taken verbatim."""
+    ours = entry_point_sections(plugin)
+    section = ours.get(PLUGIN_GROUP)
     if not section:
         raise RepackError(f"the plugin wheel has no [{PLUGIN_GROUP}] entry point")
     if f"[{PLUGIN_GROUP}]" in upstream:
         raise RepackError(f"upstream already declares [{PLUGIN_GROUP}]; merging by hand is not supported")
-    return upstream.rstrip("\n") + "\n\n" + "\n".join(section) + "\n\n"
+    scripts = ours.get("console_scripts", [])
+    theirs = {line.split("=")[0].strip() for line in entry_point_sections(upstream).get("console_scripts", [])}
+    clash = sorted({line.split("=")[0].strip() for line in scripts} & theirs)
+    if clash:
+        raise RepackError(f"upstream already has console script(s) {clash}")
+    lines = upstream.rstrip("\n").splitlines()
+    if scripts:
+        if "[console_scripts]" not in (line.strip() for line in lines):
+            lines += ["", "[console_scripts]"]
+        at = next(i for i, line in enumerate(lines) if line.strip() == "[console_scripts]") + 1
+        while at < len(lines) and lines[at].strip() and not lines[at].startswith("["):
+            at += 1
+        lines[at:at] = scripts
+    return "\n".join(lines) + "\n\n" + "\n".join([f"[{PLUGIN_GROUP}]", *section]) + "\n\n"
 
 
 def with_plugin_packages(upstream: str, plugin: str) -> str:

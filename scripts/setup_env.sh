@@ -9,7 +9,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${VRADIX_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3.11}"
 STAMP="$VENV/.vradix-setup-stamp"
-KEY="$(cat "$0" "$ROOT/setup.py" "$ROOT/scripts/derive_constraints.py" | sha256sum | cut -c1-16)"
+KEY="$(cat "$0" "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/scripts/derive_constraints.py" | sha256sum | cut -c1-16)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ]; then
   echo "[setup] .venv up to date"; exit 0
 fi
@@ -48,7 +48,7 @@ step "install the CPU serving and test dependencies" "${PIP[@]}" -c "$VENV/const
   IPython aiohttp dill transformers sentencepiece compressed-tensors gguf openai \
   partial_json_parser setproctitle einops apache-tvm-ffi triton \
   fastapi starlette uvicorn uvloop python-multipart jsonschema xgrammar soundfile \
-  datasets "python-dateutil<3" pytest pytest-timeout hypothesis prometheus-client matplotlib
+  datasets "python-dateutil<3" pytest pytest-timeout hypothesis prometheus-client matplotlib ruff==0.17.6
 # SGLang's Ray scheduler actor (fail-closed test) and the model gateway `smg` (publish-through-gateway tests)
 step "install ray and smg" "${PIP[@]}" -c "$VENV/constraints.txt" ray==2.60.0 smg==1.13.0
 # P/D on CPU: the mooncake transfer engine over TCP (its loader needs libibverbs; docs/pd.md)

@@ -6,7 +6,6 @@ Restarts and separate engines are separate `attach` calls on separate real cache
 import os
 
 import pytest
-import torch
 
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.utils import get_storage_hash_str

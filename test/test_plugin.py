@@ -8,7 +8,7 @@ import zipfile
 
 import pytest
 
-from vradix import plugin
+from vradix import __version__, plugin
 from vradix.testing.harness.server import CPU_FLAGS, free_port
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -46,7 +46,7 @@ def test_a_broken_import_inside_vradix_stops_load_plugins_with_an_error_naming_v
                      "print('SERVING-UNVERSIONED')")
     assert "SERVING-UNVERSIONED" not in out.stdout
     assert out.returncode != 0
-    assert "vradix 0.1.0 failed to install (ImportError: simulated broken dependency" in out.stderr
+    assert f"vradix {__version__} failed to install (ImportError: simulated broken dependency" in out.stderr
     assert "refusing to serve an unversioned radix cache" in out.stderr
 
 
@@ -58,7 +58,7 @@ def test_the_import_fault_switch_stops_a_real_launch_and_is_announced(models):
     text = out.stdout + out.stderr
     assert out.returncode != 0
     assert "TEST FAULT ACTIVE: VRADIX_FAULT_IMPORT='1'" in text
-    assert "vradix 0.1.0 failed to install (ImportError: VRADIX_FAULT_IMPORT" in text
+    assert f"vradix {__version__} failed to install (ImportError: VRADIX_FAULT_IMPORT" in text
 
 
 def test_disabled_installs_nothing_and_says_so(caplog):

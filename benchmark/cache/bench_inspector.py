@@ -118,8 +118,8 @@ def main() -> int:
 
     load_plugins()
     rows = [run(core, polled, args) for core in args.cores.split(",") for polled in (False, True)]
-    print(f"\n| core | mode | cached tokens | tracked prefixes | iteration p50 (ms) | iteration p99 (ms) | "
-          f"snapshot p50 (ms) | snapshot max (ms) |")
+    print("\n| core | mode | cached tokens | tracked prefixes | iteration p50 (ms) | iteration p99 (ms) | "
+          "snapshot p50 (ms) | snapshot max (ms) |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         snap = ("-", "-") if r["snap_p50"] is None else (f"{r['snap_p50']:.2f}", f"{r['snap_max']:.2f}")

@@ -189,24 +189,34 @@ def engine_identity(res: EngineResult) -> dict:
 
 
 class EngineHandle:
-    """HTTP access to one SGLang server."""
+    """HTTP access to one SGLang server. Every error names the server (`url`) and the call it refused."""
 
     def __init__(self, url: str, timeout: float = 600.0):
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.headers: dict = {}
+
+    def authorize(self, api_key: Optional[str]) -> "EngineHandle":
+        """Send `api_key` as SGLang's servers expect it (`Authorization: Bearer`), when one is given."""
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        return self
 
     def get(self, path: str) -> dict:
-        r = requests.get(self.url + path, timeout=self.timeout)
-        r.raise_for_status()
+        r = requests.get(self.url + path, headers=self.headers, timeout=self.timeout)
+        if r.status_code != 200:
+            raise RuntimeError(f"{self.url}: GET {path} -> HTTP {r.status_code}: {r.text.strip()[:500]}"
+                               + unauthorized_hint(r.status_code))
         return r.json()
 
     def post(self, path: str, payload: Optional[dict] = None) -> requests.Response:
-        return requests.post(self.url + path, json=payload or {}, timeout=self.timeout)
+        return requests.post(self.url + path, json=payload or {}, headers=self.headers, timeout=self.timeout)
 
     def post_ok(self, path: str, payload: Optional[dict] = None) -> requests.Response:
         r = self.post(path, payload)
         if r.status_code != 200:
-            raise RuntimeError(f"POST {path} -> HTTP {r.status_code}: {r.text.strip()[:500]}")
+            raise RuntimeError(f"{self.url}: POST {path} -> HTTP {r.status_code}: {r.text.strip()[:500]}"
+                               + unauthorized_hint(r.status_code))
         return r
 
     def server_info(self) -> dict:
@@ -232,6 +242,12 @@ class EngineHandle:
         return self.generate_ids(input_ids)["meta_info"].get("cached_tokens", 0)
 
 
+def unauthorized_hint(status: int) -> str:
+    """What to do about a refusal for want of a key."""
+    return (" (the server requires an API key: pass --api-key or set VRADIX_API_KEY)"
+            if status in (401, 403) else "")
+
+
 class GatewayWorker(EngineHandle):
     """One worker behind an SGLang model gateway (`smg --enable-rl`), reached through the gateway: each call goes to
     `<gateway>/v1/rl/workers/<id>/engine/<path>`, which the gateway forwards to this worker alone and answers with
@@ -246,14 +262,16 @@ class GatewayWorker(EngineHandle):
 
     def get(self, path: str) -> dict:
         r = self._forward("GET", path, None)
-        r.raise_for_status()
+        if r.status_code != 200:
+            raise RuntimeError(f"worker {self.worker_id} ({self.worker_url}) via {self.gateway}: GET {path} -> HTTP "
+                               f"{r.status_code}: {r.text.strip()[:500]}" + unauthorized_hint(r.status_code))
         return r.json()
 
     def post(self, path: str, payload: Optional[dict] = None) -> requests.Response:
         return self._forward("POST", path, payload or {})
 
     def _forward(self, method: str, path: str, payload: Optional[dict]) -> requests.Response:
-        r = requests.request(method, self.url + path, json=payload, timeout=self.timeout)
+        r = requests.request(method, self.url + path, json=payload, headers=self.headers, timeout=self.timeout)
         try:
             wrapped = r.json()
         except ValueError:
@@ -283,10 +301,10 @@ def worker_response(wrapped: dict, url: str) -> requests.Response:
 SERVING_HEALTH = ("ready", "healthy")
 
 
-def gateway_workers(gateway: str, timeout: float = 600.0) -> List[dict]:
+def gateway_workers(gateway: str, timeout: float = 600.0, headers: Optional[dict] = None) -> List[dict]:
     """The workers an SGLang model gateway routes to, from its RL control plane; raises unless every one is
     healthy (an unhealthy worker would miss the publication and serve the old weights once it recovers)."""
-    r = requests.get(gateway.rstrip("/") + "/v1/rl/workers", timeout=timeout)
+    r = requests.get(gateway.rstrip("/") + "/v1/rl/workers", headers=headers or {}, timeout=timeout)
     if r.status_code != 200:
         raise RuntimeError(f"gateway {gateway}: GET /v1/rl/workers -> HTTP {r.status_code} (is it an SGLang model "
                            f"gateway started with --enable-rl?): {r.text.strip()[:300]}")
@@ -322,7 +340,7 @@ def publish(urls: Union[str, Sequence[str]], update: Update, version: Optional[s
             on_failure: str = "stay_paused", timeout: float = 600.0, probe_vocab: int = 400,
             seed: Optional[int] = None,
             engine_factory: Callable[[str, float], EngineHandle] = EngineHandle,
-            gateways: Sequence[str] = ()) -> Publication:
+            gateways: Sequence[str] = (), api_key: Optional[str] = None) -> Publication:
     """Publish `update` to every engine and verify it. Returns the per-engine results with the fleet's one
     `weight_id` (`Publication.fleet`), or raises `PublishError`.
 
@@ -333,12 +351,16 @@ def publish(urls: Union[str, Sequence[str]], update: Update, version: Optional[s
     is `stay_paused` (default, fail closed) or `continue`. `engine_factory(url, timeout)` builds each engine's `EngineHandle`
     (a subclass can add authentication, logging or, in tests, fault injection). `gateways`: SGLang model gateways
     (`smg --enable-rl`); every worker each one routes to is published through it and verified (`GatewayWorker`).
+    `api_key` goes with every call, to engines and gateways (SGLang's `Authorization: Bearer`).
     """
     if on_failure not in ("stay_paused", "continue"):
         raise ValueError("on_failure must be 'stay_paused' or 'continue'")
     engines = [engine_factory(u, timeout) for u in ([urls] if isinstance(urls, str) else list(urls or []))]
-    listed = {g: gateway_workers(g, timeout) for g in gateways}
+    auth = EngineHandle("").authorize(api_key).headers
+    listed = {g: gateway_workers(g, timeout, auth) for g in gateways}
     engines += [GatewayWorker(g, w, timeout) for g, workers in listed.items() for w in workers]
+    for e in engines:
+        e.authorize(api_key)
     if not engines:
         raise ValueError("no engine to publish to: pass engine URLs or a gateway")
     version = version or f"pub-{uuid.uuid4().hex[:12]}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -102,19 +103,20 @@ def render(view: dict, now: Optional[float] = None) -> str:
     return "\n".join(lines)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m vradix.inspector", description=__doc__.splitlines()[0])
+def parser(prog: str = "python -m vradix.inspector") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("--url", required=True, help="the SGLang server, e.g. http://127.0.0.1:30000")
     p.add_argument("--limit", type=int, default=10, help="top prefixes to show (at most 200)")
     p.add_argument("--offset", type=int, default=0, help="skip this many top prefixes (pagination)")
     p.add_argument("--head", type=int, default=8, help="first token ids of each prefix to show (at most 16)")
-    p.add_argument("--api-key", default=None, help="admin API key, when the server requires one")
+    p.add_argument("--api-key", default=os.environ.get("VRADIX_API_KEY") or None,
+                   help="API key, when the server requires one (default: $VRADIX_API_KEY)")
     p.add_argument("--json", action="store_true", help="print the server's JSON")
     return p
 
 
-def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+def main(argv=None, prog: str = "python -m vradix.inspector") -> int:
+    args = parser(prog).parse_args(argv)
     try:
         view = fetch(args.url, limit=args.limit, offset=args.offset, head=args.head, api_key=args.api_key)
     except InspectError as e:

@@ -249,7 +249,7 @@ def load_in_ray_scheduler_worker() -> None:
 
 def supported_sglang(version: str) -> bool:
     """Whether `version` is the SGLang release vradix supports. A local version label names a rebuild of that same
-    release (`0.5.23+vradix0.1.0` is the replacement wheel: upstream's files plus vradix, docs/packaging.md)."""
+    release (`0.5.23+vradix<version>` is the replacement wheel: upstream's files plus vradix, docs/packaging.md)."""
     return version.split("+", 1)[0] == SUPPORTED_SGLANG
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict
 
@@ -23,8 +24,8 @@ from vradix.client import PublishError, publish
 from vradix.predicate import UnsafeDeployment
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vradix.publish", description=__doc__.split("\n\n")[0])
+def main(argv=None, prog: str = "python -m vradix.publish") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--url", action="append", default=[], help="engine base URL (repeat for several engines)")
     p.add_argument("--gateway", action="append", default=[],
                    help="SGLang model gateway (smg --enable-rl) base URL: publish to every worker behind it")
@@ -36,13 +37,16 @@ def main(argv=None) -> int:
     p.add_argument("--pause-mode", choices=("in_place", "retract"), help="override the derived pause mode")
     p.add_argument("--on-failure", choices=("stay_paused", "continue"), default="stay_paused")
     p.add_argument("--timeout", type=float, default=600.0, help="per HTTP call, seconds")
+    p.add_argument("--api-key", default=os.environ.get("VRADIX_API_KEY") or None,
+                   help="API key for servers (and gateways) that require one (default: $VRADIX_API_KEY)")
     args = p.parse_args(argv)
     if not args.url and not args.gateway:
         p.error("give at least one --url or --gateway")
     try:
         results = publish(args.url, args.model_path, args.version, colocated=args.colocated,
                           prefer_sharing=args.prefer_sharing, pause_mode=args.pause_mode,
-                          on_failure=args.on_failure, timeout=args.timeout, gateways=args.gateway)
+                          on_failure=args.on_failure, timeout=args.timeout, gateways=args.gateway,
+                          api_key=args.api_key)
     except UnsafeDeployment as e:
         print(f"vradix.publish: unsafe deployment: {e}", file=sys.stderr)
         return 1

@@ -136,6 +136,10 @@ _TABLE = (
     Setting(RAY_CHAINED_SETUP_HOOK_ENV, "", "a `module.function` path (set by vradix, not by users)",
             "The Ray `worker_process_setup_hook` vradix's own hook replaced on a scheduler actor; run after it.",
             "vradix.plugin (set by vradix.hooks.ray_actor)", _text),
+    Setting("VRADIX_API_KEY", "", "any text; empty: none",
+            "The API key `vradix publish` and `vradix inspect` send (`Authorization: Bearer`), for servers started "
+            "with `--api-key` / `--admin-api-key`; their `--api-key` flag overrides it. Read by the clients only.",
+            "vradix.client, vradix.inspector", _text),
     Setting("VRADIX_FAULT_MISSING_HOOK", "", "a hook target suffix (test only)",
             "Fault injection: the hook targets ending with it are renamed to ones that do not exist.",
             "vradix.plugin", _text),

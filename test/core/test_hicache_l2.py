@@ -14,7 +14,7 @@ import pytest
 
 from sglang.srt.mem_cache import common
 
-from vradix.core import epochs, host_tier
+from vradix.core import epochs
 from vradix.core.admission import stamp
 from vradix.core.state import attach
 from vradix.testing.harness.cache_fixture import seq

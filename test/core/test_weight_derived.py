@@ -32,8 +32,7 @@ import torch
 from sglang.srt.managers import mm_schedule
 from sglang.srt.managers.io_struct import (UpdateWeightsFromDistributedReqInput,
                                            UpdateWeightsFromDistributedReqOutput, UpdateWeightsFromIPCReqInput,
-                                           UpdateWeightsFromIPCReqOutput, UpdateWeightsFromTensorReqInput,
-                                           UpdateWeightsFromTensorReqOutput)
+                                           UpdateWeightsFromIPCReqOutput, UpdateWeightsFromTensorReqInput)
 from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWeightUpdaterManager
 from sglang.srt.mem_cache.multimodal_cache import EmbeddingResult
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
@@ -42,7 +41,7 @@ from test_publication_hooks import (Engine, StubScheduler, disk_request, end_ses
                                     succeeding_update, tensor_bucket)
 from vradix.closed_world import epd, post_load
 from vradix.core import weight_derived
-from vradix.hooks import publication, reclaim
+from vradix.hooks import publication
 from vradix.core.state import attach_treeless
 from vradix.testing.harness.cache_fixture import build_cache
 

@@ -17,7 +17,7 @@ from vradix.client import EngineHandle, PublishError, publish
 from vradix.predicate import UnsafeDeployment
 from vradix.testing.harness.pool import stopped_while_unused
 from vradix.testing.harness.scenario import LONG_PROMPT, PROBE, StreamingRequest, pause_holding, pause_took_effect
-from vradix.testing.harness.server import CpuServer, servers
+from vradix.testing.harness.server import CpuServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

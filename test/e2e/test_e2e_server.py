@@ -12,7 +12,7 @@ from typing import NamedTuple
 import pytest
 import requests
 
-from vradix import settings
+from vradix import __version__, settings
 from vradix.testing.harness.scenario import (LONG_PROMPT, PREFIX, PROBE, StreamingRequest, pause_holding,
                                              shared_prefix_burst, stale_prefix_publication)
 from vradix.testing.harness.server import CpuServer, fresh_stock_outputs
@@ -87,7 +87,7 @@ def test_stock_sglang_serves_stale_prefix_after_in_place_publication(models, ora
 
 def test_vradix_publication_never_reuses_stale_prefix(models, oracle, server_pool):
     with server_pool.lease(models[0]) as s:
-        assert "vradix 0.1.0 active" in s.logs() and "RustUnifiedTreeCore" in s.logs()
+        assert f"vradix {__version__} active" in s.logs() and "RustUnifiedTreeCore" in s.logs()
         start = Counters(s)
         e0 = start.start["epoch"]
         o = stale_prefix_publication(s, models[1])

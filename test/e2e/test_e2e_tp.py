@@ -17,6 +17,7 @@ server on A and on B.
 import pytest
 from test_weight_sessions import begin_session_holding, tensor_buckets
 
+from vradix import __version__
 from vradix.ledger.guard import DETECTED_ONLY
 from vradix.testing.harness.pool import stopped_while_unused
 from vradix.testing.harness.reliability import STRICT_CHECK_ENV, strict_idle_check
@@ -115,7 +116,7 @@ def held_prefix_publication(server, new_model: str, version: str):
 def test_both_ranks_log_vradix_and_detection_only(tp2):
     logs = tp2.logs()
     for rank in range(TP):
-        assert f"TP{rank}] vradix 0.1.0 active" in logs
+        assert f"TP{rank}] vradix {__version__} active" in logs
         assert f"TP{rank}] vradix verify guard: {TP} TP x 1 PP ranks" in logs
     assert all(b["kv_ledger"]["verify_mode"] == "strict" for b in ranks(tp2))
 

@@ -181,7 +181,7 @@ def test_a_publication_reads_every_verdict_still_pending(counted):
     fx, state, reads = counted
     fx.overlap = True
     P = seq(10, 64)
-    writer = cached(fx, state, P)
+    cached(fx, state, P)
     r, _ = admitted(fx, state, P + [2])
     fx.prefill(r, checkpoint=False)
     reads()

@@ -1,19 +1,16 @@
 """The wheel ships every CPU aid's plugin metadata: each `*.dist-info` folder under `python/vradix` is matched by a
-`package_data` glob of setup.py (a wheel install without one cannot start that kind of CPU server)."""
-import ast
+`package-data` glob of pyproject.toml (a wheel install without one cannot start that kind of CPU server)."""
 import fnmatch
 import pathlib
+import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PKG = ROOT / "python" / "vradix"
 
 
 def package_data() -> dict:
-    tree = ast.parse((ROOT / "setup.py").read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.keyword) and node.arg == "package_data":
-            return ast.literal_eval(node.value)
-    raise AssertionError("setup.py has no package_data")
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["tool"]["setuptools"]["package-data"]
 
 
 def shipped(path: pathlib.Path, data: dict) -> bool:
@@ -31,7 +28,7 @@ def test_every_cpu_aid_metadata_file_is_in_package_data():
     files = [f for d in PKG.rglob("*.dist-info") for f in d.iterdir() if f.is_file()]
     assert len(files) >= 8, files  # four aids, METADATA + entry_points.txt each
     missing = [str(f.relative_to(ROOT)) for f in files if not shipped(f, data)]
-    assert not missing, f"not in setup.py package_data: {missing}"
+    assert not missing, f"not in pyproject.toml package-data: {missing}"
 
 
 def test_the_check_sees_a_missing_glob():

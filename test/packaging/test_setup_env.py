@@ -40,7 +40,7 @@ def test_a_failing_pip_step_prints_the_log_tail_and_its_path(tmp_path):
 
 
 def test_an_up_to_date_venv_costs_one_line(tmp_path):
-    key = hashlib.sha256(b"".join(p.read_bytes() for p in (SCRIPT, ROOT / "setup.py",
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in (SCRIPT, ROOT / "pyproject.toml", ROOT / "setup.py",
                                                            ROOT / "scripts" / "derive_constraints.py"))).hexdigest()
     (tmp_path / ".vradix-setup-stamp").write_text(key[:16] + "\n")
     out = run_setup(tmp_path)

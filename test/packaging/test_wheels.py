@@ -70,6 +70,7 @@ def test_replacement_wheel_is_upstream_byte_for_byte_plus_the_plugin(wheels):
     eps = new[f"{INFO}/entry_points.txt"].decode()
     assert eps.startswith(up[f"{up_info}/entry_points.txt"].decode().rstrip("\n"))
     assert eps.endswith("[sglang.srt.plugins]\nvradix = vradix.plugin:register\n\n")
+    assert "sglang = sglang.cli.main:main\nvradix = vradix.cli:main\n\n" in eps  # the console script, upstream's section
     assert new[f"{INFO}/top_level.txt"] == b"sglang\nvradix\n"
     assert repack.validate_record(replacement) == len(new) - 1
 
@@ -176,6 +177,8 @@ def test_replacement_wheel_in_a_fresh_environment_then_stock_sglang_back(wheels,
 
     in_env(py, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", str(replacement))
     assert pip_show_version(py) == LOCAL_VERSION
+    version = subprocess.run([str(py.parent / "vradix"), "--version"], capture_output=True, text=True, timeout=60)
+    assert version.stdout.strip() == f"vradix {__version__} (for sglang 0.5.23)", version
     after = inspect(py)
     assert after["plugins"] == [["vradix", "vradix.plugin:register", "sglang", LOCAL_VERSION]]
     assert after["vradix"].startswith(env_dir)

@@ -10,10 +10,11 @@ import pytest
 import torch
 from transformers.models.nemotron_h import modeling_nemotron_h as hf
 
+from vradix import __version__
 from vradix.testing.cpu_aids import hybrid
 from vradix.testing.harness.hybrid_oracle import EXTENDED, EXTENDED_AGAIN, FORKED, NEW_TOKENS, PREFIX, SHORT, SIBLING
 from vradix.testing.harness.scenario import StreamingRequest, pause_holding
-from vradix.testing.harness.server import CpuServer, is_hybrid_model
+from vradix.testing.harness.server import is_hybrid_model
 
 DIM, WIDTH = 24, 4
 NHEADS, HEADDIM, NGROUPS, DSTATE = 8, 4, 2, 6
@@ -33,7 +34,7 @@ def test_causal_conv1d_fn_varlen_matches_hf(gen):
     """Two sequences back to back, the second continuing a cached window: each equals HF's conv on its own, and
     each slot ends holding that sequence's last width-1 inputs."""
     w, b = _conv_params(gen)
-    lens, x = [7, 5], torch.randn(DIM, 12, generator=gen)
+    x = torch.randn(DIM, 12, generator=gen)  # two sequences of 7 and 5
     states = torch.randn(3, DIM, WIDTH - 1, generator=gen)
     init = states[2].clone()
     out = hybrid.causal_conv1d_fn(x, w, b, query_start_loc=torch.tensor([0, 7, 12]), cache_indices=torch.tensor([0, 2]),
@@ -185,7 +186,7 @@ def test_vradix_hybrid_server_matches_hf_hits_prefixes_and_never_reuses_stale_st
     assert is_hybrid_model(a)
     with hybrid_servers("vradix") as s:
         logs = s.logs()
-        assert "vradix 0.1.0 active" in logs and "hybrid_ssm=True" in logs, s.tail()
+        assert f"vradix {__version__} active" in logs and "hybrid_ssm=True" in logs, s.tail()
 
         def gen(prompt):
             r = s.generate(prompt, NEW_TOKENS)

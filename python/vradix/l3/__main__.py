@@ -9,8 +9,8 @@ import sys
 from vradix.l3 import gc
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m vradix.l3", description=__doc__)
+def parser(prog: str = "python -m vradix.l3") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("gc", help="delete the pages of dead weight identities", description=gc.__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -24,8 +24,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+def main(argv=None, prog: str = "python -m vradix.l3") -> int:
+    args = parser(prog).parse_args(argv)
     store = args.dir or os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR") or "/tmp/hicache"
     if not os.path.isdir(store):
         print(f"vradix L3 gc: {store} is not a directory", file=sys.stderr)

@@ -33,11 +33,9 @@ budget, never by the cached size. `PrefixHits` holds at most `PrefixHits.capacit
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Optional
 
-from vradix import request
 from vradix.core import host_tier
 from vradix.core.prefix_hits import MAX_HEAD_TOKENS, PrefixHit
 
