@@ -38,6 +38,8 @@ def local_runs(a, modes: List[Mode]) -> List[dict]:
     from vradix.testing.harness.server import CpuServer
     from vradix.testing.models.llama import generate
 
+    from tqdm import tqdm
+
     workdir = a.workdir or tempfile.mkdtemp(prefix="vradix-rl-")
     weights = [generate(os.path.join(workdir, f"ckpt{i}"), seed=100 + i, dtype="float32", init_range=0.2)
                for i in range(a.checkpoints)]
@@ -45,6 +47,9 @@ def local_runs(a, modes: List[Mode]) -> List[dict]:
     groups: Dict[str, List[Mode]] = {}
     for m in modes:
         groups.setdefault(m.server_group(), []).append(m)
+    # on a terminal only (disable=None): a log file keeps the per-run lines below
+    progress = tqdm(total=len(modes) * len(a.publish_every_requests) * len(a.workload), unit="run",
+                    desc="rl-rollout", file=sys.stderr, disable=None)
     for group, members in groups.items():
         flags = ["--enable-metrics", *a.server_args.split(), *members[0].server_flags()]
         log(f"starting CPU server ({group}) ...")
@@ -52,13 +57,14 @@ def local_runs(a, modes: List[Mode]) -> List[dict]:
                        timeout=a.request_timeout) as server:
             for m in members:
                 m.check_server(server.server_info())
-                rows += run_mode(server, m, a, weights)
+                rows += run_mode(server, m, a, weights, progress)
             if "Traceback" in server.logs():
                 raise RuntimeError(f"server ({group}) logged a traceback:\n{server.tail(80)}")
+    progress.close()
     return rows
 
 
-def run_mode(server: ServerClient, mode: Mode, a, weights: Sequence[str]) -> List[dict]:
+def run_mode(server: ServerClient, mode: Mode, a, weights: Sequence[str], progress=None) -> List[dict]:
     rows = []
     for k in a.publish_every_requests:
         for w in a.workload:
@@ -76,6 +82,8 @@ def run_mode(server: ServerClient, mode: Mode, a, weights: Sequence[str]) -> Lis
                 f"prefill {row['prefill_computed']} (ideal {row['ideal_prompt_tokens']}), "
                 f"stale {row['stale_tokens_reused']}")
             rows.append(row)
+            if progress is not None:
+                progress.update()
     return rows
 
 
