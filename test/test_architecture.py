@@ -34,7 +34,7 @@ ALLOWED = {
 }
 ROOT_MODULES = {"__init__": "vocabulary", "request": "vocabulary", "namespace": "vocabulary", "identity": "vocabulary",
                 "settings": "settings", "predicate": "vocabulary", "plugin": "plugin", "client": "tools",
-                "publish": "tools", "inspector": "tools", "demo": "demo", "_C": "kernels"}
+                "publish": "tools", "inspector": "tools", "cli": "tools", "demo": "demo", "_C": "kernels"}
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -159,7 +159,8 @@ TEST_FOLDERS = {"core": "vradix.core", "ledger": "vradix.ledger", "kernels": "vr
 #: test files at the top of test/ -> the root module they test
 ROOT_TESTS = {"test_architecture.py": "the layout itself", "test_identity.py": "vradix.identity",
               "test_plugin.py": "vradix.plugin", "test_predicate.py": "vradix.predicate",
-              "test_request_state.py": "vradix.request", "test_settings.py": "vradix.settings"}
+              "test_request_state.py": "vradix.request", "test_settings.py": "vradix.settings",
+              "test_cli.py": "vradix.cli"}
 
 
 def test_every_test_file_lives_under_the_package_it_tests():
