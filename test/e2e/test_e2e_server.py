@@ -39,8 +39,12 @@ def guard_env(verify: str) -> dict:
 
 
 #: {name: CpuServer keyword arguments} of the configurations one test each uses (on A)
+#: "guard-strict" runs the kernels' device forms (`VRADIX_KERNELS=torch`: a verdict is never complete before its
+#: batch's result, as on a busy GPU) with prefill chunks of 64, so the overlap loop checkpoints chunks before their
+#: verdicts are read and holds them (`hooks.ledger.hold_stash_until_verdict`)
 OWN = {"chunk32": dict(chunked_prefill_size=32), "chunk128": dict(chunked_prefill_size=128),
-       "guard-off": dict(env=guard_env("off")), "guard-strict": dict(env=guard_env("strict"))}
+       "guard-off": dict(env=guard_env("off")),
+       "guard-strict": dict(env={**guard_env("strict"), "VRADIX_KERNELS": "torch"}, chunked_prefill_size=64)}
 
 
 @pytest.fixture(scope="module")
@@ -288,8 +292,10 @@ def held_prefix_publication(s, new_model):
 def test_ledger_guard_catches_stale_prefix_when_the_namespace_is_broken(models, oracle, own, verify):
     """Fault: VRADIX_FAULT_NO_NAMESPACE drops the epoch namespace, so the tree offers the in-flight request's stale
     PREFIX to the probe. With the guard off the stale KV is served (the fault is real); in strict mode the backstop
-    before the forward sees pages of epoch 0 behind an epoch-1 request and fails it with an error naming vradix and
-    the epochs (never silent). Once the in-flight request released the stale prefix, the same probe equals the
+    launched before the forward sees pages of epoch 0 behind an epoch-1 request, and the probe fails at its result
+    with an error naming vradix and the epochs (never silent). That server runs the device forms with chunked
+    prefill: its chunk checkpoints were held until their verdicts were read, and the prefix still got cached (the
+    in-flight request reused it). Once the in-flight request released the stale prefix, the same probe equals the
     fresh new-weights server."""
     with own(f"guard-{verify}") as s:
         probe, led = held_prefix_publication(s, models[1])
@@ -303,6 +309,7 @@ def test_ledger_guard_catches_stale_prefix_when_the_namespace_is_broken(models, 
             assert "vradix KV backstop" in probe.text and "not written under epoch 1" in probe.text, probe.text
             assert led["violations_caught"] >= 1 and "failing the request" in led["last_violation"]
             assert "vradix verify guard" in s.logs()
+            assert led["checkpoints_held"] >= 1 and led["verdicts_pending"] == 0, led
         again = s.generate(PROBE, 4)  # the engine keeps serving
         assert again["meta_info"]["weight_version"] == "v2"
         if verify == "strict":  # nothing of the failed probe was inserted
