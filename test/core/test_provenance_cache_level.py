@@ -22,7 +22,10 @@ def test_request_that_never_crossed_reports_its_prefix_and_no_spans(env):
     fx.finish(r)
     info = provenance.response_provenance(r)
     assert info == {"prefix_cache": {"cached_tokens": 64, "epoch": 0, "weight_version": None,
-                                     "weight_id": state.weight_id}}
+                                     "weight_id": state.weight_id},
+                    "prefill_weight_versions": [{"version": None, "start": 0, "end": 65}],
+                    "first_prefill_weight_version": None, "min_forward_weight_version": None,
+                    "max_forward_weight_version": None, "last_forward_weight_version": None}
 
 
 def test_spans_follow_every_crossing_at_the_committed_position(env):
@@ -110,3 +113,21 @@ def test_adapter_free_skips_entries_lru_already_evicted_and_spares_locked_ones(e
     assert lora.free_adapter_entries(state, fx.cache, "X") == 0  # dead node ids are skipped, not an error
     assert fx.allocator.available_size() == fx.total
     check(fx)
+
+
+def test_upstream_fields_read_the_same_spans():
+    """SGLang's `prefill_weight_versions` is the prompt's part of the spans, adjacent spans of one label merged;
+    miles' per-forward versions come from the positions the request computed, `[cached, total - 1)`, as integers
+    when the labels are step numbers; the oldest and newest by publication order."""
+    spans = [{"version": "41", "epoch": 3, "start": 0, "end": 30}, {"version": "41", "epoch": 4, "start": 30, "end": 50},
+             {"version": "42", "epoch": 5, "start": 50, "end": 70}, {"version": "43", "epoch": 6, "start": 70, "end": 81}]
+    assert provenance.prefill_weight_versions(spans, 60) == [{"version": "41", "start": 0, "end": 50},
+                                                            {"version": "42", "start": 50, "end": 60}]
+    assert provenance.forward_weight_versions(spans, 40, 81) == {
+        "first_prefill_weight_version": 41, "min_forward_weight_version": 41, "max_forward_weight_version": 43,
+        "last_forward_weight_version": 43}
+    # a request whose prefix was cached and whose last span holds only the never-computed last token
+    assert provenance.forward_weight_versions(spans, 55, 71) == {
+        "first_prefill_weight_version": 42, "min_forward_weight_version": 42, "max_forward_weight_version": 42,
+        "last_forward_weight_version": 42}
+    assert provenance.upstream_version("step-7") == "step-7" and provenance.upstream_version(None) is None

@@ -101,6 +101,10 @@ def test_provenance_in_meta_info_across_two_publications(server, models):
     first = s.generate(PROBE, 4)["meta_info"]
     assert first["prefix_cache"] == {"cached_tokens": 0, "epoch": e0, "weight_version": "default", "weight_id": w0}
     assert "kv_weight_versions" not in first  # never crossed a publication
+    # upstream SGLang's and miles' fields, on every response
+    assert first["prefill_weight_versions"] == [{"version": "default", "start": 0, "end": len(PROBE)}]
+    assert {first[f"{k}_weight_version"] for k in ("first_prefill", "min_forward", "max_forward", "last_forward")} \
+        == {"default"}
     assert s.generate(PROBE, 4)["meta_info"]["prefix_cache"]["cached_tokens"] == 200
 
     (stream,) = pause_holding(s, lambda: [StreamingRequest(s.url, LONG_PROMPT, 300)])
@@ -127,6 +131,12 @@ def test_provenance_in_meta_info_across_two_publications(server, models):
     assert [x["version"] for x in final["weight_versions"]] == ["default", "v2", "v3"]
     assert [len(LONG_PROMPT) + k - 1 for k in sglang_starts[1:]] == [spans[1]["start"], spans[2]["start"]]
     assert final["prefix_cache"]["epoch"] == e0  # the prompt matched (nothing) in the namespace of epoch e0
+    # upstream's `prefill_weight_versions` is the prompt's part of these spans; miles' per-forward versions are the
+    # weights of the first, oldest, newest and last forward
+    assert final["prefill_weight_versions"] == [{"version": "default", "start": 0, "end": len(LONG_PROMPT)}]
+    assert (final["first_prefill_weight_version"], final["min_forward_weight_version"],
+            final["max_forward_weight_version"], final["last_forward_weight_version"]) == ("default", "default",
+                                                                                           "v3", "v3")
     # the KV page ledger's `spans` kernel, read off the row at release, agrees (page size 1 here: exact starts)
     ledger = final["kv_ledger_spans"]
     assert [x["epoch"] for x in ledger] == [e0, e0 + 1, e0 + 2], ledger

@@ -148,6 +148,11 @@ def test_second_turn_reuses_the_history_once_and_reports_it(run, server_pool, we
         assert spans_of(meta) == [("default", e0, reused), ("vB", e0 + 1, len(prompt) + NEW - reused)]
         assert [x["weight_id"] for x in meta["kv_weight_versions"]] == [run["weight_ids"][e0],
                                                                          run["weight_ids"][e0 + 1]]
+        # upstream's prefill spans name the stale prefix's weights; miles' forwards all ran on B
+        assert meta["prefill_weight_versions"] == [{"version": "default", "start": 0, "end": reused},
+                                                   {"version": "vB", "start": reused, "end": len(prompt)}]
+        assert {meta[f"{k}_weight_version"] for k in ("first_prefill", "min_forward", "max_forward",
+                                                      "last_forward")} == {"vB"}
         # the spans' oracle: stock SGLang holding exactly the first turn's KV under A, updated to B without a flush
         out, cached = stale_replay(server_pool, weights, "A", "B", [first], prompt)
         assert (run[name]["output_ids"], meta["cached_tokens"]) == (out, cached)

@@ -121,6 +121,56 @@ def role_spans(promised: int, prefill_id: str, prompt: int, generated: int, hist
     return [{"role": role, "start": s, "end": e, "weight_id": w} for role, s, e, w in merged]
 
 
+def upstream_version(label):
+    """A weight version label as the upstream consumers read it: an integer when the label is one (RL frameworks
+    publish step numbers; miles reads its per-forward versions as integers), else the label itself."""
+    return int(label) if isinstance(label, str) and label.strip().lstrip("-").isdigit() else label
+
+
+def prefill_weight_versions(spans: List[dict], prompt: int) -> List[dict]:
+    """SGLang's `prefill_weight_versions`: `{version, start, end}` spans over the prompt's KV positions
+    `[0, prompt)`, naming the weights that computed each position's KV (exact per token), adjacent spans of one
+    label merged. `spans` cover the request's KV positions (`kv_weight_versions`, or a bounded request's ledger
+    spans)."""
+    out: List[dict] = []
+    for x in spans:
+        start, end = x["start"], min(x["end"], prompt)
+        if end <= start:
+            continue
+        if out and out[-1]["version"] == x["version"] and out[-1]["end"] == start:
+            out[-1]["end"] = end
+        else:
+            out.append({"version": x["version"], "start": start, "end": end})
+    return out
+
+
+def forward_weight_versions(spans: List[dict], computed_from: int, total: int) -> dict:
+    """miles' per-request fields, from the weights of the positions this request's forwards computed,
+    `[computed_from, total - 1)` (the last sampled token's KV is never computed): `first_prefill_weight_version`
+    (its first forward), `last_forward_weight_version` (its last), `min_` / `max_forward_weight_version` (the oldest
+    and newest weights any of its forwards ran under, by publication order: equal to a numeric min and max when
+    labels are increasing step numbers). Empty when it computed nothing."""
+    end = max(total - 1, computed_from + 1)
+    ran = [x for x in spans if min(x["end"], end) > max(x["start"], computed_from)]
+    if not ran:
+        return {}
+    oldest = min(ran, key=lambda x: x.get("epoch", 0))
+    newest = max(ran, key=lambda x: x.get("epoch", 0))
+    return {"first_prefill_weight_version": upstream_version(ran[0]["version"]),
+            "min_forward_weight_version": upstream_version(oldest["version"]),
+            "max_forward_weight_version": upstream_version(newest["version"]),
+            "last_forward_weight_version": upstream_version(ran[-1]["version"])}
+
+
+def upstream_fields(req, spans: List[dict]) -> dict:
+    """The fields upstream SGLang (`prefill_weight_versions`) and miles (the four per-forward versions) return, for
+    a request whose KV positions `spans` describe."""
+    prompt = len(req.origin_input_ids)
+    total = prompt + len(req.output_ids)
+    return {"prefill_weight_versions": prefill_weight_versions(spans, prompt),
+            **forward_weight_versions(spans, int(getattr(req, "cached_tokens", 0) or 0), total)}
+
+
 def response_provenance(req) -> Optional[dict]:
     """The meta_info fields vradix adds to a finished request's response, or None for an unstamped request."""
     prefix = prefix_cache(req)
@@ -130,7 +180,9 @@ def response_provenance(req) -> Optional[dict]:
     bounded = request.of(req).bounded_report
     if bounded is not None:
         out.update(bounded)  # a bounded request's spans come from the ledger (`vradix.core.staleness`)
+        out.update(upstream_fields(req, bounded["kv_weight_versions"]))
         return out
+    out.update(upstream_fields(req, kv_weight_versions(req)))
     roles = pd_spans(req)
     if roles is not None:
         out["pd_spans"] = roles

@@ -17,7 +17,10 @@ from typing import Optional
 
 from vradix.core import provenance
 
-META_KEYS = ("prefix_cache", "kv_weight_versions", "kv_ledger_spans", "pd_spans", "vradix_staleness")
+META_KEYS = ("prefix_cache", "kv_weight_versions", "kv_ledger_spans", "pd_spans", "vradix_staleness",
+             # upstream SGLang's and miles' names for the same facts (`provenance.upstream_fields`)
+             "prefill_weight_versions", "first_prefill_weight_version", "min_forward_weight_version",
+             "max_forward_weight_version", "last_forward_weight_version")
 
 
 # ---- per-response provenance ------------------------------------------------------------------------------------
