@@ -11,6 +11,7 @@ import time
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 import vradix
 from vradix.client import EngineHandle, PublishError, publish
@@ -158,6 +159,26 @@ def test_provenance_in_meta_info_across_two_publications(server, models):
     assert (chat_prefix["epoch"], chat_prefix["weight_version"]) == (e0 + 2, "v3") and chat_prefix["cached_tokens"] > 0
 
 
+#: every `sglang:vradix_*` series and its Prometheus type
+VRADIX_SERIES = {"sglang:vradix_epoch": "gauge", "sglang:vradix_crossing_requests": "gauge",
+                 "sglang:vradix_stale_tokens_pinned": "gauge", "sglang:vradix_stale_tokens_freed_last": "gauge",
+                 "sglang:vradix_publications": "counter", "sglang:vradix_lock_aware_flushes": "counter",
+                 "sglang:vradix_stale_tokens_freed": "counter", "sglang:vradix_guard_violations": "counter",
+                 "sglang:vradix_bounded_requests": "counter", "sglang:vradix_epoch_bump_seconds": "histogram"}
+
+
+def scrape(s) -> dict:
+    """`/metrics`, parsed by prometheus_client: {family name: family}."""
+    text = requests.get(s.url + "/metrics", timeout=30).text
+    return {f.name: f for f in text_string_to_metric_families(text) if f.name.startswith("sglang:vradix_")}
+
+
+def sample(families: dict, name: str, suffix: str = "") -> float:
+    """The value of `name`'s one sample named `name + suffix` (this server has one scheduler: one label set)."""
+    (value,) = [x.value for x in families[name].samples if x.name == name + suffix]
+    return value
+
+
 def test_server_info_metrics_and_flush_report(server):
     s = server
     v = s.vradix_info()
@@ -168,18 +189,29 @@ def test_server_info_metrics_and_flush_report(server):
     assert v["active"] and v["version"] == vradix.__version__ and v["tree_core"] == "RustUnifiedTreeCore"
     assert v["publications"] >= 2 and v["stale_tokens_freed_total"] > 0 and v["last_publication_latency_ms"] > 0
     assert v["last_publication"]["epoch_after"] == v["epoch"] and v["last_publication"]["label"] == v["label"]
-    metrics = requests.get(s.url + "/metrics", timeout=30).text
-    epoch_line = next(l for l in metrics.splitlines() if l.startswith("sglang:vradix_epoch{"))
-    assert float(epoch_line.rsplit(" ", 1)[1]) == v["epoch"]
-    assert "sglang:vradix_stale_tokens_pinned{" in metrics and "sglang:vradix_publications{" in metrics
+    families = scrape(s)
+    assert {name: families[name].type for name in VRADIX_SERIES} == VRADIX_SERIES
+    assert sample(families, "sglang:vradix_epoch") == v["epoch"]
+    assert sample(families, "sglang:vradix_publications", "_total") == v["publications"]
+    assert sample(families, "sglang:vradix_stale_tokens_freed", "_total") == v["stale_tokens_freed_total"]
+    assert sample(families, "sglang:vradix_guard_violations", "_total") == v["kv_ledger"]["violations_caught"]
+    bumps = sample(families, "sglang:vradix_epoch_bump_seconds", "_count")
+    assert bumps >= v["publications"] and sample(families, "sglang:vradix_epoch_bump_seconds", "_sum") > 0
 
     (stream,) = pause_holding(s, lambda: [StreamingRequest(s.url, LONG_PROMPT, 100)])
     r = s.post("/flush_cache")
     assert r.status_code == 200
     assert f"vradix: epoch {v['epoch']}->{v['epoch'] + 1} (lock-aware flush" in r.text
     assert "stale tokens pinned by 1 crossing request(s)" in r.text and " 0 stale tokens pinned" not in r.text
+    during = scrape(s)  # current at scrape: no server-info read since the flush
+    assert sample(during, "sglang:vradix_crossing_requests") == 1 and sample(during, "sglang:vradix_epoch") == \
+        v["epoch"] + 1 and sample(during, "sglang:vradix_lock_aware_flushes", "_total") == v["lock_aware_flushes"] + 1
     assert s.post("/continue_generation").status_code == 200
     assert stream.result()["meta_info"]["num_retractions"] == 0
+    after = scrape(s)  # the crossing request's release wrote the new levels; still no server-info read
+    assert sample(after, "sglang:vradix_crossing_requests") == 0
+    assert sample(after, "sglang:vradix_stale_tokens_pinned") == 0
+    assert sample(after, "sglang:vradix_stale_tokens_freed", "_total") == s.vradix_info()["stale_tokens_freed_total"]
     r = s.post("/flush_cache")  # idle: the stock full reset, still reported
     assert r.status_code == 200 and "flush (idle reset)" in r.text
 

@@ -194,10 +194,10 @@ def test_the_server_counts_stale_tokens_by_staleness(run, server):
     assert block["window"] == WINDOW and block["bounded_requests"] >= 6
     assert block["stale_tokens_reused_by_staleness"] == {"1": sum(reused)}
     assert block["stale_tokens_reused_total"] == sum(reused)
-    metrics = requests.get(server.url + "/metrics", timeout=30).text  # refreshed by the server-info read above
-    line = next(l for l in metrics.splitlines() if l.startswith("sglang:vradix_stale_tokens_reused{"))
+    metrics = requests.get(server.url + "/metrics", timeout=30).text  # counters: `_total`, current at every release
+    line = next(l for l in metrics.splitlines() if l.startswith("sglang:vradix_stale_tokens_reused_total{"))
     assert 'staleness="1"' in line and float(line.rsplit(" ", 1)[1]) == sum(reused)
-    line = next(l for l in metrics.splitlines() if l.startswith("sglang:vradix_bounded_requests{"))
+    line = next(l for l in metrics.splitlines() if l.startswith("sglang:vradix_bounded_requests_total{"))
     assert float(line.rsplit(" ", 1)[1]) == block["bounded_requests"]
 
 

@@ -7,6 +7,7 @@ from http import HTTPStatus
 from vradix.ledger import guard
 from vradix.ledger.device import ledger_of
 from vradix.ledger.verdicts import DeviceValues
+from vradix.observability import metrics
 from vradix.core.state import state_of
 
 
@@ -42,7 +43,10 @@ def read_verdicts_at_result(scheduler, batch, *args, **kwargs):
     before the result commits anything of them (normal and overlap loops alike)."""
     state = state_of(scheduler.tree_cache)
     if state is not None and len(state.guard.verdicts) and batch is not None:
+        caught = state.guard.stats.violations_caught
         state.guard.verdicts.read_through(batch.out_cache_loc)
+        if state.guard.stats.violations_caught != caught:
+            metrics.export_metrics(scheduler)
 
 
 def hold_stash_until_verdict(original, scheduler, req, *args, **kwargs):

@@ -23,7 +23,8 @@ def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
         # the row is freed by the release: read the device-side provenance witness first
         r2t = tree_cache.req_to_token_pool.req_to_token
         request.require(req).ledger_spans = kv_ledger.kv_spans(state.ledger, r2t, req)
-    pending = state is not None and state.deferred.active and id(req) in state.crossing
+    was_crossing = state is not None and id(req) in state.crossing
+    pending = was_crossing and state.deferred.active
     evictable_before = tree_cache.evictable_size() if pending else 0
     result = original(req, tree_cache, *args, **kwargs)
     if state is not None:
@@ -32,6 +33,8 @@ def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
             staleness.report_at_release(state, req)
     if pending:
         deferred_reclaim.note_release(state, evictable_before, tree_cache.evictable_size())
+    if was_crossing or (state is not None and bounded):
+        metrics.refresh()  # crossing requests, pinned and freed stale tokens, stale reuse changed
     return result
 
 
@@ -122,13 +125,14 @@ def reclaim_slice(scheduler, *args, **kwargs):
     """BEFORE Scheduler.get_next_batch_to_run (once per scheduler iteration that is not paused): one bounded slice of
     the deferred reclaim, before the scheduler sizes its next batch."""
     state = state_of(scheduler.tree_cache)
-    if state is not None and state.deferred.active:
-        deferred_reclaim.step(state, scheduler.tree_cache)
+    if state is not None and state.deferred.active and deferred_reclaim.step(state, scheduler.tree_cache):
+        metrics.export_metrics(scheduler)
 
 
 def finish_reclaim_when_idle(scheduler, *args, **kwargs):
     """BEFORE Scheduler.on_idle: a fully idle engine finishes the deferred reclaim before SGLang's idle check and its
     idle sleep (the loop may block on its socket until the next request)."""
     state = state_of(scheduler.tree_cache)
-    if state is not None and state.deferred.active and scheduler.is_fully_idle():
-        deferred_reclaim.finish(state, scheduler.tree_cache)
+    if (state is not None and state.deferred.active and scheduler.is_fully_idle()
+            and deferred_reclaim.finish(state, scheduler.tree_cache)):
+        metrics.export_metrics(scheduler)

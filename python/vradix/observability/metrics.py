@@ -1,59 +1,98 @@
-"""Prometheus gauges `sglang:vradix_*` (bounded staleness too: `bounded_requests`, `stale_tokens_reused{staleness}`), refreshed from the engine state after every invalidation and on every
-server-info read (only when SGLang runs with `--enable-metrics`)."""
+"""Prometheus metrics `sglang:vradix_*`, with the scheduler collector's labels (only when SGLang runs with
+`--enable-metrics`), following Prometheus' and SGLang's conventions:
+
+* counters for monotonic totals (exported as `<name>_total`): publications, lock-aware flushes, stale tokens freed,
+  guard violations, bounded requests, stale tokens bounded requests read, by staleness;
+* gauges for levels: the epoch, the crossing requests and the stale tokens they pin, what the last invalidation freed;
+* a histogram of the epoch bump's duration, in seconds, observed at every bump.
+
+SGLang's `/metrics` is served by another process (Prometheus multiprocess mode), so a collector in the scheduler could
+not answer a scrape. Instead the values are written when they change (`refresh`): at every bump and flush, when a
+request that crossed a publication or read stale KV releases it, when a reclaim slice frees stale KV, and when the
+guard records a violation; a scrape between two changes reads current values. Nothing is written per request in the
+steady state.
+"""
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 from vradix.core.state import state_of
 
+#: gauge name suffix: (server-info key, documentation)
 GAUGES = {
-    # name suffix: (state.as_dict key, documentation)
     "epoch": ("epoch", "vradix weight epoch (one bump per publication or lock-aware flush)."),
-    "publications": ("publications", "Weight publications seen by vradix."),
-    "lock_aware_flushes": ("lock_aware_flushes", "Flushes performed lock-aware (epoch bump, not a publication)."),
     "crossing_requests": ("crossing_requests", "Live requests holding KV computed under an older epoch."),
     "stale_tokens_pinned": ("stale_tokens_pinned", "Stale KV tokens still locked by crossing requests."),
-    "stale_tokens_freed_total": ("stale_tokens_freed_total", "Stale KV tokens freed since start."),
     "stale_tokens_freed_last": ("stale_tokens_freed_last", "Stale KV tokens freed by the last invalidation."),
-    "last_publication_latency_ms": ("last_publication_latency_ms", "Latency of the last epoch bump (ms)."),
 }
+#: counter name (exported with `_total`): (where its cumulative value is in the server-info block, documentation)
+COUNTERS = {
+    "publications": (("publications",), "Weight publications seen by vradix."),
+    "lock_aware_flushes": (("lock_aware_flushes",), "Flushes performed lock-aware (epoch bump, not a publication)."),
+    "stale_tokens_freed": (("stale_tokens_freed_total",), "Stale KV tokens freed."),
+    "guard_violations": (("kv_ledger", "violations_caught"),
+                         "Requests the KV page ledger's guard found reading KV of other weights."),
+    "bounded_requests": (("bounded_staleness", "bounded_requests"),
+                         "Requests admitted with a staleness bound above 0."),
+}
+STALE_REUSED = ("stale_tokens_reused", "Prompt tokens bounded requests read from KV computed by older weights, by "
+                                       "staleness (epochs between a request's admission and the KV it read).")
+BUMP_SECONDS = ("epoch_bump_seconds", "Duration of an epoch bump (a publication's or a flush's), seconds.")
+#: bump durations are sub-millisecond to a few ms (docs/benchmarks.md)
+BUMP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
-#: bounded staleness (`bounded_staleness` block): name suffix -> documentation; the per-staleness gauge carries a
-#: `staleness` label (epochs between a request's admission and the oldest KV it read)
-BOUNDED_REQUESTS = ("bounded_requests", "Requests admitted with a staleness bound above 0.")
-STALE_REUSED = ("stale_tokens_reused", "Prompt tokens bounded requests read from KV computed by older weights, "
-                                       "by staleness.")
+
+def lookup(block: dict, path: tuple) -> float:
+    for key in path:
+        block = (block or {}).get(key)
+    return block or 0
 
 
 class Metrics:
-    """`sglang:vradix_*` gauges with the scheduler collector's labels (multiprocess mode 'mostrecent', like SGLang's
-    scheduler gauges)."""
+    """The scheduler's `sglang:vradix_*` series (multiprocess modes as SGLang's scheduler metrics: gauges
+    'mostrecent'). Counters are driven from the engine state's cumulative values: `export` adds what each grew
+    since the last export (`_exported`)."""
 
     def __init__(self, labels: dict):
-        from prometheus_client import Gauge
+        from prometheus_client import Counter, Gauge, Histogram
 
         self.labels = labels
-        self.gauges = {key: Gauge(name=f"sglang:vradix_{name}", documentation=doc, labelnames=list(labels.keys()),
+        names = list(labels.keys())
+        self.gauges = {key: Gauge(name=f"sglang:vradix_{name}", documentation=doc, labelnames=names,
                                   multiprocess_mode="mostrecent")
                        for name, (key, doc) in GAUGES.items()}
-        names = list(labels.keys())
-        self.bounded = Gauge(name=f"sglang:vradix_{BOUNDED_REQUESTS[0]}", documentation=BOUNDED_REQUESTS[1],
-                             labelnames=names, multiprocess_mode="mostrecent")
-        self.stale_reused = Gauge(name=f"sglang:vradix_{STALE_REUSED[0]}", documentation=STALE_REUSED[1],
-                                  labelnames=names + ["staleness"], multiprocess_mode="mostrecent")
+        self.counters = {name: Counter(name=f"sglang:vradix_{name}", documentation=doc, labelnames=names)
+                         for name, (_, doc) in COUNTERS.items()}
+        self.stale_reused = Counter(name=f"sglang:vradix_{STALE_REUSED[0]}", documentation=STALE_REUSED[1],
+                                    labelnames=names + ["staleness"])
+        self.bump_seconds = Histogram(name=f"sglang:vradix_{BUMP_SECONDS[0]}", documentation=BUMP_SECONDS[1],
+                                      labelnames=names, buckets=BUMP_BUCKETS)
+        self._exported: dict = {}
 
     def export(self, block: dict) -> None:
         for key, gauge in self.gauges.items():
-            value = block.get(key)
-            gauge.labels(**self.labels).set(0 if value is None else value)
-        bounded = block.get("bounded_staleness") or {}
-        self.bounded.labels(**self.labels).set(bounded.get("bounded_requests", 0))
-        for staleness, tokens in (bounded.get("stale_tokens_reused_by_staleness") or {}).items():
-            self.stale_reused.labels(**self.labels, staleness=str(staleness)).set(tokens)
+            gauge.labels(**self.labels).set(block.get(key) or 0)
+        for name, (path, _) in COUNTERS.items():
+            self._advance(self.counters[name].labels(**self.labels), name, lookup(block, path))
+        by_staleness = (block.get("bounded_staleness") or {}).get("stale_tokens_reused_by_staleness") or {}
+        for staleness, tokens in by_staleness.items():
+            self._advance(self.stale_reused.labels(**self.labels, staleness=str(staleness)),
+                          ("stale_tokens_reused", str(staleness)), tokens)
+
+    def observe_bump(self, seconds: float) -> None:
+        self.bump_seconds.labels(**self.labels).observe(seconds)
+
+    def _advance(self, counter, key, value: float) -> None:
+        """Add to `counter` what the cumulative `value` grew since the last export (never a negative step)."""
+        step = value - self._exported.get(key, 0)
+        if step > 0:
+            counter.inc(step)
+            self._exported[key] = value
 
 
 def metrics_for(scheduler) -> Optional[Metrics]:
-    """Create the gauges once per scheduler when SGLang's --enable-metrics collector exists."""
+    """Create the series once per scheduler when SGLang's --enable-metrics collector exists."""
     collector = getattr(scheduler, "metrics_collector", None)
     try:
         from sglang.srt.runtime_context import get_observability
@@ -66,23 +105,39 @@ def metrics_for(scheduler) -> Optional[Metrics]:
     return Metrics(dict(getattr(collector, "labels", {}) or {}))
 
 
+#: the scheduler of this process whose series `refresh` writes (a scheduler process runs one scheduler)
+_attached: Optional[weakref.ref] = None
+
+
 def attach(scheduler) -> None:
-    """Give `scheduler` its gauges (`metrics_for`). The handle is kept on the scheduler, apart from the engine's
+    """Give `scheduler` its series (`metrics_for`). The handle is kept on the scheduler, apart from the engine's
     versioned-cache state: it is an output of that state, never part of it."""
+    global _attached
     scheduler._vradix_metrics = metrics_for(scheduler)
+    _attached = weakref.ref(scheduler)
 
 
 def metrics_of(scheduler) -> Optional[Metrics]:
-    """The gauges `attach` gave `scheduler`, or None (no --enable-metrics, or vradix is not versioning its cache)."""
+    """The series `attach` gave `scheduler`, or None (no --enable-metrics, or vradix is not versioning its cache)."""
     return getattr(scheduler, "_vradix_metrics", None)
 
 
-def export_metrics(scheduler) -> None:
-    """Refresh the gauges from the engine state (after every invalidation and on every server-info read)."""
-    gauges = metrics_of(scheduler)
-    if gauges is None or state_of(scheduler.tree_cache) is None:
+def export_metrics(scheduler, bump_seconds: Optional[float] = None) -> None:
+    """Write the current values (and, after a bump, its duration) from the engine state."""
+    series = metrics_of(scheduler)
+    if series is None or state_of(scheduler.tree_cache) is None:
         return
-    gauges.export(state_block(scheduler))
+    if bump_seconds is not None:
+        series.observe_bump(bump_seconds)
+    series.export(state_block(scheduler))
+
+
+def refresh() -> None:
+    """`export_metrics` for this process's scheduler, from a step that sees only the cache (a release, a reclaim
+    slice, a guard verdict): called where a value changed, never per request in the steady state."""
+    scheduler = _attached() if _attached is not None else None
+    if scheduler is not None:
+        export_metrics(scheduler)
 
 
 def state_block(scheduler) -> dict:

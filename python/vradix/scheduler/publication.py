@@ -55,7 +55,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
         guard.audit(state.guard.config, state.guard.stats, state.ledger, scheduler.tree_cache, live, state.epoch)
     logger.info(inv.summary() + " in %.3f ms; %d multimodal embedding(s), %d position grid(s) cleared",
                 inv.latency_ms, inv.mm_embeddings_cleared, inv.position_grids_cleared)
-    metrics.export_metrics(scheduler)
+    metrics.export_metrics(scheduler, bump_seconds=inv.latency_ms / 1e3)
     if is_publication and weights_changed:
         census.record_weights(scheduler, f"the publication to epoch {inv.epoch_after} ({reason})")
     census.check_requests(scheduler, live, inv.epoch_after)
