@@ -3,14 +3,14 @@
 
     python benchmark/server/bench_sched_cpu.py [--workloads grpo,decode] [--rounds 3] [--requests 32] [--json PATH]
 
-The scheduler runs the radix cache, the batch scheduling and the forward, one step after another: its CPU time is
-what a GPU deployment pays on its critical path, and reading it from the process (`psutil` `cpu_times`, user +
-system, all threads) is far steadier on a shared machine than a wall-clock rate. One stock and one vradix server run
-side by side on a tiny float32 Llama (same weights), both with `--sleep-on-idle`, so an idle scheduler does not
-busy-poll; each workload reads the scheduler's CPU time right before its first request and right after its last
-response, so the time between workloads is not counted. Each round sends the same seeded traffic to both servers,
-one after the other, the order alternating by round; round r uses seed r for both, so both caches see the same
-history. Workloads:
+The scheduler runs the radix cache, the batch scheduling and the forward, one step after another: its CPU time is what
+a GPU deployment pays on its critical path, and reading it from the process (`psutil` `cpu_times`, user + system, all
+threads) is far steadier on a shared machine than a wall-clock rate. One stock and one vradix server run side by side
+on a tiny float32 Llama (same weights), both with `--sleep-on-idle`, so an idle scheduler does not busy-poll, and with
+`--threads` OpenMP threads that wait passively (`server_env`); each workload reads the scheduler's CPU time right
+before its first request and right after its last response, so the time between workloads is not counted. Each round
+sends the same seeded traffic to both servers, one after the other, the order alternating by round; round r uses seed
+r for both, so both caches see the same history. Workloads:
 
 - `grpo` (prefill-heavy): groups of `--group-size` samples of one `--prefix`-token prompt plus a distinct
   `--suffix`, `--grpo-new-tokens` new tokens each, all sent at once;
@@ -94,9 +94,17 @@ def mismatches(a: list, b: list) -> int:
     return sum(x != y for x, y in zip(a, b, strict=True))
 
 
+def server_env(threads: int) -> dict:
+    """Each server's OpenMP settings: `threads` forward threads that sleep when idle. An OpenMP worker that
+    spin-waits burns CPU time that grows with the machine's load (it spins longer while the other worker waits for
+    a core), which is no work of the server's; passive waiting keeps the reading to the work done."""
+    return {"OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE"}
+
+
 def bench(model: str, a) -> dict:
     """Run every round of every workload on one stock and one vradix server; per-workload rows."""
-    servers = dict(zip(MODES, start_servers(*(lambda m=m: CpuServer(model, vradix=(m == "vradix"),
+    env = server_env(a.threads)
+    servers = dict(zip(MODES, start_servers(*(lambda m=m: CpuServer(model, vradix=(m == "vradix"), env=env,
                                                                      startup_timeout=600) for m in MODES))))
     try:
         schedulers = {m: scheduler_of(s) for m, s in servers.items()}
@@ -147,6 +155,7 @@ def main():
     p.add_argument("--grpo-new-tokens", type=int, default=4)
     p.add_argument("--decode-prompt", type=int, default=16)
     p.add_argument("--decode-new-tokens", type=int, default=256)
+    p.add_argument("--threads", type=int, default=1, help="OpenMP threads per server (passive waiting)")
     p.add_argument("--json", help="write the rows (with every round) to this file")
     a = p.parse_args()
     load = os.getloadavg()
@@ -154,7 +163,8 @@ def main():
           f"({os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})")
     print(f"# {a.requests} requests per workload and round, sent at once; grpo: groups of {a.group_size} x "
           f"{a.prefix}+{a.suffix} tokens, {a.grpo_new_tokens} new; decode: {a.decode_prompt}-token prompts, "
-          f"{a.decode_new_tokens} new; {a.rounds} alternating rounds", flush=True)
+          f"{a.decode_new_tokens} new; {a.rounds} alternating rounds; {a.threads} OpenMP thread(s) per server, "
+          "passive", flush=True)
     with tempfile.TemporaryDirectory() as d:
         model = generate(os.path.join(d, "A"), seed=1, dtype="float32", init_range=0.2)
         rows = bench(model, a)
