@@ -153,11 +153,15 @@ def test_server_info_metrics_and_flush_report(server):
     v = s.vradix_info()
     for key in ("active", "version", "tree_core", "epoch", "label", "publications", "stale_tokens_pinned",
                 "stale_tokens_freed_total", "stale_tokens_freed_last", "last_publication_latency_ms",
-                "last_publication"):
+                "last_publication_pause_ms", "last_publication"):
         assert key in v, key
     assert v["active"] and v["version"] == vradix.__version__ and v["tree_core"] == "RustUnifiedTreeCore"
     assert v["publications"] >= 2 and v["stale_tokens_freed_total"] > 0 and v["last_publication_latency_ms"] > 0
     assert v["last_publication"]["epoch_after"] == v["epoch"] and v["last_publication"]["label"] == v["label"]
+    pause = v["last_publication_pause_ms"]  # what the last publication paused the scheduler for: drain + bump
+    assert pause["drain_ms"] >= 0 and pause["bump_ms"] >= v["last_publication_latency_ms"]
+    assert pause["total_ms"] == v["last_publication"]["pause_ms"]
+    assert pause["total_ms"] == pytest.approx(pause["drain_ms"] + pause["bump_ms"], abs=2e-3)
     metrics = requests.get(s.url + "/metrics", timeout=30).text
     epoch_line = next(l for l in metrics.splitlines() if l.startswith("sglang:vradix_epoch{"))
     assert float(epoch_line.rsplit(" ", 1)[1]) == v["epoch"]
