@@ -120,8 +120,6 @@ def _update_handler(source: str, output_type_name: str, needs_session: bool, ref
         refused = first_refusal(refusals, updater, recv_req)
         if refused is not None:
             logger.error("vradix: %s refused before loading: %s", source, refused.message)
-            if state.session is None:
-                discard_drain(state)
             return refused
         may_touch_weights = not needs_session or updater._session is not None
         treeless.update_in_progress = source
