@@ -103,8 +103,8 @@ def server_env(threads: int) -> dict:
 
 def bench(model: str, a) -> dict:
     """Run every round of every workload on one stock and one vradix server; per-workload rows."""
-    env = server_env(a.threads)
-    servers = dict(zip(MODES, start_servers(*(lambda m=m: CpuServer(model, vradix=(m == "vradix"), env=env,
+    env = {"stock": server_env(a.threads), "vradix": {**server_env(a.threads), **dict(a.vradix_env)}}
+    servers = dict(zip(MODES, start_servers(*(lambda m=m: CpuServer(model, vradix=(m == "vradix"), env=env[m],
                                                                      startup_timeout=600) for m in MODES))))
     try:
         schedulers = {m: scheduler_of(s) for m, s in servers.items()}
@@ -134,6 +134,14 @@ def bench(model: str, a) -> dict:
     return rows
 
 
+def env_setting(text: str) -> tuple[str, str]:
+    """An argparse type: `NAME=VALUE`."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
 def table(rows: dict) -> str:
     lines = ["| workload | stock CPU ms/request (median) | vradix CPU ms/request (median) | overhead | "
              "rounds (stock / vradix, first) | requests | output mismatches |", "|---|---|---|---|---|---|---|"]
@@ -156,6 +164,8 @@ def main():
     p.add_argument("--decode-prompt", type=int, default=16)
     p.add_argument("--decode-new-tokens", type=int, default=256)
     p.add_argument("--threads", type=int, default=1, help="OpenMP threads per server (passive waiting)")
+    p.add_argument("--vradix-env", type=env_setting, action="append", default=[], metavar="NAME=VALUE",
+                   help="a setting for the vradix server only (repeatable), e.g. VRADIX_PREFILL_DEDUP=off")
     p.add_argument("--json", help="write the rows (with every round) to this file")
     a = p.parse_args()
     load = os.getloadavg()
@@ -164,7 +174,7 @@ def main():
     print(f"# {a.requests} requests per workload and round, sent at once; grpo: groups of {a.group_size} x "
           f"{a.prefix}+{a.suffix} tokens, {a.grpo_new_tokens} new; decode: {a.decode_prompt}-token prompts, "
           f"{a.decode_new_tokens} new; {a.rounds} alternating rounds; {a.threads} OpenMP thread(s) per server, "
-          "passive", flush=True)
+          "passive" + "".join(f"; vradix with {k}={v}" for k, v in a.vradix_env), flush=True)
     with tempfile.TemporaryDirectory() as d:
         model = generate(os.path.join(d, "A"), seed=1, dtype="float32", init_range=0.2)
         rows = bench(model, a)
