@@ -46,6 +46,8 @@ def publish_on_version_change(original, scheduler, new_version, *args, **kwargs)
     result = original(scheduler, new_version, *args, **kwargs)
     if new_version is not None and new_version != before:
         bump_scheduler(scheduler, reason="update_weight_version", label=current_label(), weights_changed=False)
+    else:
+        discard_drain(state)  # the same label again: no publication
     return result
 
 
