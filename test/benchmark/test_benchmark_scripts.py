@@ -65,10 +65,54 @@ def test_bench_hicache_smoke_prints_three_tables():
 @pytest.mark.parametrize("script", ["benchmark/kernels/bench_kernels.py", "benchmark/kernels/bench_fingerprint.py",
                                     "benchmark/server/bench_hicache.py", "benchmark/server/tie_check.py",
                                     "benchmark/server/soak_publications.py", "benchmark/rl_rollout",
-                                    "benchmark/server/bench_steady_state.py",
+                                    "benchmark/server/bench_steady_state.py", "benchmark/server/bench_sched_cpu.py",
                                     "scripts/hook_table.py"])
 def test_every_script_answers_help(script):
     assert "usage:" in run_script(script, "--help", timeout=300)
+
+
+def load_script(relpath: str, name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, relpath))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class FakeProcess:
+    """A `psutil.Process` stand-in: a title, a (kernel-truncated) name and children."""
+
+    def __init__(self, title: str, children=()):
+        self.title, self._children = title, list(children)
+
+    def cmdline(self):
+        return self.title.split()
+
+    def name(self):
+        return self.title.split()[0][:15]
+
+    def children(self, recursive=False):
+        return [d for c in self._children for d in [c, *(c.children(True) if recursive else ())]]
+
+
+def test_bench_sched_cpu_arithmetic_and_scheduler_discovery():
+    """No server: the per-request figure, the overhead and finding the scheduler among a server's descendants."""
+    from vradix.testing.harness.process import scheduler_processes
+
+    bench = load_script("benchmark/server/bench_sched_cpu.py", "bench_sched_cpu")
+    assert bench.ms_per_request(10.0, 10.5, 25) == pytest.approx(20.0)
+    assert bench.overhead_pct(20.0, 21.0) == pytest.approx(5.0)
+    with pytest.raises(ValueError):
+        bench.ms_per_request(10.0, 9.0, 4)  # CPU time never goes back: a reading of another process
+    sched = FakeProcess("sglang::scheduler")
+    launcher = FakeProcess("python -m sglang.launch_server", [sched, FakeProcess("sglang::detokenizer")])
+    assert scheduler_processes(launcher) == [sched]
+    assert scheduler_processes(FakeProcess("python", [FakeProcess("python -c pass")])) == []
+    assert bench.mismatches([[1, 2], [3]], [[1, 2], [4]]) == 1
+    rows = {"grpo": {"workload": "grpo", "stock": 20.0, "vradix": 21.0, "overhead": 5.0, "requests": 8,
+                     "mismatches": 0, "rounds": [{"first": "stock", "stock": 20.0, "vradix": 21.0}]}}
+    assert "| grpo | 20.0 | 21.0 | +5.0% | 20.0 / 21.0 (stock) | 8 | 0 |" in bench.table(rows)
 
 
 def test_bench_inspector_prints_the_table():

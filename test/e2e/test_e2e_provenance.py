@@ -164,7 +164,8 @@ VRADIX_SERIES = {"sglang:vradix_epoch": "gauge", "sglang:vradix_crossing_request
                  "sglang:vradix_stale_tokens_pinned": "gauge", "sglang:vradix_stale_tokens_freed_last": "gauge",
                  "sglang:vradix_publications": "counter", "sglang:vradix_lock_aware_flushes": "counter",
                  "sglang:vradix_stale_tokens_freed": "counter", "sglang:vradix_guard_violations": "counter",
-                 "sglang:vradix_bounded_requests": "counter", "sglang:vradix_epoch_bump_seconds": "histogram"}
+                 "sglang:vradix_bounded_requests": "counter", "sglang:vradix_epoch_bump_seconds": "histogram",
+                 "sglang:vradix_publication_pause_seconds": "histogram"}
 
 
 def scrape(s) -> dict:
@@ -184,11 +185,15 @@ def test_server_info_metrics_and_flush_report(server):
     v = s.vradix_info()
     for key in ("active", "version", "tree_core", "epoch", "label", "publications", "stale_tokens_pinned",
                 "stale_tokens_freed_total", "stale_tokens_freed_last", "last_publication_latency_ms",
-                "last_publication"):
+                "last_publication_pause_ms", "last_publication"):
         assert key in v, key
     assert v["active"] and v["version"] == vradix.__version__ and v["tree_core"] == "RustUnifiedTreeCore"
     assert v["publications"] >= 2 and v["stale_tokens_freed_total"] > 0 and v["last_publication_latency_ms"] > 0
     assert v["last_publication"]["epoch_after"] == v["epoch"] and v["last_publication"]["label"] == v["label"]
+    pause = v["last_publication_pause_ms"]  # what the last publication paused the scheduler for: drain + bump
+    assert pause["drain_ms"] >= 0 and pause["bump_ms"] >= v["last_publication_latency_ms"]
+    assert pause["total_ms"] == v["last_publication"]["pause_ms"]
+    assert pause["total_ms"] == pytest.approx(pause["drain_ms"] + pause["bump_ms"], abs=2e-3)
     families = scrape(s)
     assert {name: families[name].type for name in VRADIX_SERIES} == VRADIX_SERIES
     assert sample(families, "sglang:vradix_epoch") == v["epoch"]
@@ -197,6 +202,7 @@ def test_server_info_metrics_and_flush_report(server):
     assert sample(families, "sglang:vradix_guard_violations", "_total") == v["kv_ledger"]["violations_caught"]
     bumps = sample(families, "sglang:vradix_epoch_bump_seconds", "_count")
     assert bumps >= v["publications"] and sample(families, "sglang:vradix_epoch_bump_seconds", "_sum") > 0
+    assert sample(families, "sglang:vradix_publication_pause_seconds", "_count") == v["publications"]
 
     (stream,) = pause_holding(s, lambda: [StreamingRequest(s.url, LONG_PROMPT, 100)])
     r = s.post("/flush_cache")

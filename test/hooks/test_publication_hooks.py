@@ -144,6 +144,46 @@ def test_load_format_refused_before_loading_does_not_bump(engine, load_format):
     assert engine.touched == 0 and engine.counters() == before
 
 
+def slow_drain(monkeypatch, seconds=0.02):
+    """Every drain finds one in-flight batch that takes `seconds` to finish."""
+    import time
+
+    def drain(scheduler):
+        time.sleep(seconds)
+        return 1
+    monkeypatch.setattr(publication_glue.overlap, "drain_inflight_batch", drain)
+
+
+def test_a_publication_reports_its_pause_drain_plus_bump(engine, monkeypatch):
+    slow_drain(monkeypatch)
+    publication.publish_update_from_disk(succeeding_update(engine), engine.updater, disk_request("B1"))
+    last = engine.state.last_publication
+    assert last.drain_ms >= 20 and last.bump_ms >= last.latency_ms + last.identity_ms > 0
+    info = engine.state.as_dict(0)
+    assert info["last_publication_pause_ms"] == {"drain_ms": round(last.drain_ms, 3),
+                                                 "bump_ms": round(last.bump_ms, 3),
+                                                 "total_ms": round(last.drain_ms + last.bump_ms, 3)}
+    assert info["last_publication"]["pause_ms"] == info["last_publication_pause_ms"]["total_ms"]
+    assert engine.state.drain_ms_pending == 0  # taken by the bump: the next publication starts from nothing
+
+
+def test_a_refused_update_leaves_no_drain_to_the_next_publication(engine, monkeypatch):
+    slow_drain(monkeypatch)
+    publication.publish_update_from_disk(succeeding_update(engine), engine.updater,
+                                         disk_request("B1", load_format="bogus"))
+    assert engine.state.drain_ms_pending == 0 and engine.state.last_publication is None
+
+
+def test_a_session_pause_counts_every_drain_of_the_session(engine, monkeypatch):
+    slow_drain(monkeypatch)
+    open_session(engine)
+    for i in range(2):
+        original, req = tensor_bucket(engine, f"B{i}")
+        publication.publish_update_from_tensor(original, engine.updater, req)
+    end_session(engine)
+    assert engine.state.last_publication.drain_ms >= 3 * 20  # the begin's and each bucket's: one publication's pause
+
+
 def tensor_bucket(engine, label, success=True):
     def original(updater, recv_req):
         engine.touched += 1

@@ -52,6 +52,12 @@ class Invalidation:
     identity_ms: float = 0.0
     #: HiCache host-pool tokens given back by the bump (None without a host tier)
     host_tokens_freed: Optional[int] = None
+    #: the pause the publication added on the scheduler, in two parts: waiting for the in-flight batches before the
+    #: weights changed (`drain_ms`, every drain the publication ran, a session's begin included), and the whole bump
+    #: step after they changed (`bump_ms`: identity, epoch bump, revocations, audit; it contains `latency_ms` and
+    #: `identity_ms`). `pause_ms` in `as_dict` is their sum. The weight load itself is not part of either.
+    drain_ms: float = 0.0
+    bump_ms: float = 0.0
 
     def summary(self) -> str:
         host = f" and {self.host_tokens_freed} stale host tokens" if self.host_tokens_freed is not None else ""
@@ -70,7 +76,15 @@ class Invalidation:
         d = asdict(self)
         d["latency_ms"] = round(self.latency_ms, 3)
         d["identity_ms"] = round(self.identity_ms, 3)
+        d["drain_ms"] = round(self.drain_ms, 3)
+        d["bump_ms"] = round(self.bump_ms, 3)
+        d["pause_ms"] = round(self.pause_ms, 3)
         return d
+
+    @property
+    def pause_ms(self) -> float:
+        """The pause the publication added on the scheduler: drain + bump."""
+        return self.drain_ms + self.bump_ms
 
 
 @dataclass(frozen=True)
@@ -212,6 +226,9 @@ class EpochState:
     #: bounded staleness: the server window and what bounded requests reused (written only by
     #: `vradix.core.staleness`; the window at attach)
     staleness: StalenessRecord = field(default_factory=StalenessRecord)
+    #: drain time (ms) the publication under way has spent so far, taken by its bump (`Invalidation.drain_ms`);
+    #: written only by `vradix.scheduler.publication`
+    drain_ms_pending: float = 0.0
 
     def bind_identity(self, epoch: int, ident: identity.WeightIdentity) -> str:
         """Record `ident` as epoch `epoch`'s identity and return its namespace prefix: the bare `weight_id` the
@@ -267,6 +284,7 @@ class EpochState:
             "stale_host_tokens_freed_last": last.host_tokens_freed if last else None,
             "last_publication_latency_ms": (round(self.last_publication.latency_ms, 3)
                                             if self.last_publication else None),
+            "last_publication_pause_ms": self.last_publication_pause(),
             "last_invalidation": last.summary() if last else None,
             "forged_keys_rejected": self.forged_keys_rejected,
             "session_slots_released": self.sessions.slots_released,
@@ -280,6 +298,13 @@ class EpochState:
             "bounded_staleness": self.staleness.as_dict(),
             "stale_tokens_reused_total": self.staleness.stale_tokens_total,
         }
+
+    def last_publication_pause(self) -> Optional[dict]:
+        """The pause the last publication added on the scheduler (ms): drain, bump and their sum; None before one."""
+        p = self.last_publication
+        if p is None:
+            return None
+        return {"drain_ms": round(p.drain_ms, 3), "bump_ms": round(p.bump_ms, 3), "total_ms": round(p.pause_ms, 3)}
 
     def ledger_dict(self) -> dict:
         """The KV page ledger's guard and audit counters."""

@@ -6,8 +6,8 @@ import logging
 from vradix.closed_world import post_load
 from vradix.core import overlap
 from vradix.core.state import UpdateScope, WeightSession, state_of, state_of_scheduler, treeless_of
-from vradix.scheduler.publication import (bump_scheduler, current_label, publish_without_tree,
-                                         refuse_reused_declaration, tapping_publication)
+from vradix.scheduler.publication import (bump_scheduler, current_label, discard_drain, drain_for_publication,
+                                         publish_without_tree, refuse_reused_declaration, tapping_publication)
 
 logger = logging.getLogger("vradix")
 
@@ -42,10 +42,12 @@ def publish_on_version_change(original, scheduler, new_version, *args, **kwargs)
                      new_version)
         return None
     before = current_label()
-    overlap.drain_inflight_batch(scheduler)
+    drain_for_publication(scheduler)
     result = original(scheduler, new_version, *args, **kwargs)
     if new_version is not None and new_version != before:
         bump_scheduler(scheduler, reason="update_weight_version", label=current_label(), weights_changed=False)
+    else:
+        discard_drain(state)  # the same label again: no publication
     return result
 
 
@@ -83,7 +85,7 @@ def _update_handler(source: str, output_type_name: str, needs_session: bool, ref
 
     def around_update(original, updater, recv_req, *args, **kwargs):
         scheduler = updater.scheduler
-        overlap.drain_inflight_batch(scheduler)
+        drain_for_publication(scheduler)
         state = state_of_scheduler(scheduler)
         if state is None:
             if scheduler is None or treeless_of(scheduler.tree_cache) is None:
@@ -95,6 +97,8 @@ def _update_handler(source: str, output_type_name: str, needs_session: bool, ref
             refused = first_refusal(refusals, updater, recv_req)
         if refused is not None:
             logger.error("vradix: %s refused before loading: %s", source, refused.message)
+            if state.session is None:
+                discard_drain(state)
             return refused
         may_touch_weights = not needs_session or updater._session is not None
         state.update_scope = scope = UpdateScope(source=source, in_session=state.session is not None)
@@ -266,11 +270,12 @@ def open_weight_session(original, updater, recv_req, *args, **kwargs):
     (`refuse_session_before_begin`): no session, no bump, nothing restored."""
     scheduler = updater.scheduler
     if scheduler is not None:
-        overlap.drain_inflight_batch(scheduler)
+        drain_for_publication(scheduler)
         attached = state_of(scheduler.tree_cache) is not None or treeless_of(scheduler.tree_cache) is not None
         refused = refuse_session_before_begin(updater, recv_req) if attached else None
         if refused is not None:
             logger.error("vradix: begin_weight_update refused: %s", refused.message)
+            discard_drain(state_of_scheduler(scheduler))
             return refused
     out = original(updater, recv_req, *args, **kwargs)
     state = state_of_scheduler(scheduler)
@@ -338,7 +343,7 @@ def publish_weights_checker_reset(original, updater, recv_req, *args, **kwargs):
     `snapshot` and `compare` only read the weights and run unchanged."""
     if recv_req.action != "reset_tensors" or updater.scheduler is None:
         return original(updater, recv_req, *args, **kwargs)
-    overlap.drain_inflight_batch(updater.scheduler)
+    drain_for_publication(updater.scheduler)
     try:
         return original(updater, recv_req, *args, **kwargs)
     finally:

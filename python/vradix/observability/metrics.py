@@ -4,7 +4,8 @@
 * counters for monotonic totals (exported as `<name>_total`): publications, lock-aware flushes, stale tokens freed,
   guard violations, bounded requests, stale tokens bounded requests read, by staleness;
 * gauges for levels: the epoch, the crossing requests and the stale tokens they pin, what the last invalidation freed;
-* a histogram of the epoch bump's duration, in seconds, observed at every bump.
+* histograms in seconds: the epoch bump's duration, observed at every bump, and the pause a publication adds on
+  the scheduler (draining in-flight batches + the bump step; server info's `last_publication_pause_ms`).
 
 SGLang's `/metrics` is served by another process (Prometheus multiprocess mode), so a collector in the scheduler could
 not answer a scrape. Instead the values are written when they change (`refresh`): at every bump and flush, when a
@@ -39,8 +40,10 @@ COUNTERS = {
 STALE_REUSED = ("stale_tokens_reused", "Prompt tokens bounded requests read from KV computed by older weights, by "
                                        "staleness (epochs between a request's admission and the KV it read).")
 BUMP_SECONDS = ("epoch_bump_seconds", "Duration of an epoch bump (a publication's or a flush's), seconds.")
-#: bump durations are sub-millisecond to a few ms (docs/benchmarks.md)
-BUMP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+PAUSE_SECONDS = ("publication_pause_seconds", "The pause a publication adds on the scheduler: draining the in-flight "
+                                              "batches and the bump step (not the weight load), seconds.")
+#: bump durations are sub-millisecond to a few ms (docs/benchmarks.md); a drain waits for a forward
+BUMP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5, 10.0)
 
 
 def lookup(block: dict, path: tuple) -> float:
@@ -68,6 +71,8 @@ class Metrics:
                                     labelnames=names + ["staleness"])
         self.bump_seconds = Histogram(name=f"sglang:vradix_{BUMP_SECONDS[0]}", documentation=BUMP_SECONDS[1],
                                       labelnames=names, buckets=BUMP_BUCKETS)
+        self.pause_seconds = Histogram(name=f"sglang:vradix_{PAUSE_SECONDS[0]}", documentation=PAUSE_SECONDS[1],
+                                       labelnames=names, buckets=BUMP_BUCKETS)
         self._exported: dict = {}
 
     def export(self, block: dict) -> None:
@@ -80,8 +85,10 @@ class Metrics:
             self._advance(self.stale_reused.labels(**self.labels, staleness=str(staleness)),
                           ("stale_tokens_reused", str(staleness)), tokens)
 
-    def observe_bump(self, seconds: float) -> None:
+    def observe_bump(self, seconds: float, pause_seconds: Optional[float] = None) -> None:
         self.bump_seconds.labels(**self.labels).observe(seconds)
+        if pause_seconds is not None:
+            self.pause_seconds.labels(**self.labels).observe(pause_seconds)
 
     def _advance(self, counter, key, value: float) -> None:
         """Add to `counter` what the cumulative `value` grew since the last export (never a negative step)."""
@@ -122,13 +129,14 @@ def metrics_of(scheduler) -> Optional[Metrics]:
     return getattr(scheduler, "_vradix_metrics", None)
 
 
-def export_metrics(scheduler, bump_seconds: Optional[float] = None) -> None:
-    """Write the current values (and, after a bump, its duration) from the engine state."""
+def export_metrics(scheduler, bump_seconds: Optional[float] = None, pause_seconds: Optional[float] = None) -> None:
+    """Write the current values (and, after a bump, its duration; after a publication, its pause) from the engine
+    state."""
     series = metrics_of(scheduler)
     if series is None or state_of(scheduler.tree_cache) is None:
         return
     if bump_seconds is not None:
-        series.observe_bump(bump_seconds)
+        series.observe_bump(bump_seconds, pause_seconds)
     series.export(state_block(scheduler))
 
 

@@ -11,7 +11,8 @@ from typing import Optional
 
 from vradix import identity, request
 from vradix.core import epochs, published, weight_derived
-from vradix.core.state import EpochState, Invalidation, state_of, treeless_of
+from vradix.core import overlap
+from vradix.core.state import EpochState, Invalidation, state_of, state_of_scheduler, treeless_of
 from vradix.l3 import prefetch
 from vradix.ledger import guard
 from vradix.observability import metrics
@@ -29,6 +30,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     new namespace (`vradix.l3.prefetch`). On a P/D decode role a publication also revokes the prefix promises prefill
     has not fulfilled yet (`vradix.pd.revocation`). `weights_changed` is False for a publication of a label alone.
     """
+    t_bump = time.perf_counter()
     state = state_of(scheduler.tree_cache)
     # the publication drained the in-flight batches, so no check is left in flight; read any a dropped result left
     state.guard.verdicts.read_all()
@@ -43,6 +45,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
                       reason=reason, label=label, is_publication=is_publication, identity=ident)
     inv.identity_ms = identity_ms
     if is_publication:
+        inv.drain_ms, state.drain_ms_pending = state.drain_ms_pending, 0.0
         inv.promises_revoked = revoke_unfulfilled_promises(scheduler, inv)
     # multimodal embeddings (keyed by content only) and vision position grids the old weights computed
     cleared = weight_derived.clear_at_publication(scheduler)
@@ -55,11 +58,31 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
         guard.audit(state.guard.config, state.guard.stats, state.ledger, scheduler.tree_cache, live, state.epoch)
     logger.info(inv.summary() + " in %.3f ms; %d multimodal embedding(s), %d position grid(s) cleared",
                 inv.latency_ms, inv.mm_embeddings_cleared, inv.position_grids_cleared)
-    metrics.export_metrics(scheduler, bump_seconds=inv.latency_ms / 1e3)
     if is_publication and weights_changed:
         census.record_weights(scheduler, f"the publication to epoch {inv.epoch_after} ({reason})")
     census.check_requests(scheduler, live, inv.epoch_after)
+    inv.bump_ms = (time.perf_counter() - t_bump) * 1e3
+    metrics.export_metrics(scheduler, bump_seconds=inv.latency_ms / 1e3,
+                           pause_seconds=inv.pause_ms / 1e3 if is_publication else None)
     return inv
+
+
+def drain_for_publication(scheduler) -> int:
+    """Finish the in-flight batches before the weights change (`overlap.drain_inflight_batch`), and add the time it
+    took to the drain of the publication under way (`EpochState.drain_ms_pending`), which its bump records
+    (`Invalidation.drain_ms`). Returns the number of batches drained."""
+    t0 = time.perf_counter()
+    drained = overlap.drain_inflight_batch(scheduler)
+    state = state_of_scheduler(scheduler)
+    if state is not None:
+        state.drain_ms_pending += (time.perf_counter() - t0) * 1e3
+    return drained
+
+
+def discard_drain(state: Optional[EpochState]) -> None:
+    """A publication refused before it touched the weights does not bump: its drain is no later publication's."""
+    if state is not None:
+        state.drain_ms_pending = 0.0
 
 
 def publish_without_tree(scheduler, reason: str, *, is_publication: bool = True) -> dict:

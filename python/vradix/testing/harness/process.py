@@ -42,3 +42,32 @@ class LoggedProcess:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+#: the process title SGLang's scheduler sets on itself (`sglang::scheduler`, a suffix under TP/DP)
+SCHEDULER_TITLE = "sglang::scheduler"
+
+
+def scheduler_processes(root):
+    """The scheduler processes among the descendants of `root` (a `psutil.Process`, e.g. a server's launcher): those
+    whose title (command line) or name starts with `SCHEDULER_TITLE`. The kernel truncates a name to 15 characters,
+    so the name is compared on that prefix. Processes that exit while being read are skipped."""
+    import psutil
+
+    found = []
+    for child in root.children(recursive=True):
+        try:
+            title = " ".join(child.cmdline())
+            name = child.name()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if title.startswith(SCHEDULER_TITLE) or (len(name) >= 15 and SCHEDULER_TITLE.startswith(name[:15])):
+            found.append(child)
+    return found
+
+
+def cpu_seconds(proc) -> float:
+    """User plus system CPU time `proc` (a `psutil.Process`) has used so far, all its threads together (children
+    excluded)."""
+    t = proc.cpu_times()
+    return t.user + t.system
