@@ -121,6 +121,18 @@ def bench_publication(core: str, sizes, repeats: int):
 STEADY_WARMUP = 256
 
 
+#: when fewer KV slots than this are free, the steady loop evicts `STEADY_EVICT_TOKENS` of cached KV at once (as a
+#: scheduler under memory pressure does), so a loop longer than the pool holds (10,000 requests) keeps running
+STEADY_LOW_WATER = 4096
+STEADY_EVICT_TOKENS = 1 << 16
+
+
+def make_room(fx) -> None:
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+    if fx.allocator.available_size() < STEADY_LOW_WATER:
+        fx.cache.evict(EvictParams(num_tokens=STEADY_EVICT_TOKENS))
+
+
 def bench_steady(core: str, nreq: int) -> dict:
     """One child run of the steady-state loop: {"wall": requests/s over wall time, "cpu": requests/s over this
     process's CPU time}, after `STEADY_WARMUP` untimed requests. The CPU-time rate is the one other jobs on a shared
@@ -136,6 +148,7 @@ def bench_steady(core: str, nreq: int) -> dict:
     state = attach(fx.cache) if not os.environ.get("VRADIX_DISABLE") else None
     def serve(reqs):
         for toks in reqs:
+            make_room(fx)
             r = fx.make_req(toks)
             if state is not None:
                 stamp(state, r)

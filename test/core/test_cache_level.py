@@ -224,3 +224,27 @@ def test_reserved_marker_in_user_key_is_rejected(env, forged):
     req = fx.make_req(seq(1, 8), extra_key=forged)
     with pytest.raises(ReservedNamespaceError):
         stamp(state, req)
+
+
+def test_only_a_request_that_never_left_its_epoch_releases_on_the_plain_path(env):
+    """`release_is_plain` lets a release skip vradix entirely: never for a crossing request (its stale path must be
+    freed and its provenance spans read), nor for a bounded one."""
+    from vradix.hooks.reclaim import release_is_plain
+
+    fx, state = env
+    plain = new_req(fx, state, seq(3000, 32) + [1])
+    fx.admit(plain)
+    fx.prefill(plain)
+    assert release_is_plain(state, plain)
+    crossing = new_req(fx, state, seq(3100, 32) + [1])
+    fx.admit(crossing)
+    fx.prefill(crossing)
+    bump(fx, state, live=[plain, crossing])
+    assert not release_is_plain(state, crossing) and not release_is_plain(state, plain)
+    fx.finish(crossing)
+    fx.finish(plain)
+    assert not state.crossing
+    bounded = new_req(fx, state, seq(3200, 32) + [1])
+    bounded._vradix.max_staleness = 1
+    assert not release_is_plain(state, bounded)
+    check(fx)

@@ -23,10 +23,15 @@ def stamp(state: EpochState, req) -> None:
     """Bind a newly admitted request to the current epoch. Raises ReservedNamespaceError on a forged key and
     `staleness.StalenessError` on a bound above the server window."""
     user_key = req.extra_key
-    namespace.check_user_key(user_key)
-    namespace.check_user_key(getattr(req, "cache_salt", None))
+    if user_key:
+        namespace.check_user_key(user_key)
+    salt = getattr(req, "cache_salt", None)
+    if salt:
+        namespace.check_user_key(salt)
     st = request.attach(req, user_key, state.epoch)
-    st.adapter = lora.adapter_identity_of(state, getattr(req, "lora_id", None))
+    lora_id = getattr(req, "lora_id", None)
+    if lora_id is not None:
+        st.adapter = lora.adapter_identity_of(state, lora_id)
     _bind(state, req, st)
     staleness.bind_bound(st, req, state.staleness.window)
 
@@ -56,6 +61,16 @@ def rebind_if_unheld(state: EpochState, req) -> bool:
     return True
 
 
+def prepare_for_match(state: EpochState, cache, req, token_ids=None) -> None:
+    """Before every match: `rebind_if_unheld`, then `choose_for_match`. An exact request already bound to the
+    current epoch (every request between publications) returns after one attribute read and two compares."""
+    st = request.require(req)
+    if st.epoch == state.epoch and st.max_staleness == 0:
+        return
+    rebind_if_unheld(state, req)
+    choose_for_match(state, cache, req, token_ids)
+
+
 def choose_for_match(state: EpochState, cache, req, token_ids=None) -> None:
     """Before a match: a bounded request that holds no KV adopts one window epoch's namespace
     (`staleness.choose_namespace`); its provenance then starts with that epoch."""
@@ -71,4 +86,7 @@ def _bind(state: EpochState, req, st: request.ReqState) -> None:
     provenance.record_bind(st, state)
     if settings.value("VRADIX_FAULT_NO_NAMESPACE"):
         return  # test-only fault: the namespace is lost, so only the KV page ledger's guard stands between
-    req.extra_key = namespace.stamped(state.prefix_of_epoch(state.epoch), st.user_key, st.adapter)
+    prefix = state.prefix_of_epoch(state.epoch)
+    # the common request (no user key, no adapter) is keyed by the epoch's namespace string itself, not a copy
+    req.extra_key = prefix if st.user_key is None and st.adapter is None else namespace.stamped(
+        prefix, st.user_key, st.adapter)

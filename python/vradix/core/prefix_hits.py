@@ -52,11 +52,23 @@ class PrefixHits:
 def record_admission(state: EpochState, cache, req) -> None:
     """An admitted request reuses `req.prefix_len` cached tokens ending at `req.last_node`: one hit on that node. A
     streaming-session turn that borrows its slot's record stands on the slot's virtual node, no tree node: no hit."""
-    from sglang.srt.session.streaming_session import is_virtual_node
-
+    if req.prefix_len <= 0:
+        return
     st = request.of(req)
-    if (req.prefix_len <= 0 or st is None or req.last_node is None or is_virtual_node(req.last_node)
-            or cache.is_root(req.last_node)):
+    if st is None or req.last_node is None or _is_virtual_node()(req.last_node) or cache.is_root(req.last_node):
         return
     head = req.origin_input_ids[:min(req.prefix_len, MAX_HEAD_TOKENS)]
     state.prefix_hits.record(req.last_node, st.epoch, req.prefix_len, head)
+
+
+_virtual_node_test = None
+
+
+def _is_virtual_node():
+    """SGLang's streaming-session virtual-node test, imported on the first hit (this module loads before SGLang's
+    session module may be imported) and kept, so each admission pays no import statement."""
+    global _virtual_node_test
+    if _virtual_node_test is None:
+        from sglang.srt.session.streaming_session import is_virtual_node
+        _virtual_node_test = is_virtual_node
+    return _virtual_node_test

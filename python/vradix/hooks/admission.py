@@ -41,8 +41,7 @@ def rebind_before_match(req, tree_cache, *args, **kwargs):
     """BEFORE mem_cache.common.match_kv_cache: a request holding no KV always matches under the current epoch."""
     state = state_of(tree_cache)
     if state is not None:
-        admission.rebind_if_unheld(state, req)
-        admission.choose_for_match(state, tree_cache, req, kwargs.get("token_ids", args[0] if args else None))
+        admission.prepare_for_match(state, tree_cache, req, kwargs.get("token_ids", args[0] if args else None))
 
 
 def release_stale_session_slot(session, params, *args, **kwargs):

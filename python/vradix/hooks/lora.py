@@ -13,6 +13,8 @@ logger = logging.getLogger("vradix")
 
 def remember_adapter_insert(_result, cache, req, *args, **kwargs):
     """AFTER UnifiedRadixCache.checkpoint_into_tree: remember which adapter's namespace the insert went into."""
+    if getattr(req, "lora_id", None) is None:
+        return  # a base-model request: nothing to remember
     state = state_of(cache)
     if state is not None:
         lora.remember_adapter_node(state, cache, req)

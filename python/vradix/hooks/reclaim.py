@@ -15,9 +15,11 @@ from vradix.core.state import Invalidation, state_of, treeless_of
 
 def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
     """AROUND mem_cache.common.release_kv_cache: free the stale path a crossing request just unlocked."""
+    state = state_of(tree_cache)
+    if state is None or release_is_plain(state, req):
+        return original(req, tree_cache, *args, **kwargs)
     lock = getattr(req, "lock", None)
     node = lock.node if lock is not None else None
-    state = state_of(tree_cache)
     bounded = staleness.is_bounded(request.of(req))
     if state is not None and state.ledger is not None and req.kv.holds_kv and (provenance.crossed(req) or bounded):
         # the row is freed by the release: read the device-side provenance witness first
@@ -36,6 +38,15 @@ def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
     if was_crossing or (state is not None and bounded):
         metrics.refresh()  # crossing requests, pinned and freed stale tokens, stale reuse changed
     return result
+
+
+def release_is_plain(state, req) -> bool:
+    """Whether releasing `req` needs nothing of vradix: an exact request bound to one epoch all its life (no
+    crossing, no retraction to reset), not awaited by the deferred reclaim. Then `epochs.on_release` would free
+    nothing and change nothing, and no ledger spans are read (those are read for crossing or bounded requests)."""
+    st = request.of(req)
+    return (st is not None and len(st.kv_history) == 1 and not st.crossed and st.max_staleness == 0
+            and id(req) not in state.crossing)
 
 
 def lock_aware_flush(original, scheduler, *args, **kwargs):
