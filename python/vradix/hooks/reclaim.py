@@ -21,21 +21,20 @@ def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
     lock = getattr(req, "lock", None)
     node = lock.node if lock is not None else None
     bounded = staleness.is_bounded(request.of(req))
-    if state is not None and state.ledger is not None and req.kv.holds_kv and (provenance.crossed(req) or bounded):
+    if state.ledger is not None and req.kv.holds_kv and (provenance.crossed(req) or bounded):
         # the row is freed by the release: read the device-side provenance witness first
         r2t = tree_cache.req_to_token_pool.req_to_token
         request.require(req).ledger_spans = kv_ledger.kv_spans(state.ledger, r2t, req)
-    was_crossing = state is not None and id(req) in state.crossing
+    was_crossing = id(req) in state.crossing
     pending = was_crossing and state.deferred.active
     evictable_before = tree_cache.evictable_size() if pending else 0
     result = original(req, tree_cache, *args, **kwargs)
-    if state is not None:
-        epochs.on_release(state, tree_cache, req, node)
-        if bounded:
-            staleness.report_at_release(state, req)
+    epochs.on_release(state, tree_cache, req, node)
+    if bounded:
+        staleness.report_at_release(state, req)
     if pending:
         deferred_reclaim.note_release(state, evictable_before, tree_cache.evictable_size())
-    if was_crossing or (state is not None and bounded):
+    if was_crossing or bounded:
         metrics.refresh()  # crossing requests, pinned and freed stale tokens, stale reuse changed
     return result
 
