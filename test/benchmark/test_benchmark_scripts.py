@@ -66,6 +66,7 @@ def test_bench_hicache_smoke_prints_three_tables():
                                     "benchmark/server/bench_hicache.py", "benchmark/server/tie_check.py",
                                     "benchmark/server/soak_publications.py", "benchmark/rl_rollout",
                                     "benchmark/server/bench_steady_state.py", "benchmark/server/bench_sched_cpu.py",
+                                    "benchmark/cache/profile_steady.py",
                                     "scripts/hook_table.py"])
 def test_every_script_answers_help(script):
     assert "usage:" in run_script(script, "--help", timeout=300)

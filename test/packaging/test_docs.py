@@ -11,7 +11,7 @@ import pytest
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 DOCS_DIR = os.path.join(ROOT, "docs")
 PAGES = sorted(f for f in os.listdir(DOCS_DIR) if f.endswith(".md"))
-DOCS = [os.path.join(ROOT, "README.md")] + [os.path.join(DOCS_DIR, f) for f in PAGES]
+DOCS = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "CHANGELOG.md")] + [os.path.join(DOCS_DIR, f) for f in PAGES]
 #: a markdown link's target: `[text](target)`
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 #: a path inside the repository, as the docs write it (`vradix/...` is short for `python/vradix/...`)
