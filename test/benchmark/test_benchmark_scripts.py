@@ -17,6 +17,7 @@ def run_script(*argv, timeout=600):
     return out.stdout
 
 
+@pytest.mark.long  # four child processes (49 s in CI's run) on hooks the cache-level tests drive: the benchmark's smoke
 def test_bench_publication_prints_both_tables():
     out = run_script("benchmark/cache/bench_publication.py", "--sizes", "500", "--repeats", "1",
                      "--cores", "rust,python", "--steady-requests", "20", "--steady-runs", "1")
