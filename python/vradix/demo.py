@@ -39,7 +39,7 @@ def main() -> int:
     print()
     print_table(rows, reference)
     for name, view in views.items():
-        print(f"\n[demo] cache inspector after the publication, {name} (python -m vradix.inspector --url URL):")
+        print(f"\n[demo] cache inspector after the publication, {name} (vradix inspect --url URL):")
         print(view)
     print(f"\n[demo] done in {time.time() - t0:.0f}s")
     ok = rows["vradix"].cached_after == 0 and rows["vradix"].output_after == reference
@@ -47,7 +47,7 @@ def main() -> int:
 
 
 def inspector_view(url: str) -> str:
-    """What `python -m vradix.inspector --url URL` prints (its error line when vradix is not active)."""
+    """What `vradix inspect --url URL` prints (its error line when vradix is not active)."""
     try:
         return cache_inspector.render(cache_inspector.fetch(url, limit=3, head=6))
     except cache_inspector.InspectError as e:
