@@ -70,7 +70,10 @@ def adapter_tag(adapter_id: Optional[str]) -> str:
 
 def stamped(prefix: str, user_key: Optional[str], adapter_id: Optional[str] = None) -> str:
     """The extra_key a request is matched and inserted under: its epoch's namespace `prefix`, its adapter's content
-    tag (LoRA requests only), then its user key (which ends with SGLang's `lora_id`)."""
+    tag (LoRA requests only), then its user key (which ends with SGLang's `lora_id`). The common request (no user key,
+    no adapter) gets the namespace string itself, not a copy."""
+    if adapter_id is None and not user_key:
+        return prefix
     return prefix + adapter_tag(adapter_id) + (user_key or "")
 
 

@@ -86,7 +86,4 @@ def _bind(state: EpochState, req, st: request.ReqState) -> None:
     provenance.record_bind(st, state)
     if settings.value("VRADIX_FAULT_NO_NAMESPACE"):
         return  # test-only fault: the namespace is lost, so only the KV page ledger's guard stands between
-    prefix = state.prefix_of_epoch(state.epoch)
-    # the common request (no user key, no adapter) is keyed by the epoch's namespace string itself, not a copy
-    req.extra_key = prefix if st.user_key is None and st.adapter is None else namespace.stamped(
-        prefix, st.user_key, st.adapter)
+    req.extra_key = namespace.stamped(state.prefix_of_epoch(state.epoch), st.user_key, st.adapter)

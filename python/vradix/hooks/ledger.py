@@ -84,7 +84,7 @@ def backstop_prebuilt_batch(_result, scheduler, batch, *args, **kwargs):
         return
     r2t = scheduler.req_to_token_pool.req_to_token
     # read at once: the batch runs no forward, and failing a request means dropping it before it joins decode
-    counts = DeviceValues.launch(guard.launch_prefix_check(state.ledger, state.guard.stats, r2t, reads)).read()
+    counts = DeviceValues(guard.launch_prefix_check(state.ledger, state.guard.stats, r2t, reads)).read()
     bad = guard.reads_to_fail(state.ledger, state.guard.config, state.guard.stats, r2t, reads, counts, state.epoch)
     if bad:
         fail_prebuilt_reads(scheduler, batch, bad)

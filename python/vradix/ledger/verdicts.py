@@ -17,7 +17,7 @@ a `Verdict`, launched with its batch and read:
 * at a publication (`read_all`), which drains in-flight batches and may synchronise.
 
 Invariant: between a check's launch and its batch's result, the host reads nothing the check computed unless the
-device reported it complete (`Verdict.ready`). On a ledger in host memory (a CPU engine, `kernels.on_host`) the
+device reported it complete (`DeviceValues.ready`). On a ledger in host memory (a CPU engine, `kernels.on_host`) the
 check's result is a host list from the start: complete, read without a device.
 """
 from __future__ import annotations
@@ -81,7 +81,7 @@ class Verdict:
 
 class PendingVerdicts:
     """The verdicts launched and not yet read, oldest first (the guard's own record; written only through these
-    methods, by `hooks.ledger`, `hooks.admission` and the publication). Each verdict is read exactly once."""
+    methods, by `hooks.ledger` and the publication). Each verdict is read exactly once."""
 
     def __init__(self):
         self._queue: deque[Verdict] = deque()
