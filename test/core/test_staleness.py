@@ -52,6 +52,27 @@ def test_bounded_request_reuses_the_window_and_exact_requests_never_see_its_kv(e
     assert state.staleness.stale_tokens_by_staleness == {1: 192}
 
 
+def test_sglangs_health_probe_runs_exact_and_is_not_counted(env):
+    """`/health` and `/health_generate` send SGLang's probe (rid `HEALTH_CHECK_...`, no bound) every few seconds from a
+    gateway: it is no rollout, so it neither reads older epochs' KV nor counts as a bounded request."""
+    from sglang.srt.constants import HEALTH_CHECK_RID_PREFIX
+    fx, state = env
+    state.staleness.window = 1
+    P = seq(10, 64)
+    run(fx, state, P + [1], bound=0)
+    bump(fx, state)
+    probe = fx.make_req(P + [2])
+    probe.rid = f"{HEALTH_CHECK_RID_PREFIX}_0"
+    stamp(state, probe)
+    assert fx.admit(probe) == 0 and probe._vradix.max_staleness == 0
+    fx.prefill(probe)
+    fx.finish(probe)
+    assert state.staleness.bounded_requests == 0
+    assert run(fx, state, P + [3])[0] == 64  # a request that names no bound still gets the server window
+    assert state.staleness.bounded_requests == 1
+    check(fx)
+
+
 def test_a_request_never_reuses_kv_older_than_its_own_bound(env):
     """Window 2, bound 1: epoch 0's longer match is inside the window but outside the request's bound."""
     fx, state = env

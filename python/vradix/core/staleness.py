@@ -32,6 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from sglang.srt.managers.utils import is_health_check_generate_req
+
 from vradix import namespace, request, settings
 
 #: the `custom_params` key a request names its bound with
@@ -157,7 +159,12 @@ def window_floor(state) -> int:
 
 
 def bind_bound(st: request.ReqState, req, window: int) -> None:
-    """At admission: fix the request's bound. Raises StalenessError for a bad one."""
+    """At admission: fix the request's bound. SGLang's health probe (`/health`, `/health_generate`, sent every few
+    seconds by a gateway) runs exact: it is no rollout, and counting it would make the bounded-request counter count
+    probes. Raises StalenessError for a bad bound."""
+    if is_health_check_generate_req(req):
+        st.max_staleness = 0
+        return
     st.max_staleness = requested_bound(custom_params_of(req), window)
 
 
