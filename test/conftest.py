@@ -164,6 +164,19 @@ def held_servers_run_only_for_their_tests(request):
     run_held_servers_for(request.fixturenames)
 
 
+#: {test file: CPU server processes launched while its tests ran (fixtures' start-up and teardown included)}
+LAUNCHES_PER_FILE: dict = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    from vradix.testing.harness.server import CpuServer
+    before = CpuServer.launches
+    yield
+    path = item.nodeid.split("::", 1)[0]
+    LAUNCHES_PER_FILE[path] = LAUNCHES_PER_FILE.get(path, 0) + CpuServer.launches - before
+
+
 def module_times(reports) -> dict:
     """{test file: seconds} summed over the setup, call and teardown of every test in it (a module's fixture start-up
     is part of its first test's setup)."""
@@ -176,13 +189,15 @@ def module_times(reports) -> dict:
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The wall time of each test file, slowest first, and their total: where the suite's time goes."""
+    """The wall time of each test file, slowest first, with the CPU server processes it launched, and their total:
+    where the suite's time goes."""
     times = module_times(r for reports in terminalreporter.stats.values() for r in reports)
     if not times:
         return
     terminalreporter.section("time per test file (setup + call + teardown)")
     for path, seconds in sorted(times.items(), key=lambda kv: -kv[1]):
-        terminalreporter.write_line(f"{seconds:8.1f} s  {path}")
+        started = LAUNCHES_PER_FILE.get(path, 0)
+        terminalreporter.write_line(f"{seconds:8.1f} s  {path}" + (f"  ({started} server starts)" if started else ""))
     terminalreporter.write_line(f"{sum(times.values()):8.1f} s  total ({sum(times.values()) / 60:.1f} min)")
     from vradix.testing.harness.server import CpuServer
     pool = terminalreporter.config.stash.get(POOL_KEY, None)
