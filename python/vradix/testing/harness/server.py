@@ -31,6 +31,10 @@ CPU_FLAGS = [
 ]
 
 
+#: SGLang's crash diagnostics at a stop (on by default), off in test servers unless the caller's environment sets them
+CRASH_DIAGNOSTICS_ENV = ("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH")
+
+
 #: what a server logs when a port it binds was taken, followed by the address (asyncio's bind error: uvicorn's HTTP
 #: listener, and the P/D bootstrap server, which logs it and keeps the process up without its listener)
 BIND_RACE_LOST = "error while attempting to bind on address"
@@ -119,6 +123,10 @@ class CpuServer(LoggedProcess, ServerClient):
         e = dict(os.environ)
         e.update({"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                   "PYTHONUNBUFFERED": "1"})
+        # SGLang's launcher answers every SIGTERM as a crash: it sleeps 5 s "to let GPU activity settle", then dumps
+        # py-spy stacks. A CPU test server has no GPU activity, and its stop would wait for both.
+        for name in CRASH_DIAGNOSTICS_ENV:
+            e.setdefault(name, "0")
         e.pop("VRADIX_DISABLE", None)
         e.pop("TRITON_INTERPRET", None)  # a test process's Triton interpreter is not a server setting
         if not vradix:
