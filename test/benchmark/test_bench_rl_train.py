@@ -312,6 +312,7 @@ def test_the_stock_shadow_counts_a_next_turns_reuse_of_old_kv_and_not_of_its_own
 
 
 @pytest.mark.e2e
+@pytest.mark.long  # two CPU servers and a trainer (~80 s in CI): the benchmark's smoke; its rules are tested above
 @pytest.mark.timeout(900)
 def test_smoke_two_steps_unsafe_in_place_against_vradix(tmp_path):
     """Two GRPO steps of multi-turn episodes on each of two CPU servers (one at a time): the loop's invariants hold
