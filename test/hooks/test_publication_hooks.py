@@ -28,7 +28,7 @@ from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWei
 
 from vradix.core.admission import stamp
 from vradix.hooks import launcher, publication
-from vradix.scheduler import publication as publication_glue
+from vradix.scheduler import identity_proof, publication as publication_glue
 from vradix.core.state import attach
 from vradix.testing.harness.cache_fixture import SchedulerView, build_cache
 
@@ -90,7 +90,7 @@ def test_successful_update_bumps_once_although_the_flush_runs(engine):
     out = publication.publish_update_from_disk(succeeding_update(engine), engine.updater, disk_request("B1"))
     assert out.success, out.message
     assert engine.counters() == (epoch + 1, pubs + 1, flushes)  # the flush did not bump a second time
-    assert engine.state.label == "B1" and engine.state.update_scope is None
+    assert engine.state.label == "B1" and engine.state.publication is None
     assert "epoch 0->1 (update_weights_from_disk" in out.message
 
 
@@ -103,13 +103,13 @@ def test_exception_after_weights_were_touched_propagates_without_a_bump(engine):
 
     with pytest.raises(RuntimeError, match="rollback reload failed"):
         publication.publish_update_from_disk(original, engine.updater, disk_request("B1"))
-    assert engine.counters() == before and engine.state.update_scope is None
+    assert engine.counters() == before and engine.state.publication is None
 
 
 def test_exception_in_the_bump_itself_propagates(engine, monkeypatch):
     """vradix's own bump/audit failing is not reported as a failed update followed by a second, conservative bump on
     a half-evicted tree: it stops the engine like any scheduler error."""
-    real_bump, calls = publication.bump_scheduler, []
+    real_bump, calls = publication_glue.bump_scheduler, []
 
     def bump_failing_once(*a, **kw):
         calls.append(kw["reason"])
@@ -117,7 +117,7 @@ def test_exception_in_the_bump_itself_propagates(engine, monkeypatch):
             raise AssertionError("audit found a leak")
         return real_bump(*a, **kw)
 
-    monkeypatch.setattr(publication, "bump_scheduler", bump_failing_once)
+    monkeypatch.setattr(publication_glue, "bump_scheduler", bump_failing_once)
     with pytest.raises(AssertionError, match="audit found a leak"):
         publication.publish_update_from_disk(succeeding_update(engine), engine.updater, disk_request("B1"))
     assert calls == ["update_weights_from_disk"]
@@ -397,9 +397,9 @@ def test_declared_mode_keeps_the_label_when_a_relabel_reuses_an_identity():
     e = declared_engine()
     publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request("step-2"))
     publication.publish_update_from_disk(succeeding_update(e), e.updater, disk_request("step-3"))
-    before = (e.counters(), e.state.weight_id, publication.current_label())
+    before = (e.counters(), e.state.weight_id, publication_glue.current_label())
     e.scheduler.record_weight_version_change("step-2")
-    assert (e.counters(), e.state.weight_id, publication.current_label()) == before
+    assert (e.counters(), e.state.weight_id, publication_glue.current_label()) == before
     e.scheduler.record_weight_version_change("step-4")
     assert e.state.weight_id == "declared:step-4" and e.state.epoch == before[0][0] + 1
 
@@ -434,7 +434,7 @@ def fingerprint_engine(weights=None):
         startup.tap_startup_load(DefaultModelLoader.load_weights_only, e.model,
                                  iter((weights or checkpoint(0)).items()), torch.device("cpu"))
     e.scheduler.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=e.model))
-    start = publication_glue.published_identity(e.scheduler)
+    start = identity_proof.published_identity(e.scheduler)
     e.state.identities.clear()
     e.state.bind_identity(e.state.epoch, start)
     return e
@@ -555,7 +555,7 @@ def test_a_prefill_publication_crosses_requests_still_sending_kv_and_rebinds_tho
     scheduler = StubScheduler(fx, [])
     scheduler.disagg_prefill_inflight_queue = [sending]
     scheduler.disagg_prefill_bootstrap_queue = types.SimpleNamespace(queue=[awaiting])
-    inv = publication.bump_scheduler(scheduler, reason="update_weights_from_disk", label="B")
+    inv = publication_glue.bump_scheduler(scheduler, reason="update_weights_from_disk", label="B")
     assert inv.requeued_rebound == 1 and awaiting._vradix.epoch == state.epoch and awaiting.extra_key != key_before
     assert inv.crossing_requests == 1 and sending._vradix.crossed and sending.skip_radix_cache_insert
     fx.finish(sending)  # the transfer succeeded: SGLang releases the request's KV with checkpoint=True
@@ -632,7 +632,7 @@ def test_a_decode_publication_revokes_unfulfilled_promises_crosses_fulfilled_one
                 decode_request(unpromised, KVPoll.WaitingForInput)]
     scheduler.disagg_decode_transfer_queue = types.SimpleNamespace(queue=transfer, gloo_group=None)
 
-    inv = publication.bump_scheduler(scheduler, reason="update_weights_from_disk", label="B")
+    inv = publication_glue.bump_scheduler(scheduler, reason="update_weights_from_disk", label="B")
 
     assert inv.requeued_rebound == 1 and waiting._vradix.epoch == state.epoch and waiting.extra_key != key_before
     for r in (unfulfilled, received, unpromised):

@@ -193,8 +193,9 @@ class EpochState:
     #: because user rids need not be unique
     crossing: Dict[int, Any] = field(default_factory=dict)
     last: Optional[Invalidation] = None
-    #: set while a weight-update handler runs, so the publication bumps exactly once
-    update_scope: Optional["UpdateScope"] = None
+    #: the publication open on this engine (`vradix.scheduler.publication.Publication`): an update call's while it
+    #: runs, a weight-update session's from its begin to its end; the hooks SGLang calls inside it hand it their events
+    publication: Optional[Any] = None
     #: open from a successful begin_weight_update to end_weight_update: one publication, bumped once at its end
     session: Optional["WeightSession"] = None
     #: device-side record of which epoch wrote each KV page (None for allocators vradix cannot observe)
@@ -329,16 +330,6 @@ class EpochState:
 
 
 @dataclass
-class UpdateScope:
-    """Bookkeeping for one weight-update call: did it bump, and with what result. A call inside a weight-update
-    session (`in_session`) never bumps: the session's end does."""
-
-    source: str
-    bumped: Optional[Invalidation] = None
-    in_session: bool = False
-
-
-@dataclass
 class WeightSession:
     """One `begin_weight_update ... end_weight_update` session: its buckets (update calls) so far. A session is one
     publication: its buckets apply their labels but never bump; `end_weight_update` bumps once."""
@@ -377,8 +368,9 @@ class TreelessState:
     end, a new label by itself is one."""
 
     publications: int = 0
-    #: the `update_weights_*` call in progress (its label change is part of it, not a publication of its own)
-    update_in_progress: Optional[str] = None
+    #: the publication open on this engine (`vradix.scheduler.publication.Publication`; its label change and flush
+    #: are part of it, not publications of their own)
+    publication: Optional[Any] = None
     #: a weight-update session is open (its end publishes once)
     session_open: bool = False
     #: what the last publication (or flush) dropped: reason, mm_embeddings_cleared, position_grids_cleared
