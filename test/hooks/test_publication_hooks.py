@@ -687,3 +687,133 @@ def test_a_restore_that_came_up_short_is_answered_503_naming_the_lost_pages():
     prepare_abort(other, "Decode transfer failed ... KV transfer failed", status_code=500)
     assert other.finished_reason.status_code == 500
     assert other.finished_reason.message == "Decode transfer failed ... KV transfer failed"
+
+
+# ---- one publication per entry point -------------------------------------------------------------------------------
+def idle_engine():
+    """The `Engine`, its request finished: an idle engine, whose flush is SGLang's own reset."""
+    from test_weight_derived import IdleStubScheduler
+
+    e = Engine()
+    e.fx.finish(e.scheduler.running[0])
+    e.scheduler = e.updater.scheduler = IdleStubScheduler(e.fx)
+    e.updater.flush_cache = e.scheduler.flush_cache
+    return e
+
+
+def treeless_engine():
+    from test_weight_derived import TreelessEngine
+
+    return TreelessEngine()
+
+
+def session_of(*buckets):
+    """A weight-update session with one bucket per `(update hook, output type)`."""
+    def run(e):
+        open_session(e)
+        for i, (hook, out_cls) in enumerate(buckets):
+            req = (UpdateWeightsFromTensorReqInput(serialized_named_tensors=[], weight_version=f"S{i}")
+                   if out_cls is UpdateWeightsFromTensorReqOutput else
+                   UpdateWeightsFromDistributedReqInput(names=["w"], dtypes=["float32"], shapes=[[1]],
+                                                        group_name="g", weight_version=f"S{i}"))
+            assert hook(succeeding_update(e, out_cls), e.updater, req).success
+        assert end_session(e).success
+    return run
+
+
+def reset_tensors(e):
+    publication.publish_weights_checker_reset(lambda updater, recv_req: None, e.updater,
+                                              types.SimpleNamespace(action="reset_tensors"))
+
+
+def unload_adapter(e):
+    from vradix.hooks import lora
+
+    lora.free_unloaded_adapter(types.SimpleNamespace(success=True), e.scheduler,
+                               types.SimpleNamespace(lora_id="never-loaded", lora_name="a"))
+
+
+#: (entry point, engine, how it is driven, epochs it advances: publications without a tree)
+ENTRY_POINTS = [
+    ("update_weights_from_disk", Engine, lambda e: publication.publish_update_from_disk(
+        succeeding_update(e), e.updater, disk_request("B1")), 1),
+    ("update_weights_from_ipc", Engine, lambda e: publication.publish_update_from_ipc(
+        succeeding_update(e, UpdateWeightsFromIPCReqOutput), e.updater,
+        UpdateWeightsFromIPCReqInput(zmq_handles={}, weight_version="I1")), 1),
+    ("update_weights_from_tensor session", Engine, session_of(
+        (publication.publish_update_from_tensor, UpdateWeightsFromTensorReqOutput),
+        (publication.publish_update_from_tensor, UpdateWeightsFromTensorReqOutput)), 1),
+    ("update_weights_from_distributed session", Engine, session_of(
+        (publication.publish_update_from_distributed, UpdateWeightsFromDistributedReqOutput)), 1),
+    ("P2P session", Engine, session_of(), 1),
+    ("update_weight_version", Engine, lambda e: e.scheduler.record_weight_version_change("B9"), 1),
+    ("check_weights reset_tensors", Engine, reset_tensors, 1),
+    ("lock-aware flush", Engine, lambda e: e.scheduler.flush_cache(), 1),
+    ("idle flush", idle_engine, lambda e: e.scheduler.flush_cache(), 0),
+    ("LoRA unload", Engine, unload_adapter, 0),
+    ("without a tree: update_weights_from_disk", treeless_engine, lambda e: publication.publish_update_from_disk(
+        succeeding_update(e), e.updater, disk_request("B1")), 1),
+    ("without a tree: session", treeless_engine, session_of(
+        (publication.publish_update_from_tensor, UpdateWeightsFromTensorReqOutput)), 1),
+    ("without a tree: update_weight_version", treeless_engine,
+     lambda e: e.scheduler.record_weight_version_change("B9"), 1),
+]
+
+
+def advanced(e) -> int:
+    return e.treeless.publications if hasattr(e, "treeless") else e.state.epoch
+
+
+@pytest.mark.parametrize("name,make,drive,epochs", ENTRY_POINTS, ids=[p[0] for p in ENTRY_POINTS])
+def test_every_entry_point_applies_its_publication_once(name, make, drive, epochs, monkeypatch):
+    """Every entry point is one `Publication`, applied exactly once (its epoch bump, reset, adapter free or, without
+    a tree, its drop of the weight-derived caches), and nothing is left open on the engine afterwards."""
+    applied, real_apply = [], publication_glue.Publication.apply
+
+    def counting_apply(self, reason, **kwargs):
+        applied.append(reason)
+        return real_apply(self, reason, **kwargs)
+
+    e = make()
+    monkeypatch.setattr(publication_glue.Publication, "apply", counting_apply)
+    before = advanced(e)
+    drive(e)
+    assert len(applied) == 1, applied
+    assert advanced(e) == before + epochs
+    assert publication_glue.opened(e.scheduler) is None
+
+
+def vradix_files_entered(run) -> set:
+    """The files of the `vradix` package (its `testing` stand-ins aside) that `run()` enters, traced with
+    `sys.setprofile`."""
+    import pathlib
+    import sys
+
+    import vradix
+
+    root = pathlib.Path(vradix.__file__).parent
+    product, stand_ins = str(root), str(root / "testing")
+    entered = set()
+
+    def profile(frame, event, arg):
+        path = frame.f_code.co_filename
+        if event == "call" and path.startswith(product) and not path.startswith(stand_ins):
+            entered.add(str(pathlib.Path(path).relative_to(root)))
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return entered
+
+
+def test_one_update_call_stays_in_few_files(engine):
+    """One successful update call (`test_successful_update_bumps_once_although_the_flush_runs`) enters a bounded set
+    of vradix files: the publication's sequence lives in `scheduler/publication.py` and its hooks in two modules; the
+    rest are the steps of the bump itself (`core.epochs.bump` and what it calls, the identity, the ledger's audit,
+    the derived caches, metrics and the census). The bound is the count reached; a new file on this path must be
+    a deliberate choice."""
+    entered = vradix_files_entered(lambda: test_successful_update_bumps_once_although_the_flush_runs(engine))
+    assert {"scheduler/publication.py", "hooks/publication.py", "hooks/reclaim.py"} <= entered
+    assert len(entered) <= 28, sorted(entered)

@@ -131,10 +131,14 @@ def refuse_gpu_derived_copies(source: str, output_type_name: str):
         selected = updater._select_runners(getattr(recv_req, "selector", "all"))
         models = [runner.model for _, runner in selected]
         graphs = any(post_load.captures_graphs(runner) for _, runner in updater._select_runners())
-        reason = post_load.gpu_derived_refusal(source, models, graphs)
-        if reason is None and source == post_load.BEGIN:
-            reason = post_load.bypassed_sglang_refusal(models)
-        reason = refused_on_any_rank(source, reason, getattr(updater, "tp_cpu_group", None))
+        reason = None
+        if models:  # no model selected: no copy to leave stale
+            reason = post_load.gpu_derived_refusal(source, models, graphs)
+            if reason is None and source == post_load.BEGIN:
+                reason = post_load.bypassed_sglang_refusal(models)
+        group = getattr(updater, "tp_cpu_group", None)
+        if group is not None:  # a single rank has no other rank to refuse with
+            reason = refused_on_any_rank(source, reason, group)
         return None if reason is None else io_output_type(output_type_name)(success=False, message=reason)
     return refuse
 

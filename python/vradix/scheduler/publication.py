@@ -268,7 +268,8 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     inv.identity_ms = identity_ms
     if is_publication:
         inv.drain_ms, state.drain_ms_pending = state.drain_ms_pending, 0.0
-        inv.promises_revoked = revocation.revoke_unfulfilled(scheduler, inv.weight_id, inv.epoch_after)
+        if getattr(scheduler, "disagg_decode_transfer_queue", None) is not None:  # only decode promises prefixes
+            inv.promises_revoked = revocation.revoke_unfulfilled(scheduler, inv.weight_id, inv.epoch_after)
     # multimodal embeddings (keyed by content only) and vision position grids the old weights computed
     cleared = weight_derived.clear_at_publication(scheduler)
     inv.mm_embeddings_cleared, inv.position_grids_cleared = cleared.mm_embeddings, cleared.position_grids
