@@ -4,7 +4,6 @@ change and closes it."""
 from __future__ import annotations
 
 import logging
-
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -74,7 +73,7 @@ def publish_update(path: UpdatePath, original, updater, recv_req, *args, **kwarg
         return original(updater, recv_req, *args, **kwargs)
     refused = refusal(path, pub, updater, recv_req)
     if refused is not None:
-        return pub.refuse(refused)
+        return pub.refuse(refused, path.source)
     with pub.running():
         out = original(updater, recv_req, *args, **kwargs)
     return pub.close_update(out, may_touch_weights=not path.needs_session or updater._session is not None)

@@ -76,10 +76,10 @@ class Publication:
     def is_open(self) -> bool:
         return self.holder is not None and self.holder.publication is self
 
-    def refuse(self, refused):
-        """A change refused before it touched anything: no apply; its drain is no later publication's (a session's
-        drains stay the session's). Returns the refusal."""
-        logger.error("vradix: %s refused before loading: %s", self.source, refused.message)
+    def refuse(self, refused, source: str):
+        """A change (`source`: a bucket of a session names its own) refused before it touched anything: no apply;
+        its drain is no later publication's (a session's drains stay the session's). Returns the refusal."""
+        logger.error("vradix: %s refused before loading: %s", source, refused.message)
         if self.session is None:
             discard_drain(self.state)
         return refused
