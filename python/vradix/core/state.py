@@ -111,7 +111,8 @@ class GuardRecord:
 @dataclass
 class LoraRecord:
     """LoRA adapters and the KV their requests inserted. Written only by the LoRA step (`vradix.core.lora`, and
-    `hooks.lora`, which counts the load/unload events it scopes to each adapter's own namespace)."""
+    `hooks.lora` and `scheduler.publication.unload_adapter`, which count the load/unload events it scopes to each
+    adapter's own namespace)."""
 
     #: adapter loads/unloads seen
     events: int = 0
@@ -139,7 +140,7 @@ class DedupRecord:
 class FreedCounters:
     """Stale KV given back so far (server info `stale_tokens_freed_*`, `stale_host_tokens_freed_total`). Written only
     by the steps that free stale KV: the bump and the release (`vradix.core.epochs`), the deferred reclaim, the LoRA
-    unload, the streaming-session release and the idle flush (`hooks.reclaim`); each only adds."""
+    unload, the streaming-session release and the idle flush (`epochs.record_reset`); each only adds."""
 
     tokens_total: int = 0
     #: the part of `tokens_total` freed when a crossing request (or a stale session slot) released it
@@ -177,8 +178,8 @@ class EpochState:
     """The versioned-cache state of one engine (one scheduler process).
 
     Its own fields are the epoch's and its publications': set by `attach` and the startup hook, then written by the
-    publication path (`vradix.core.epochs`, `vradix.scheduler.publication`, `hooks.publication`, the idle flush in
-    `hooks.reclaim`) and, for `forged_keys_rejected`, the admission hook. Each step that keeps state of its
+    publication path (`vradix.core.epochs`, driven by `vradix.scheduler.publication.Publication`, the only writer of
+    `publication` and `session`) and, for `forged_keys_rejected`, the admission hook. Each step that keeps state of its
     own keeps it in its record here (`guard`, `lora`, `dedup`, `freed`, `storage`, `sessions`, and the step-owned
     `deferred` and `prefix_hits`), written only by the steps the record's docstring names. The metrics handle is not
     state: it lives on the scheduler (`vradix.observability.metrics`)."""
