@@ -783,6 +783,17 @@ def test_every_entry_point_applies_its_publication_once(name, make, drive, epoch
     assert publication_glue.opened(e.scheduler) is None
 
 
+def test_an_adapter_unload_inside_a_session_is_its_own_publication(engine):
+    """Unloading an adapter while a weight-update session is open frees its entries at once and leaves the session
+    open: its end still bumps, once."""
+    epoch = engine.state.epoch
+    open_session(engine)
+    unload_adapter(engine)
+    assert engine.state.lora.events == 1 and engine.state.epoch == epoch
+    assert publication_glue.opened(engine.scheduler).session is engine.state.session
+    assert end_session(engine).success and engine.state.epoch == epoch + 1
+
+
 def vradix_files_entered(run) -> set:
     """The files of the `vradix` package (its `testing` stand-ins aside) that `run()` enters, traced with
     `sys.setprofile`."""

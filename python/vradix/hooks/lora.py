@@ -33,7 +33,7 @@ def identify_loaded_adapter(result, scheduler, recv_req, *args, **kwargs):
 
 
 def free_unloaded_adapter(result, scheduler, recv_req, *args, **kwargs):
-    """AFTER Scheduler.unload_lora_adapter: free the entries of the unloaded adapter, and only those
-    (`Publication.apply`: no epoch changes)."""
+    """AFTER Scheduler.unload_lora_adapter: free the entries of the unloaded adapter, and only those: a publication
+    of its own, even inside a weight-update session (`Publication.apply`: no epoch changes)."""
     if state_of(scheduler.tree_cache) is not None and result.success:
-        Publication.open(scheduler, "adapter unload", drain=False).apply("adapter unload", adapter=recv_req)
+        Publication(scheduler, "adapter unload").apply("adapter unload", adapter=recv_req)
