@@ -34,7 +34,8 @@ ALLOWED = {
 }
 ROOT_MODULES = {"__init__": "vocabulary", "request": "vocabulary", "namespace": "vocabulary", "identity": "vocabulary",
                 "settings": "settings", "predicate": "vocabulary", "plugin": "plugin", "client": "tools",
-                "publish": "tools", "inspector": "tools", "cli": "tools", "demo": "demo", "_C": "kernels"}
+                "publish": "tools", "inspector": "tools", "cli": "tools", "demo": "demo", "_C": "kernels",
+                "collectives": "vocabulary"}
 
 
 def module_name(path: pathlib.Path) -> str:

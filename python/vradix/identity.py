@@ -30,7 +30,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from vradix import settings
+from vradix import collectives, settings
 
 MODES = settings.IDENTITY_MODES
 ENV = "VRADIX_WEIGHT_IDENTITY"
@@ -116,12 +116,7 @@ def fingerprint_model(model, tp_group=None) -> str:
     from vradix.kernels.fingerprint import fingerprint_module
 
     local = fingerprint_module(model)
-    if tp_group is None:
+    gathered = collectives.gather(local, tp_group)
+    if len(gathered) == 1:
         return local
-    import torch.distributed as dist
-
-    if dist.get_world_size(tp_group) == 1:
-        return local
-    gathered = [None] * dist.get_world_size(tp_group)
-    dist.all_gather_object(gathered, local, group=tp_group)
     return hashlib.sha256("|".join(gathered).encode()).hexdigest()[:32]

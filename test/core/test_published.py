@@ -3,7 +3,7 @@
 The ranks of a TP group each see the whole published stream (the unsharded tensors that reach `load_weights`) and
 digest only the names they own; their shares, merged, give the same identity as a single rank that digested all.
 Here every rank of a layout is a `Tap` of its own model copy, fed the same stream, and `merge` combines their shares
-as the all-gather would (`vradix.scheduler.publication.gather`; the TP=2 server test runs the real collective)."""
+as the all-gather would (`vradix.collectives.gather`; the TP=2 server test runs the real collective)."""
 import pytest
 import torch
 

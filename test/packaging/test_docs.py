@@ -34,6 +34,18 @@ def test_design_doc_hook_table_is_generated_from_hooks():
     assert ht.refreshed(text) == text, "docs/design.md is stale: run `.venv/bin/python scripts/hook_table.py --write`"
 
 
+def test_every_hook_the_table_names_is_a_function_of_its_module():
+    """The table prints `module.name` of each hook: that name is the hook itself in that module (no renamed
+    closure stands for a function nobody can find)."""
+    import importlib
+
+    from vradix.hooks import HOOKS
+
+    missing = [f"{hook.__module__}.{hook.__name__}" for _, _, hook in HOOKS
+               if getattr(importlib.import_module(hook.__module__), hook.__name__, None) is not hook]
+    assert not missing, missing
+
+
 @pytest.mark.parametrize("path", DOCS, ids=os.path.basename)
 def test_no_hand_written_hook_count(path):
     with open(path) as f:

@@ -243,3 +243,16 @@ def _free_leaves(cache, is_victim, *, max_tokens, max_nodes=None, max_visits=Non
         finally:
             core.evict_device_end(ComponentType.FULL)
     return tracker[ComponentType.FULL], nodes, visits, exhausted
+
+
+def age_out_on_flush(state, cache, after_next_bump: bool = False) -> None:
+    """A flush with a staleness window: nothing computed before it stays reusable, not even by bounded requests (a
+    flush is a flush). The floor is the current epoch (the flush's own bump, or the bump of the update that asked
+    for it), or the next one inside a weight-update session (its bump comes at `end_weight_update`); the deferred
+    reclaim then frees every older namespace. No window: nothing to do (the bump already made older KV
+    unmatchable)."""
+    if state.staleness.window == 0:
+        return
+    state.staleness.floor = state.epoch + (1 if after_next_bump else 0)
+    if not after_next_bump and not state.deferred.active:
+        defer(state, cache)

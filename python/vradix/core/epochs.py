@@ -168,3 +168,16 @@ def on_release(state: EpochState, cache, req, released_node) -> int:
         req.skip_radix_cache_insert = st.skip_insert_before
         st.crossed = False
     return freed
+
+
+def record_reset(state: EpochState, reason: str, tokens_freed: int, host_tokens_freed: Optional[int],
+                 mm_embeddings_cleared: int) -> Invalidation:
+    """Record a flush that reset an idle engine's whole cache (SGLang's own flush, which ran just before): nothing
+    was locked, so the epoch stays; the deferred reclaim has nothing left to free. Returns the flush's record."""
+    deferred_reclaim.cancel(state)
+    state.flushes += 1
+    state.freed.tokens_total += tokens_freed
+    state.last = Invalidation(state.epoch, state.epoch, state.label, reason, tokens_freed=tokens_freed,
+                              mm_embeddings_cleared=mm_embeddings_cleared, host_tokens_freed=host_tokens_freed)
+    state.freed.count_host(host_tokens_freed)
+    return state.last

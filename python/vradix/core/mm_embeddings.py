@@ -8,10 +8,11 @@ both in the scheduler process and on its thread (one cache per TP/PP/DP rank pro
 hash only, so neither `flush_cache` nor a weight update touches it: after a publication the old vision tower's
 embeddings would be fed to the new language model.
 
-`clear_all()` empties it. vradix calls it on every epoch bump (`scheduler.publication.bump_scheduler`: every publication,
-once, and every lock-aware flush) and on the idle flush (`hooks.reclaim.lock_aware_flush`), from the scheduler thread
-of each rank, which every rank reaches through the same control message. Between two batches nothing on that thread
-holds a cache entry, so clearing there is race-free; entries are rebuilt on the next miss with the current weights.
+`clear_all()` empties it. vradix calls it on every epoch bump (`scheduler.publication.bump_scheduler`: every
+publication, once, and every lock-aware flush) and on the idle flush (`scheduler.publication.record_idle_reset`), from
+the scheduler thread of each rank, which every rank reaches through the same control message. Between two batches
+nothing on that thread holds a cache entry, so clearing there is race-free; entries are rebuilt on the next miss with
+the current weights.
 
 Invariant: after a bump, every embedding the cache can return was computed after that bump, i.e. with the weights of
 the current epoch (weights change on the scheduler thread, after the in-flight overlap batch was drained, so no

@@ -131,7 +131,7 @@ class StalenessRecord:
     the counters only by `report_at_release`, when a bounded request releases its KV."""
 
     window: int = 0
-    #: the oldest epoch a flush left reusable (`hooks.reclaim.age_out_on_flush`): a flush ages the whole window out
+    #: the oldest epoch a flush left reusable (`deferred_reclaim.age_out_on_flush`): a flush ages the whole window out
     floor: int = 0
     bounded_requests: int = 0
     #: staleness (epochs) -> prompt tokens bounded requests read from KV that old

@@ -111,7 +111,8 @@ class GuardRecord:
 @dataclass
 class LoraRecord:
     """LoRA adapters and the KV their requests inserted. Written only by the LoRA step (`vradix.core.lora`, and
-    `hooks.lora`, which counts the load/unload events it scopes to each adapter's own namespace)."""
+    `hooks.lora` and `scheduler.publication.unload_adapter`, which count the load/unload events it scopes to each
+    adapter's own namespace)."""
 
     #: adapter loads/unloads seen
     events: int = 0
@@ -139,7 +140,7 @@ class DedupRecord:
 class FreedCounters:
     """Stale KV given back so far (server info `stale_tokens_freed_*`, `stale_host_tokens_freed_total`). Written only
     by the steps that free stale KV: the bump and the release (`vradix.core.epochs`), the deferred reclaim, the LoRA
-    unload, the streaming-session release and the idle flush (`hooks.reclaim`); each only adds."""
+    unload, the streaming-session release and the idle flush (`epochs.record_reset`); each only adds."""
 
     tokens_total: int = 0
     #: the part of `tokens_total` freed when a crossing request (or a stale session slot) released it
@@ -177,8 +178,8 @@ class EpochState:
     """The versioned-cache state of one engine (one scheduler process).
 
     Its own fields are the epoch's and its publications': set by `attach` and the startup hook, then written by the
-    publication path (`vradix.core.epochs`, `vradix.scheduler.publication`, `hooks.publication`, the idle flush in
-    `hooks.reclaim`) and, for `forged_keys_rejected`, the admission hook. Each step that keeps state of its
+    publication path (`vradix.core.epochs`, driven by `vradix.scheduler.publication.Publication`, the only writer of
+    `publication` and `session`) and, for `forged_keys_rejected`, the admission hook. Each step that keeps state of its
     own keeps it in its record here (`guard`, `lora`, `dedup`, `freed`, `storage`, `sessions`, and the step-owned
     `deferred` and `prefix_hits`), written only by the steps the record's docstring names. The metrics handle is not
     state: it lives on the scheduler (`vradix.observability.metrics`)."""
@@ -193,8 +194,9 @@ class EpochState:
     #: because user rids need not be unique
     crossing: Dict[int, Any] = field(default_factory=dict)
     last: Optional[Invalidation] = None
-    #: set while a weight-update handler runs, so the publication bumps exactly once
-    update_scope: Optional["UpdateScope"] = None
+    #: the publication open on this engine (`vradix.scheduler.publication.Publication`): an update call's while it
+    #: runs, a weight-update session's from its begin to its end; the hooks SGLang calls inside it hand it their events
+    publication: Optional[Any] = None
     #: open from a successful begin_weight_update to end_weight_update: one publication, bumped once at its end
     session: Optional["WeightSession"] = None
     #: device-side record of which epoch wrote each KV page (None for allocators vradix cannot observe)
@@ -329,16 +331,6 @@ class EpochState:
 
 
 @dataclass
-class UpdateScope:
-    """Bookkeeping for one weight-update call: did it bump, and with what result. A call inside a weight-update
-    session (`in_session`) never bumps: the session's end does."""
-
-    source: str
-    bumped: Optional[Invalidation] = None
-    in_session: bool = False
-
-
-@dataclass
 class WeightSession:
     """One `begin_weight_update ... end_weight_update` session: its buckets (update calls) so far. A session is one
     publication: its buckets apply their labels but never bump; `end_weight_update` bumps once."""
@@ -377,8 +369,9 @@ class TreelessState:
     end, a new label by itself is one."""
 
     publications: int = 0
-    #: the `update_weights_*` call in progress (its label change is part of it, not a publication of its own)
-    update_in_progress: Optional[str] = None
+    #: the publication open on this engine (`vradix.scheduler.publication.Publication`; its label change and flush
+    #: are part of it, not publications of their own)
+    publication: Optional[Any] = None
     #: a weight-update session is open (its end publishes once)
     session_open: bool = False
     #: what the last publication (or flush) dropped: reason, mm_embeddings_cleared, position_grids_cleared

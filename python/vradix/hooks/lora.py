@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from vradix.core import lora
-from vradix.observability import metrics
+from vradix.scheduler.publication import Publication
 from vradix.core.state import state_of
 
 logger = logging.getLogger("vradix")
@@ -33,14 +33,7 @@ def identify_loaded_adapter(result, scheduler, recv_req, *args, **kwargs):
 
 
 def free_unloaded_adapter(result, scheduler, recv_req, *args, **kwargs):
-    """AFTER Scheduler.unload_lora_adapter: free the entries of the unloaded adapter, and only those."""
-    state = state_of(scheduler.tree_cache)
-    if state is None or not result.success:
-        return
-    state.lora.events += 1
-    lora.forget_adapter(state, recv_req.lora_id)
-    freed = lora.free_adapter_entries(state, scheduler.tree_cache, recv_req.lora_id)
-    state.lora.tokens_freed += freed
-    logger.info("vradix: adapter %r (lora_id %s) unloaded: freed %d of its cached tokens; other namespaces untouched",
-                recv_req.lora_name, recv_req.lora_id, freed)
-    metrics.export_metrics(scheduler)
+    """AFTER Scheduler.unload_lora_adapter: free the entries of the unloaded adapter, and only those: a publication
+    of its own, even inside a weight-update session (`Publication.apply`: no epoch changes)."""
+    if state_of(scheduler.tree_cache) is not None and result.success:
+        Publication(scheduler, "adapter unload").apply("adapter unload", adapter=recv_req)

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vradix import request
-from vradix.core import epochs, host_tier, mm_embeddings, provenance, deferred_reclaim, staleness
+from vradix.core import epochs, provenance, deferred_reclaim, staleness
 from vradix.observability import metrics
 from vradix.ledger import device as kv_ledger
-from vradix.scheduler.publication import bump_scheduler, current_label, publish_without_tree
-from vradix.core.state import Invalidation, state_of, treeless_of
+from vradix.scheduler.publication import Publication
+from vradix.core.state import state_of
 
 
 def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
@@ -49,61 +49,11 @@ def release_is_plain(state, req) -> bool:
 
 
 def lock_aware_flush(original, scheduler, *args, **kwargs):
-    """AROUND Scheduler.flush_cache: with KV holders present, invalidate lock-aware instead of refusing.
-
-    Never a second bump for one publication: the flush an update call asks for after its bump is that bump, and a
-    flush inside a weight-update session is the session's bump at `end_weight_update`."""
-    state = state_of(scheduler.tree_cache)
-    if state is None:
-        return flush_without_tree(original, scheduler, *args, **kwargs)
-    scope = state.update_scope
-    if state.session is not None or (scope is not None and scope.bumped is not None):
-        age_out_on_flush(state, scheduler.tree_cache, after_next_bump=state.session is not None)
-        return True
-    if scheduler.is_fully_idle(ignore_waiting=scheduler._engine_paused):
-        cached = scheduler.tree_cache.evictable_size() + scheduler.tree_cache.protected_size()
-        with host_tier.counting_freed(scheduler.tree_cache) as host:
-            ok = original(scheduler, *args, **kwargs)
-        if ok:
-            deferred_reclaim.cancel(state)
-            state.flushes += 1
-            state.freed.tokens_total += cached
-            state.last = Invalidation(state.epoch, state.epoch, state.label, "flush (idle reset)", tokens_freed=cached,
-                                      mm_embeddings_cleared=mm_embeddings.clear_all(), host_tokens_freed=host.tokens)
-            state.freed.count_host(host.tokens)
-            metrics.export_metrics(scheduler)
-        return ok
-    if scope is not None:
-        # SGLang flushes after an update whose target runner loaded although the call failed (a draft runner after
-        # it): the weights may have changed, so this flush is that update's one, conservative, publication bump
-        scope.bumped = bump_scheduler(scheduler, reason=f"failed {scope.source} (conservative)", label=current_label())
-        return True
-    bump_scheduler(scheduler, reason="lock-aware flush", is_publication=False)
-    age_out_on_flush(state, scheduler.tree_cache)
-    return True
-
-
-def age_out_on_flush(state, cache, after_next_bump: bool = False) -> None:
-    """A flush with a staleness window: nothing computed before it stays reusable, not even by bounded requests (a
-    flush is a flush). The floor is the current epoch (the flush's own bump, or the bump of the update that asked
-    for it), or the next one inside a weight-update session (its bump comes at `end_weight_update`); the deferred
-    reclaim then frees every older namespace. No window: nothing to do (the bump already made older KV
-    unmatchable)."""
-    if state.staleness.window == 0:
-        return
-    state.staleness.floor = state.epoch + (1 if after_next_bump else 0)
-    if not after_next_bump and not state.deferred.active:
-        deferred_reclaim.defer(state, cache)
-
-
-def flush_without_tree(original, scheduler, *args, **kwargs):
-    """`lock_aware_flush` on an engine without a radix cache: SGLang's own flush, and a successful one outside an
-    update call or a session (whose publication drops them itself) also drops the weight-derived caches."""
-    ok = original(scheduler, *args, **kwargs)
-    treeless = treeless_of(scheduler.tree_cache)
-    if ok and treeless is not None and treeless.update_in_progress is None and not treeless.session_open:
-        publish_without_tree(scheduler, "flush", is_publication=False)
-    return ok
+    """AROUND Scheduler.flush_cache: with KV holders present, invalidate lock-aware instead of refusing
+    (`Publication.flush`). Never a second bump for one publication: the flush an update call asks for after its bump
+    is part of that publication, and a flush inside a weight-update session is part of the session's."""
+    pub = Publication.open(scheduler, "flush", drain=False)
+    return pub.flush(lambda: original(scheduler, *args, **kwargs))
 
 
 def note_first_insert(result, cache, params, *args, **kwargs):

@@ -1,9 +1,7 @@
 """Step 4 hooks (scheduler process): what /flush_cache and /get_server_info report."""
 from __future__ import annotations
 
-import torch.distributed as dist
-
-from vradix import __version__
+from vradix import __version__, collectives
 from vradix.core import host_tier, mm_embeddings
 from vradix.observability import metrics
 from vradix.core.state import state_of, state_of_scheduler, treeless_of
@@ -60,9 +58,7 @@ def tp_rank_blocks(block: dict):
     parallel = get_parallel()  # what SGLang's request receiver broadcasts control requests by
     if parallel.tp_size <= 1 or parallel.attn_dp_enabled:
         return None
-    blocks = [None] * parallel.tp_size
-    dist.all_gather_object(blocks, block, group=parallel.tp_group.cpu_group)
-    return blocks
+    return collectives.gather(block, parallel.tp_group.cpu_group)
 
 
 def req_slots_total(pool) -> int:

@@ -63,7 +63,7 @@ PRIVATE_NAMES = (
     PrivateName("sglang.srt.managers.scheduler_components.internal_state:SchedulerInternalStateController",
                 "_update_handlers", MEMBER, "closed_world.census.control (settable internal-state keys)"),
     # the scheduler
-    PrivateName(_SCHED, "_engine_paused", INSTANCE, "hooks.reclaim, hooks.server_info (is generation paused)"),
+    PrivateName(_SCHED, "_engine_paused", INSTANCE, "scheduler.publication, hooks.server_info (is generation paused)"),
     PrivateName(_SCHED, "_pending_chunked_abort_req", INSTANCE, "hooks.ledger (a chunked request being aborted)"),
     PrivateName(_SCHED, "_prefetch_kvcache", MEMBER, "l3.prefetch (re-issuing a revoked prefetch)"),
     PrivateName("sglang.srt.managers.scheduler_components.flush_wrapper:SchedulerFlushWrapper", "_flush_cache",
@@ -77,7 +77,7 @@ PRIVATE_NAMES = (
                 "_update_weight_version_if_provided", MEMBER, "hooks.launcher (a weight session's label)"),
     # P/D and storage
     PrivateName("sglang.srt.disaggregation.utils", "_is_fake_transfer", MEMBER,
-                "hooks.pd, scheduler.publication (warm-up transfers carry no KV)"),
+                "hooks.pd, pd.revocation (warm-up transfers carry no KV)"),
     PrivateName("sglang.srt.disaggregation.decode:DecodePreallocQueue", "_rebootstrap_prefill_len", MEMBER,
                 "hooks.pd (the length prefill computed for a re-bootstrap)"),
     PrivateName("sglang.srt.disaggregation.decode_kvcache_offload_manager:DecodeKVCacheOffloadManager",

@@ -10,7 +10,9 @@ from vradix.ledger import host as host_ledger
 from vradix.observability import metrics
 from vradix.core import deferred_reclaim, published, staleness
 from vradix.scheduler import census
-from vradix.scheduler.publication import current_label, published_identity, tp_rank_and_size
+from vradix.collectives import tp_rank_and_size
+from vradix.scheduler.identity_proof import published_identity
+from vradix.scheduler.publication import current_label
 from vradix.pd import layout
 from vradix.core.state import attach, attach_treeless
 

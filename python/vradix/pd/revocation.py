@@ -1,4 +1,5 @@
-"""Revoking decode's unfulfilled prefix promises at a publication on decode (pure).
+"""Revoking decode's unfulfilled prefix promises at a publication on decode (`must_revoke` and `message` are pure;
+`revoke_unfulfilled` applies them to a scheduler's transfer queue).
 
 A P/D decode request promises prefill a prefix (`decode_prefix_len`): the first tokens of its prompt are already in
 decode's own cache, under the identity the request is bound to, so prefill sends only the rest. SGLang makes that
@@ -20,7 +21,12 @@ Invariants:
 """
 from __future__ import annotations
 
+import logging
 from http import HTTPStatus
+
+from vradix import request
+
+logger = logging.getLogger("vradix")
 
 #: a revocation is transient (the request meets a publication in flight): retry
 STATUS = HTTPStatus.SERVICE_UNAVAILABLE
@@ -42,3 +48,49 @@ def message(rid: str, promised_len: int, promised_under: str, published: str, ep
             f"tokens from its cache under weight_id {promised_under!r}, but a publication on decode (epoch {epoch}) "
             f"installed weight_id {published!r} before prefill finished sending the rest. Nothing was cached; retry: "
             f"the retry is matched and promised under the new weights.")
+
+
+def revoke_unfulfilled(scheduler, published_id: str, epoch: int) -> int:
+    """At a publication on a P/D decode role, right after the bump to `epoch` (every transfer-queue request already
+    crosses it): revoke each transfer-queue request's unfulfilled prefix promise (`must_revoke`). Returns how many
+    were revoked.
+
+    A revoked request is failed the way SGLang's own `/abort_request` fails a transfer-queue request: its receiver is
+    aborted, which tells prefill (an abort notification, so prefill stops and drops the request) and marks its room
+    Failed. The next `DecodeTransferQueue.pop_transferred` then streams the error and releases the request's prefix
+    lock and preallocated row with `checkpoint=False` (nothing inserted), after prefill acknowledged the abort when
+    it may still be writing (SGLang's deferred release); `answer_decode_failures_with_their_cause` keeps the 503 on
+    that path. A request staged to host memory keeps its receiver, as SGLang's abort does, until prefill stops
+    writing. The receivers' states are reduced over the attention TP group (MIN), as `pop_transferred` reduces them,
+    so every rank revokes the same requests."""
+    queue = getattr(scheduler, "disagg_decode_transfer_queue", None)
+    entries = [d for d in (queue.queue if queue is not None else ()) if d.kv_receiver is not None]
+    if not entries:
+        return 0
+    import torch.distributed as dist
+    from sglang.srt.disaggregation.utils import all_reduce_flags
+
+    polls = [int(d.kv_receiver.poll()) for d in entries]
+    if queue.gloo_group is not None:
+        polls = all_reduce_flags(polls, queue.gloo_group, dist.ReduceOp.MIN)
+    return sum(revoke_one(decode_req, poll, published_id, epoch) for decode_req, poll in zip(entries, polls))
+
+
+def revoke_one(decode_req, poll: int, published_id: str, epoch: int) -> bool:
+    """Revoke one transfer-queue request's promise when `must_revoke` says so; returns whether it was revoked."""
+    from sglang.srt.disaggregation.utils import _is_fake_transfer, prepare_abort
+
+    req, st = decode_req.req, request.of(decode_req.req)
+    if st is None or not st.kv_history:
+        return False
+    promised = decode_req.prefix_match.decode_prefix_len if decode_req.prefix_match is not None else 0
+    under = st.kv_history[0][3]
+    if not must_revoke(poll, promised, finished=req.finished_reason is not None, fake=_is_fake_transfer(req),
+                       promised_under=under, published=published_id):
+        return False
+    st.revoked = message(req.rid, promised, under, published_id, epoch)
+    logger.warning(st.revoked)
+    prepare_abort(req, st.revoked, status_code=STATUS)
+    if not decode_req.host_staged:
+        decode_req.kv_receiver.abort()
+    return True

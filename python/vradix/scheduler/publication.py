@@ -1,7 +1,18 @@
-"""One publication on one scheduler, across every step: the epoch bump (`core.epochs`), its weight identity, the
-L3 storage prefetches it revokes and re-issues (`l3.prefetch`), the P/D decode promises it revokes (`pd.revocation`),
-the weight-derived caches it drops (`core.weight_derived`), the guard's audit and the metrics. An engine without a
-radix cache has no epoch and only drops the weight-derived caches (`publish_without_tree`)."""
+"""A publication: every change of what one scheduler serves from (its weights, their label, a flush of its cache, an
+adapter unload) is one `Publication`, which runs the same sequence:
+
+1. open (`Publication.open`): the in-flight batches drain (`drain_for_publication`); a weight-update session already
+   open on the engine is joined, not doubled; refusals answer before anything changes (`refuse`); SGLang's change
+   runs inside `running`, which registers the publication on the engine's state (`EpochState.publication`,
+   `TreelessState.publication`), so the hooks SGLang calls from inside the change hand their events to it
+   (`version_recorded`, `flush`), and taps the tensors it publishes (`identity_proof.tapping_publication`);
+2. apply (`Publication.apply`), at most once: the engine's step, calling the core functions: an epoch bump
+   (`bump_scheduler`: identity, crossing marks, re-binds, sessions, deferred reclaim, L3 and P/D revocations, derived
+   caches, audit, census, metrics), the record of an idle reset (`core.epochs.record_reset`), an adapter's entries
+   freed (`core.lora`), or, on an engine without a radix cache, the weight-derived caches dropped
+   (`publish_without_tree`);
+3. close (`close_update`, `end_session`, ...): the response says what the publication did.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -9,18 +20,228 @@ import logging
 import time
 from typing import Optional
 
-from vradix import identity, request
-from vradix.core import epochs, published, weight_derived
-from vradix.core import overlap
-from vradix.core.state import EpochState, Invalidation, state_of, state_of_scheduler, treeless_of
+from vradix.core import deferred_reclaim, epochs, host_tier, lora, mm_embeddings, overlap, weight_derived
+from vradix.core.state import EpochState, Invalidation, WeightSession, state_of_scheduler, treeless_of
 from vradix.l3 import prefetch
 from vradix.ledger import guard
 from vradix.observability import metrics
 from vradix.pd import revocation
-from vradix.scheduler import census
+from vradix.scheduler import census, identity_proof
 from vradix.scheduler.requests import disagg_requests, live_requests
 
 logger = logging.getLogger("vradix")
+
+
+def opened(scheduler) -> Optional["Publication"]:
+    """The publication open on the scheduler's engine (an update call's, or a weight-update session's), or None."""
+    if scheduler is None:
+        return None
+    holder = state_of_scheduler(scheduler) or treeless_of(scheduler.tree_cache)
+    return holder.publication if holder is not None else None
+
+
+class Publication:
+    """One change of what one scheduler serves from; see the module docstring for its sequence.
+
+    Invariants: `apply` runs at most once (`result` holds what it did); while open, the publication is the engine's
+    only open one (`opened`), from `running` to the end of the call, or from `begin_session` to `end_session`; an
+    update call inside a session is a bucket of the session's publication and never applies."""
+
+    def __init__(self, scheduler, source: str):
+        self.scheduler, self.source = scheduler, source
+        self.state: Optional[EpochState] = state_of_scheduler(scheduler)
+        self.treeless = treeless_of(scheduler.tree_cache) if scheduler is not None and self.state is None else None
+        #: the bucket counts, while this publication is a weight-update session
+        self.session: Optional[WeightSession] = None
+        #: what `apply` did: an `Invalidation` on a radix cache, the treeless record without one
+        self.result = None
+
+    @classmethod
+    def open(cls, scheduler, source: str, *, drain: bool = True) -> "Publication":
+        """The publication of a change about to run: the engine's open one (a session's), or a new one. With `drain`,
+        the in-flight batches finish first."""
+        if drain and scheduler is not None:
+            drain_for_publication(scheduler)
+        return opened(scheduler) or cls(scheduler, source)
+
+    @property
+    def attached(self) -> bool:
+        return self.state is not None or self.treeless is not None
+
+    @property
+    def holder(self):
+        return self.state if self.state is not None else self.treeless
+
+    @property
+    def is_open(self) -> bool:
+        return self.holder is not None and self.holder.publication is self
+
+    def refuse(self, refused, source: str):
+        """A change (`source`: a bucket of a session names its own) refused before it touched anything: no apply;
+        its drain is no later publication's (a session's drains stay the session's). Returns the refusal."""
+        logger.error("vradix: %s refused before loading: %s", source, refused.message)
+        if self.session is None:
+            discard_drain(self.state)
+        return refused
+
+    @contextlib.contextmanager
+    def running(self):
+        """SGLang's change runs inside: the publication is the engine's open one, and (fingerprint mode) the tensors
+        it loads are recorded. A session's publication stays open after one of its calls."""
+        self.holder.publication = self
+        tap = (identity_proof.tapping_publication(self.scheduler, self.state) if self.state is not None
+               else contextlib.nullcontext())
+        try:
+            with tap:
+                yield self
+        finally:
+            if self.session is None:
+                self.holder.publication = None
+
+    def apply(self, reason: str, *, label=None, is_publication: bool = True, weights_changed: bool = True,
+              reset: Optional[tuple] = None, adapter=None):
+        """The publication's one step on the engine (see the module docstring): `reset` is the (device, host) tokens
+        an idle reset freed; `adapter` the unload request of a LoRA adapter. Returns what it did (`result`)."""
+        assert self.result is None, f"{self.source}: a publication applies once"
+        if self.treeless is not None:
+            self.result = publish_without_tree(self.scheduler, reason, is_publication=is_publication)
+        elif reset is not None:
+            self.result = record_idle_reset(self.scheduler, reason, *reset)
+        elif adapter is not None:
+            self.result = unload_adapter(self.scheduler, adapter)
+        else:
+            self.result = bump_scheduler(self.scheduler, reason=reason, label=label, is_publication=is_publication,
+                                         weights_changed=weights_changed)
+        return self.result
+
+    def version_recorded(self) -> None:
+        """SGLang recorded the new weights' label: the success point of an update call. Outside a session it applies
+        (the flush SGLang runs after it is part of it); inside one, the session's end applies."""
+        if self.state is not None and self.session is None and self.result is None:
+            self.apply(self.source, label=current_label())
+
+    def close_update(self, out, may_touch_weights: bool):
+        """The end of an update call: a bucket of a session is counted; a returned failure that may have touched the
+        weights applies once, conservatively, when nothing applied yet. Returns `out`, saying what was done."""
+        if self.treeless is not None:
+            return self.close_update_without_tree(out, may_touch_weights)
+        if self.session is not None:
+            return record_bucket(self.session, out)
+        if self.result is None and may_touch_weights and not out.success:
+            self.apply(f"failed {self.source} (conservative)", label=current_label())
+        if self.result is not None:
+            out.message = f"{out.message} [{self.result.summary()}]"
+        return out
+
+    def close_update_without_tree(self, out, may_touch_weights: bool):
+        if self.session is not None or not (out.success or may_touch_weights):
+            return out
+        reason = self.source if out.success else f"failed {self.source} (conservative)"
+        cleared = self.apply(reason)
+        out.message = (f"{out.message} [vradix: {reason} without a radix cache: "
+                       f"{cleared['mm_embeddings_cleared']} multimodal embedding(s), "
+                       f"{cleared['position_grids_cleared']} position grid(s) cleared]")
+        return out
+
+    def begin_session(self) -> None:
+        """A successful begin_weight_update: this publication stays open until `end_session`, which applies once."""
+        self.session = WeightSession()
+        if self.state is not None:
+            self.state.session = self.session
+        else:
+            self.treeless.session_open = True
+        self.holder.publication = self
+
+    def end_session(self, out):
+        """A successful end_weight_update: the session closes and applies, once, with the last label a bucket
+        applied, whatever the number of buckets (none: a P2P/RDMA write)."""
+        session, self.session, self.holder.publication = self.session, None, None
+        if self.state is None:
+            self.treeless.session_open = False
+            self.apply("weight-update session")
+            return out
+        self.state.session = None
+        how = (f"{session.buckets} bucket(s), {session.failed_buckets} failed" if session.buckets
+               else "no bucket: P2P/RDMA")
+        inv = self.apply(f"weight-update session ({how})", label=current_label())
+        out.message = f"{out.message} [{inv.summary()}]"
+        return out
+
+    def relabel(self, sglang_relabel, new_version):
+        """`/update_weight_version` by itself: a new label is one publication of the same weights; the same label
+        again is none. In `declared` mode a label an earlier publication declared is refused (the request has no
+        failure reply: the launcher refuses it first) and the label stays. Returns SGLang's result."""
+        state = self.state
+        if state is not None:
+            if (state.identity_mode == "declared" and new_version is not None and new_version != state.label
+                    and state.declared_before(new_version)):
+                logger.error("vradix: refused label %r: declared identity already used by an earlier publication",
+                             new_version)
+                return None
+            drain_for_publication(self.scheduler)
+        before = current_label()
+        result = sglang_relabel()
+        if new_version is not None and new_version != before:
+            self.apply(self.source, label=current_label(), weights_changed=False)
+        else:
+            discard_drain(self.state)
+        return result
+
+    def write(self, reason: str) -> str:
+        """A control request that wrote the weights outside every update call: one publication, or, inside a
+        session, one more write of it (its end applies). Returns what was done, for the log and the response."""
+        if self.session is not None:
+            return (f"vradix: {reason} inside a weight-update session; the epoch bumps at end_weight_update"
+                    if self.state is not None else f"vradix: {reason}")
+        if self.state is not None:
+            return self.apply(reason, label=current_label()).summary()
+        if self.treeless is None:
+            return f"vradix: {reason}"
+        self.apply(reason)
+        return f"vradix: {reason} without a radix cache: weight-derived caches dropped"
+
+    def flush(self, sglang_flush) -> bool:
+        """A flush of the cache (`sglang_flush` runs SGLang's): inside an open publication, the flush it asked for
+        (never a second bump: it ages the window out, or it is the failed update's conservative bump); by itself,
+        an idle engine's reset or, with KV holders, a lock-aware bump. Returns whether the cache was flushed."""
+        if self.state is None:
+            ok = sglang_flush()
+            if ok and self.treeless is not None and not self.is_open:
+                self.apply("flush", is_publication=False)
+            return ok
+        cache = self.scheduler.tree_cache
+        if self.session is not None or self.result is not None:
+            deferred_reclaim.age_out_on_flush(self.state, cache, after_next_bump=self.session is not None)
+            return True
+        if self.scheduler.is_fully_idle(ignore_waiting=self.scheduler._engine_paused):
+            return (Publication(self.scheduler, "flush") if self.is_open else self).reset(sglang_flush)
+        if self.is_open:
+            # SGLang flushes after an update whose target runner loaded although the call failed (a draft runner
+            # after it): the weights may have changed, so this flush is that update's conservative bump
+            self.apply(f"failed {self.source} (conservative)", label=current_label())
+            return True
+        self.apply("lock-aware flush", is_publication=False)
+        deferred_reclaim.age_out_on_flush(self.state, cache)
+        return True
+
+    def reset(self, sglang_flush) -> bool:
+        """SGLang's own flush of an idle engine, recorded as this publication's reset."""
+        cache = self.scheduler.tree_cache
+        cached = cache.evictable_size() + cache.protected_size()
+        with host_tier.counting_freed(cache) as host:
+            ok = sglang_flush()
+        if ok:
+            self.apply("flush (idle reset)", reset=(cached, host.tokens))
+        return ok
+
+
+def record_bucket(session: WeightSession, out):
+    """Count one update call of an open session and say, in its response, that the bump waits for the session end."""
+    session.buckets += 1
+    session.failed_buckets += not out.success
+    out.message = (f"{out.message} [vradix: bucket {session.buckets} of a weight-update session; the epoch bumps once "
+                   "at end_weight_update]")
+    return out
 
 
 def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool = True,
@@ -31,13 +252,14 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     has not fulfilled yet (`vradix.pd.revocation`). `weights_changed` is False for a publication of a label alone.
     """
     t_bump = time.perf_counter()
-    state = state_of(scheduler.tree_cache)
+    state = state_of_scheduler(scheduler)
     # the publication drained the in-flight batches, so no check is left in flight; read any a dropped result left
     state.guard.verdicts.read_all()
     live = live_requests(scheduler)
     queued = [*scheduler.waiting_queue, *disagg_requests(scheduler)]
     t0 = time.perf_counter()
-    ident = publication_identity(scheduler, state, label, weights_changed) if is_publication else None
+    ident = (identity_proof.publication_identity(scheduler, state, label, weights_changed) if is_publication
+             else None)
     identity_ms = (time.perf_counter() - t0) * 1e3
     lookups = prefetch.storage_lookups(scheduler)
     revoked = prefetch.end_queued_attempts(scheduler.tree_cache, queued) if lookups else 0
@@ -46,7 +268,8 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     inv.identity_ms = identity_ms
     if is_publication:
         inv.drain_ms, state.drain_ms_pending = state.drain_ms_pending, 0.0
-        inv.promises_revoked = revoke_unfulfilled_promises(scheduler, inv)
+        if getattr(scheduler, "disagg_decode_transfer_queue", None) is not None:  # only decode promises prefixes
+            inv.promises_revoked = revocation.revoke_unfulfilled(scheduler, inv.weight_id, inv.epoch_after)
     # multimodal embeddings (keyed by content only) and vision position grids the old weights computed
     cleared = weight_derived.clear_at_publication(scheduler)
     inv.mm_embeddings_cleared, inv.position_grids_cleared = cleared.mm_embeddings, cleared.position_grids
@@ -65,6 +288,28 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     metrics.export_metrics(scheduler, bump_seconds=inv.latency_ms / 1e3,
                            pause_seconds=inv.pause_ms / 1e3 if is_publication else None)
     return inv
+
+
+def record_idle_reset(scheduler, reason: str, tokens_freed: int, host_tokens_freed) -> Invalidation:
+    """The record of a flush that reset an idle engine (`epochs.record_reset`): it also drops the multimodal
+    embeddings, as every flush does."""
+    inv = epochs.record_reset(state_of_scheduler(scheduler), reason, tokens_freed, host_tokens_freed,
+                              mm_embeddings.clear_all())
+    metrics.export_metrics(scheduler)
+    return inv
+
+
+def unload_adapter(scheduler, recv_req) -> int:
+    """A LoRA adapter unloaded: its entries, and only those, are freed; no epoch changes. Returns the tokens freed."""
+    state = state_of_scheduler(scheduler)
+    state.lora.events += 1
+    lora.forget_adapter(state, recv_req.lora_id)
+    freed = lora.free_adapter_entries(state, scheduler.tree_cache, recv_req.lora_id)
+    state.lora.tokens_freed += freed
+    logger.info("vradix: adapter %r (lora_id %s) unloaded: freed %d of its cached tokens; other namespaces untouched",
+                recv_req.lora_name, recv_req.lora_id, freed)
+    metrics.export_metrics(scheduler)
+    return freed
 
 
 def drain_for_publication(scheduler) -> int:
@@ -101,174 +346,6 @@ def publish_without_tree(scheduler, reason: str, *, is_publication: bool = True)
     return treeless.last
 
 
-def publication_identity(scheduler, state: EpochState, label, weights_changed: bool = True) -> identity.WeightIdentity:
-    """The identity of the weights a publication just installed, by the engine's mode: proven from what was published
-    (`published_identity`; a label-only publication keeps the weights and so their identity), the declared label
-    (when the publication set a new one), or a fresh nonce."""
-    if state.identity_mode == "fingerprint":
-        current = state.identities[state.epoch].identity
-        return published_identity(scheduler, current) if weights_changed else current
-    if state.identity_mode == "declared" and identity.is_declaration(label) and label != state.label:
-        if not state.declared_before(label):
-            return identity.declared(label)
-        logger.error("vradix: declared identity %r was already used by an earlier publication of this engine; "
-                     "this epoch gets a fresh nonce instead", label)
-    return identity.nonce()
-
-
-def published_identity(scheduler, previous: Optional[identity.WeightIdentity] = None) -> identity.WeightIdentity:
-    """The proven identity of what was published into the scheduler's model since the last identity point (the
-    engine's start when `previous` is None), the same on every rank and every TP layout (`vradix.core.published`):
-    one all-gather over the TP group. A tainted publication gets a nonce; one no tap saw, or one the ranks saw
-    differently, the layout-dependent fingerprint of the loaded shards (`loaded_shards_identity`)."""
-    model = scheduler.tp_worker.model_runner.model
-    record = published.of(model)
-    pending = record.take()
-    group = tp_cpu_group(scheduler)
-    merged = published.merge(gather(pending.share(), group), pending.names)
-    outcome, hex_ = published.identity_of(merged, engine_salt(scheduler), record.start_names,
-                                          previous.weight_id if previous is not None else None)
-    if outcome == published.Outcome.TAINTED:
-        logger.error("vradix: a weight load raised on some rank, so the weights are partly written: this epoch gets "
-                     "a fresh nonce identity")
-        return identity.nonce(merged.nonce)
-    if outcome in (published.Outcome.UNTAPPED, published.Outcome.INCONSISTENT):
-        logger.warning("vradix: the weights changed where vradix saw no published tensor (%s: a direct or P2P "
-                       "write, or a loader that bypasses load_weights): this epoch's identity is the fingerprint of "
-                       "the loaded shards, which matches only engines of the same TP layout", outcome)
-        return loaded_shards_identity(scheduler)
-    if previous is None:
-        record.start_names = merged.names
-    logger.info("vradix: weight identity proven from %d published tensor(s) (%s; %d tensor(s), %.1f MB digested on "
-                "this rank)", len(merged.records), outcome, len(pending.lanes), pending.bytes_digested / 1e6)
-    return identity.proven(hex_, basis=f"published ({outcome})")
-
-
-def tapping_publication(scheduler, state: EpochState):
-    """The context an update call runs in: in `fingerprint` mode, every tensor that reaches the scheduler's model's
-    `load_weights` is recorded for the publication's identity (`vradix.core.published.tapping`); otherwise nothing."""
-    if state.identity_mode != "fingerprint":
-        return contextlib.nullcontext()
-    runner = scheduler.tp_worker.model_runner
-    rank, world = tp_rank_and_size()
-    return published.tapping(runner.model, rank, world, model_device(runner.model))
-
-
-def tp_rank_and_size() -> tuple:
-    """This process's (rank, size) in its TP group; (0, 1) where no TP group exists."""
-    try:
-        from sglang.srt.distributed.parallel_state import get_tp_group
-
-        group = get_tp_group()
-        return group.rank_in_group, group.world_size
-    except Exception:  # noqa: BLE001 - no parallel context (a single process built without one)
-        return 0, 1
-
-
-def model_device(model):
-    """The device of the model's first parameter (where its published tensors are digested), or None."""
-    param = first_parameter(model)
-    return param.device if param is not None else None
-
-
-def first_parameter(model):
-    return next(iter(model.parameters()), None)
-
-
-def loaded_shards_identity(scheduler) -> identity.WeightIdentity:
-    """The content fingerprint of the loaded model's shards (every parameter and buffer of every rank): the same on
-    every rank of this engine, but it depends on the TP layout."""
-    return identity.proven(identity.fingerprint_model(scheduler.tp_worker.model_runner.model, tp_cpu_group(scheduler)),
-                           basis="loaded shards")
-
-
-def tp_cpu_group(scheduler):
-    """The scheduler's TP CPU (gloo) group, or None on a single rank."""
-    return getattr(getattr(scheduler, "tp_group", None), "cpu_group", None)
-
-
-def gather(share, group) -> list:
-    """Every rank's `share`, in rank order (one all_gather_object over `group`; just this rank's without one)."""
-    if group is None:
-        return [share]
-    import torch.distributed as dist
-
-    if dist.get_world_size(group) == 1:
-        return [share]
-    shares = [None] * dist.get_world_size(group)
-    dist.all_gather_object(shares, share, group=group)
-    return shares
-
-
-def engine_salt(scheduler) -> str:
-    """What turns equal published tensors into equal computation, whatever the layout: the model's architecture,
-    its dtype and its quantization."""
-    runner = scheduler.tp_worker.model_runner
-    config = getattr(runner, "model_config", None)
-    arch = ",".join(getattr(getattr(config, "hf_config", None), "architectures", None) or [type(runner.model).__name__])
-    dtype = getattr(config, "dtype", None) or getattr(first_parameter(runner.model), "dtype", None)
-    quant = getattr(getattr(scheduler, "server_args", None), "quantization", None)
-    return f"{arch}|{dtype}|{quant}"
-
-
-def refuse_reused_declaration(state: EpochState, label, output_type):
-    """In `declared` mode, a publication naming a declared identity an earlier publication of this engine already
-    used is refused before any weight changes: returns the failed response, or None."""
-    if state.identity_mode != "declared" or not identity.is_declaration(label) or label == state.label:
-        return None
-    try:
-        identity.check_declared(label)
-    except identity.InvalidIdentityError as e:
-        return output_type(success=False, message=f"vradix refused the update: {e}")
-    if state.declared_before(label):
-        return output_type(success=False, message=(
-            f"vradix refused the update: declared weight identity {label!r} was already used by an earlier "
-            "publication of this engine; declare a new identity (for example run id + step)"))
-    return None
-
-
 def current_label():
     from sglang.srt.runtime_context import get_serving
     return get_serving().weight_version
-
-
-def revoke_unfulfilled_promises(scheduler, inv) -> int:
-    """At a publication on a P/D decode role, right after the bump (every transfer-queue request already crosses it):
-    revoke each transfer-queue request's unfulfilled prefix promise (`vradix.pd.revocation.must_revoke`). Returns how
-    many were revoked.
-
-    A revoked request is failed the way SGLang's own `/abort_request` fails a transfer-queue request: its receiver is
-    aborted, which tells prefill (an abort notification, so prefill stops and drops the request) and marks its room
-    Failed. The next `DecodeTransferQueue.pop_transferred` then streams the error and releases the request's prefix
-    lock and preallocated row with `checkpoint=False` (nothing inserted), after prefill acknowledged the abort when
-    it may still be writing (SGLang's deferred release); `answer_decode_failures_with_their_cause` keeps the 503 on that path. A
-    request staged to host memory keeps its receiver, as SGLang's abort does, until prefill stops writing.
-    The receivers' states are reduced over the attention TP group (MIN), as `pop_transferred` reduces them, so every
-    rank revokes the same requests."""
-    queue = getattr(scheduler, "disagg_decode_transfer_queue", None)
-    entries = [d for d in (queue.queue if queue is not None else ()) if d.kv_receiver is not None]
-    if not entries:
-        return 0
-    import torch.distributed as dist
-    from sglang.srt.disaggregation.utils import _is_fake_transfer, all_reduce_flags, prepare_abort
-
-    polls = [int(d.kv_receiver.poll()) for d in entries]
-    if queue.gloo_group is not None:
-        polls = all_reduce_flags(polls, queue.gloo_group, dist.ReduceOp.MIN)
-    revoked = 0
-    for decode_req, poll in zip(entries, polls):
-        req, st = decode_req.req, request.of(decode_req.req)
-        if st is None or not st.kv_history:
-            continue
-        promised = decode_req.prefix_match.decode_prefix_len if decode_req.prefix_match is not None else 0
-        under = st.kv_history[0][3]
-        if not revocation.must_revoke(poll, promised, finished=req.finished_reason is not None,
-                                      fake=_is_fake_transfer(req), promised_under=under, published=inv.weight_id):
-            continue
-        st.revoked = revocation.message(req.rid, promised, under, inv.weight_id, inv.epoch_after)
-        logger.warning(st.revoked)
-        prepare_abort(req, st.revoked, status_code=revocation.STATUS)
-        if not decode_req.host_staged:
-            decode_req.kv_receiver.abort()
-        revoked += 1
-    return revoked

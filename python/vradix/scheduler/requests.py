@@ -20,7 +20,7 @@ def disagg_requests(scheduler) -> list:
     Decode: those waiting for a KV allocation (holding nothing yet: the bump re-binds them, so they match and promise
     prefill a prefix in the new namespace) and those in the transfer queue (holding their preallocated row and
     matched prefix: they cross the bump, keep their KV and never insert it; a publication then revokes the promises
-    among them prefill has not fulfilled, `vradix.scheduler.publication.revoke_unfulfilled_promises`).
+    among them prefill has not fulfilled, `vradix.pd.revocation.revoke_unfulfilled`).
     Prefill: those waiting for decode's bootstrap (nothing matched yet: re-bound) and those whose KV prefill computed
     and is still sending (`disagg_prefill_inflight_queue`: they cross the bump, so at release their old-weights KV
     is freed instead of inserted)."""
