@@ -26,7 +26,7 @@ def identify_loaded_adapter(result, scheduler, recv_req, *args, **kwargs):
     tensors just loaded."""
     state = state_of(scheduler.tree_cache)
     if state is not None and result.success:
-        state.lora.events += 1
+        state.lora.count_event()
         adapter_id = lora.reidentify_loaded_adapter(state, scheduler, recv_req.lora_id)
         logger.info("vradix: adapter %r loaded as lora_id %s, content identity %s: its requests match only KV of "
                     "this content", recv_req.lora_name, recv_req.lora_id, adapter_id)
@@ -37,10 +37,10 @@ def free_unloaded_adapter(result, scheduler, recv_req, *args, **kwargs):
     state = state_of(scheduler.tree_cache)
     if state is None or not result.success:
         return
-    state.lora.events += 1
+    state.lora.count_event()
     lora.forget_adapter(state, recv_req.lora_id)
     freed = lora.free_adapter_entries(state, scheduler.tree_cache, recv_req.lora_id)
-    state.lora.tokens_freed += freed
+    state.lora.count_freed(freed)
     logger.info("vradix: adapter %r (lora_id %s) unloaded: freed %d of its cached tokens; other namespaces untouched",
                 recv_req.lora_name, recv_req.lora_id, freed)
     metrics.export_metrics(scheduler)

@@ -101,12 +101,12 @@ def _update_handler(source: str, output_type_name: str, needs_session: bool, ref
                 discard_drain(state)
             return refused
         may_touch_weights = not needs_session or updater._session is not None
-        state.update_scope = scope = UpdateScope(source=source, in_session=state.session is not None)
+        scope = state.enter_update(UpdateScope(source=source, in_session=state.session is not None))
         try:
             with tapping_publication(scheduler, state):
                 out = original(updater, recv_req, *args, **kwargs)
         finally:
-            state.update_scope = None
+            state.leave_update()
         if scope.in_session:
             return record_bucket(state.session, out)
         if scope.bumped is None and may_touch_weights and not out.success:
@@ -194,8 +194,7 @@ def io_output_type(name: str):
 
 def record_bucket(session, out):
     """Count one update call of an open session and say, in its response, that the bump waits for the session end."""
-    session.buckets += 1
-    session.failed_buckets += not out.success
+    session.count_bucket(failed=not out.success)
     out.message = (f"{out.message} [vradix: bucket {session.buckets} of a weight-update session; the epoch bumps once "
                    "at end_weight_update]")
     return out
@@ -280,7 +279,7 @@ def open_weight_session(original, updater, recv_req, *args, **kwargs):
     out = original(updater, recv_req, *args, **kwargs)
     state = state_of_scheduler(scheduler)
     if state is not None and out.success:
-        state.session = WeightSession()
+        state.open_session(WeightSession())
     treeless = treeless_of(scheduler.tree_cache) if scheduler is not None else None
     if treeless is not None and out.success:
         treeless.session_open = True
@@ -300,7 +299,7 @@ def publish_on_session_end(original, updater, recv_req, *args, **kwargs):
         return out
     if state is None or not out.success or state.session is None:
         return out
-    session, state.session = state.session, None
+    session = state.close_session()
     how = (f"{session.buckets} bucket(s), {session.failed_buckets} failed" if session.buckets
            else "no bucket: P2P/RDMA")
     inv = bump_scheduler(scheduler, reason=f"weight-update session ({how})", label=current_label())

@@ -24,7 +24,7 @@ def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
     if state.ledger is not None and req.kv.holds_kv and (provenance.crossed(req) or bounded):
         # the row is freed by the release: read the device-side provenance witness first
         r2t = tree_cache.req_to_token_pool.req_to_token
-        request.require(req).ledger_spans = kv_ledger.kv_spans(state.ledger, r2t, req)
+        request.require(req).keep_ledger_spans(kv_ledger.kv_spans(state.ledger, r2t, req))
     was_crossing = id(req) in state.crossing
     pending = was_crossing and state.deferred.active
     evictable_before = tree_cache.evictable_size() if pending else 0
@@ -66,10 +66,11 @@ def lock_aware_flush(original, scheduler, *args, **kwargs):
             ok = original(scheduler, *args, **kwargs)
         if ok:
             deferred_reclaim.cancel(state)
-            state.flushes += 1
-            state.freed.tokens_total += cached
-            state.last = Invalidation(state.epoch, state.epoch, state.label, "flush (idle reset)", tokens_freed=cached,
-                                      mm_embeddings_cleared=mm_embeddings.clear_all(), host_tokens_freed=host.tokens)
+            state.count_flush()
+            state.freed.count(cached)
+            state.record_bump(Invalidation(state.epoch, state.epoch, state.label, "flush (idle reset)", tokens_freed=cached,
+                                           mm_embeddings_cleared=mm_embeddings.clear_all(), host_tokens_freed=host.tokens),
+                              is_publication=False)
             state.freed.count_host(host.tokens)
             metrics.export_metrics(scheduler)
         return ok
@@ -91,7 +92,7 @@ def age_out_on_flush(state, cache, after_next_bump: bool = False) -> None:
     unmatchable)."""
     if state.staleness.window == 0:
         return
-    state.staleness.floor = state.epoch + (1 if after_next_bump else 0)
+    state.staleness.age_out(state.epoch + (1 if after_next_bump else 0))
     if not after_next_bump and not state.deferred.active:
         deferred_reclaim.defer(state, cache)
 

@@ -43,13 +43,13 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     revoked = prefetch.end_queued_attempts(scheduler.tree_cache, queued) if lookups else 0
     inv = epochs.bump(state, scheduler.tree_cache, live, queued,
                       reason=reason, label=label, is_publication=is_publication, identity=ident)
-    inv.identity_ms = identity_ms
+    inv.took_identity(identity_ms)
     if is_publication:
-        inv.drain_ms, state.drain_ms_pending = state.drain_ms_pending, 0.0
-        inv.promises_revoked = revoke_unfulfilled_promises(scheduler, inv)
+        inv.took_drain(state.take_drain())
+        inv.count_revoked(revoke_unfulfilled_promises(scheduler, inv))
     # multimodal embeddings (keyed by content only) and vision position grids the old weights computed
     cleared = weight_derived.clear_at_publication(scheduler)
-    inv.mm_embeddings_cleared, inv.position_grids_cleared = cleared.mm_embeddings, cleared.position_grids
+    inv.count_cleared(cleared.mm_embeddings, cleared.position_grids)
     if lookups:
         reissued = prefetch.reissue(scheduler, state, queued)
         logger.info("vradix: %d storage prefetch(es) revoked, %d lookup(s) re-issued under the new namespace",
@@ -61,7 +61,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     if is_publication and weights_changed:
         census.record_weights(scheduler, f"the publication to epoch {inv.epoch_after} ({reason})")
     census.check_requests(scheduler, live, inv.epoch_after)
-    inv.bump_ms = (time.perf_counter() - t_bump) * 1e3
+    inv.took_bump((time.perf_counter() - t_bump) * 1e3)
     metrics.export_metrics(scheduler, bump_seconds=inv.latency_ms / 1e3,
                            pause_seconds=inv.pause_ms / 1e3 if is_publication else None)
     return inv
@@ -75,14 +75,14 @@ def drain_for_publication(scheduler) -> int:
     drained = overlap.drain_inflight_batch(scheduler)
     state = state_of_scheduler(scheduler)
     if state is not None:
-        state.drain_ms_pending += (time.perf_counter() - t0) * 1e3
+        state.add_drain((time.perf_counter() - t0) * 1e3)
     return drained
 
 
 def discard_drain(state: Optional[EpochState]) -> None:
     """A publication refused before it touched the weights does not bump: its drain is no later publication's."""
     if state is not None:
-        state.drain_ms_pending = 0.0
+        state.discard_drain()
 
 
 def publish_without_tree(scheduler, reason: str, *, is_publication: bool = True) -> dict:
@@ -261,11 +261,11 @@ def revoke_unfulfilled_promises(scheduler, inv) -> int:
         if st is None or not st.kv_history:
             continue
         promised = decode_req.prefix_match.decode_prefix_len if decode_req.prefix_match is not None else 0
-        under = st.kv_history[0][3]
+        under = st.kv_history[0].weight_id
         if not revocation.must_revoke(poll, promised, finished=req.finished_reason is not None,
                                       fake=_is_fake_transfer(req), promised_under=under, published=inv.weight_id):
             continue
-        st.revoked = revocation.message(req.rid, promised, under, inv.weight_id, inv.epoch_after)
+        st.revoke(revocation.message(req.rid, promised, under, inv.weight_id, inv.epoch_after))
         logger.warning(st.revoked)
         prepare_abort(req, st.revoked, status_code=revocation.STATUS)
         if not decode_req.host_staged:
