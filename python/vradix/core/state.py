@@ -520,9 +520,9 @@ def attach(tree_cache, with_ledger: bool = True, weight_identity: Optional[ident
            label: Optional[str] = None) -> EpochState:
     """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0 under `weight_identity` (a fresh nonce when
     None) and `label`, with a KV page ledger on its allocator unless `with_ledger` is False; on a P/D role every
-    namespace starts with its `scope` (`vradix.pd.layout`); `staleness_window` epochs older than the current one keep their KV for
-    bounded requests (`vradix.core.staleness`). Invariant: a window above 0 has a ledger (its responses' spans are
-    read from it): `staleness.StalenessError` otherwise. Raises `settings.SettingsError` for an
+    namespace starts with its `scope` (`vradix.pd.layout`); `staleness_window` epochs older than the current one
+    keep their KV for bounded requests (`vradix.core.staleness`). Invariant: a window above 0 has a ledger (its
+    responses' spans are read from it): `staleness.StalenessError` otherwise. Raises `settings.SettingsError` for an
     invalid VRADIX_VERIFY / VRADIX_AUDIT / VRADIX_VERIFY_SAMPLE_EVERY / VRADIX_PREFILL_DEDUP setting."""
     staleness.check_ledger(staleness_window, [] if with_ledger else ["a path the KV page ledger cannot observe"])
     state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardRecord(GuardConfig.from_env()),

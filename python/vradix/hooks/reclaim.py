@@ -68,9 +68,9 @@ def lock_aware_flush(original, scheduler, *args, **kwargs):
             deferred_reclaim.cancel(state)
             state.count_flush()
             state.freed.count(cached)
-            state.record_bump(Invalidation(state.epoch, state.epoch, state.label, "flush (idle reset)", tokens_freed=cached,
-                                           mm_embeddings_cleared=mm_embeddings.clear_all(), host_tokens_freed=host.tokens),
-                              is_publication=False)
+            state.record_bump(Invalidation(state.epoch, state.epoch, state.label, "flush (idle reset)",
+                                           tokens_freed=cached, mm_embeddings_cleared=mm_embeddings.clear_all(),
+                                           host_tokens_freed=host.tokens), is_publication=False)
             state.freed.count_host(host.tokens)
             metrics.export_metrics(scheduler)
         return ok
