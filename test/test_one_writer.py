@@ -244,3 +244,37 @@ def test_the_owner_module_may_write_its_record(checker):
     source = "def defer(state, cache):\n    q = state.deferred\n    q.active = True\n"
     assert checker.violations(source, "vradix.core.deferred_reclaim") == []
     assert checker.violations(source, "vradix.core.epochs") != []
+
+
+def test_a_requests_epoch_and_history_are_read_from_one_bind():
+    """`epoch` and `kv_history` are derived from the bind and the crossings: a crossing before any position was
+    computed replaces the bind's entry in the history (it owns no positions) and leaves the namespace epoch alone."""
+    from vradix.request import HistoryEntry, ReqState
+
+    st = ReqState(None, HistoryEntry(0, 3, "a", "w3"))
+    assert (st.epoch, st.kv_history) == (3, [(0, 3, "a", "w3")])
+    st.cross(HistoryEntry(0, 4, "b", "w4"))
+    st.cross(HistoryEntry(5, 5, "c", "w5"))
+    st.cross(HistoryEntry(5, 6, "d", "w6"))
+    assert st.epoch == 3 and st.kv_history == [(0, 4, "b", "w4"), (5, 6, "d", "w6")]
+    st.bind(HistoryEntry(0, 6, "d", "w6"))
+    assert (st.epoch, st.kv_history, st.pd_handoff) == (6, [(0, 6, "d", "w6")], None)
+
+
+def test_the_last_invalidation_is_the_later_of_the_last_publication_and_the_last_flush():
+    from vradix.core.state import EpochState, Invalidation
+
+    state = EpochState(tree_core="t")
+    assert state.last is None
+    publication = Invalidation(0, 1, "a", "update")
+    state.record_bump(publication, is_publication=True)
+    assert state.last is publication and state.last_flush is None
+    idle = Invalidation(1, 1, "a", "flush (idle reset)")  # keeps the epoch: later than the publication
+    state.record_bump(idle, is_publication=False)
+    assert state.last is idle and state.last_publication is publication
+    again = Invalidation(1, 2, "b", "update")
+    state.record_bump(again, is_publication=True)
+    assert state.last is again
+    flush = Invalidation(2, 3, "b", "lock-aware flush")
+    state.record_bump(flush, is_publication=False)
+    assert state.last is flush and state.last_publication is again

@@ -86,7 +86,7 @@ class ReqState:
         history = [self.bound]
         for entry in self.crossings:
             if history[-1].start >= entry.start:
-                history[-1] = entry._replace(start=history[-1].start)
+                history[-1] = HistoryEntry(history[-1].start, entry.epoch, entry.label, entry.weight_id)
             else:
                 history.append(entry)
         return history
