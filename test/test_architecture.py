@@ -161,7 +161,7 @@ TEST_FOLDERS = {"core": "vradix.core", "ledger": "vradix.ledger", "kernels": "vr
 ROOT_TESTS = {"test_architecture.py": "the layout itself", "test_identity.py": "vradix.identity",
               "test_plugin.py": "vradix.plugin", "test_predicate.py": "vradix.predicate",
               "test_request_state.py": "vradix.request", "test_settings.py": "vradix.settings",
-              "test_cli.py": "vradix.cli"}
+              "test_cli.py": "vradix.cli", "test_one_writer.py": "who writes each state record"}
 
 
 def test_every_test_file_lives_under_the_package_it_tests():

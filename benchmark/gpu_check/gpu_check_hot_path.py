@@ -30,7 +30,7 @@ from vradix import kernels
 from vradix.ledger import guard
 from vradix.ledger.device import PageLedger
 from vradix.ledger.verdicts import PendingVerdicts
-from vradix.request import ReqState
+from vradix.request import HistoryEntry, ReqState
 
 SPEC_TBPS = {"H200": 4.8, "H100": 3.35, "H20": 4.0, "A100": 2.0, "B200": 8.0}
 #: (requests in the extend batch, cached prefix length each, new tokens each)
@@ -66,7 +66,8 @@ class World:
         positions and writing `new`."""
         reqs = []
         for i in range(n):
-            req = SimpleNamespace(rid=f"r{i}", kv=SimpleNamespace(req_pool_idx=i), _vradix=ReqState(None, self.epoch))
+            bound = HistoryEntry(0, self.epoch, None, "")
+            req = SimpleNamespace(rid=f"r{i}", kv=SimpleNamespace(req_pool_idx=i), _vradix=ReqState(None, bound))
             reqs.append(req)
         out_cache_loc = self.req_to_token[:n, prefix:prefix + new].reshape(-1).to(torch.int64)
         return SimpleNamespace(reqs=reqs, prefix_lens=[prefix] * n, decoding_reqs=None, out_cache_loc=out_cache_loc)

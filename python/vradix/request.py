@@ -6,7 +6,8 @@ Invariants:
 - `epoch` is the epoch whose namespace the request matches and inserts in (`req.extra_key` is built from it and
   `user_key`);
 - `kv_history` is the provenance of the request's KV (see `vradix.core.provenance`): its first entry starts at position 0
-  and names `epoch` at the last bind;
+  and is the last bind's (`bound`, which `epoch` is read from) unless a crossing before any position was computed
+  replaced it; both are derived from `bound` and `crossings`, never stored twice;
 - `crossed` is True while the request holds KV across a bump; then `skip_insert_before` is what
   `req.skip_radix_cache_insert` was before vradix forced it on;
 A request that reaches a prefix match without a `ReqState` was never admitted by vradix: `require` raises
@@ -15,11 +16,17 @@ A request that reaches a prefix match without a `ReqState` was never admitted by
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
-#: (start position, epoch, label, weight_id) — KV from `start` on was computed under `epoch`'s weights, published as
-#: `label`, with global identity `weight_id`
-HistoryEntry = Tuple[int, int, Optional[str], str]
+
+class HistoryEntry(NamedTuple):
+    """KV from position `start` on was computed under epoch `epoch`'s weights, published as `label`, with global
+    identity `weight_id`."""
+
+    start: int
+    epoch: int
+    label: Optional[str]
+    weight_id: str
 
 
 class UnstampedRequestError(RuntimeError):
@@ -28,9 +35,18 @@ class UnstampedRequestError(RuntimeError):
 
 @dataclass
 class ReqState:
+    """Changes only through its own methods: `bind`, `adopt` and `set_adapter` (admission), `cross`, `mark_crossed`
+    and `end_crossing` (the bump and the release), `bind_bound` (`vradix.core.staleness`), `keep_ledger_spans` and
+    `keep_bounded_report` (the release), `hand_off`, `await_first_read`, `take_first_read`, `keep_backup_epochs`,
+    `forget_backup_epochs` and `revoke` (P/D decode). `epoch` and `kv_history` are derived from what the last bind
+    recorded (`bound`) and the crossings since (`crossings`), so they cannot disagree."""
+
     user_key: Optional[str]
-    epoch: int
-    kv_history: List[HistoryEntry] = field(default_factory=list)
+    #: what the last bind recorded: the request matches and inserts in `bound.epoch`'s namespace, and its KV from
+    #: position 0 on is computed (or matched) under that epoch's weights
+    bound: HistoryEntry
+    #: one entry per bump the request crossed while holding KV: the epoch computing its KV from `start` on
+    crossings: List[HistoryEntry] = field(default_factory=list)
     crossed: bool = False
     #: a LoRA request's adapter content identity (`vradix.core.lora`), None for the base model: its namespace carries it,
     #: and on P/D it is compared along with the weight_id
@@ -57,6 +73,81 @@ class ReqState:
     #: a bounded request's response fields, fixed when it released its KV (`vradix.core.staleness.report_at_release`)
     bounded_report: Optional[dict] = None
 
+    @property
+    def epoch(self) -> int:
+        """The epoch whose namespace the request matches and inserts in (its last bind's)."""
+        return self.bound.epoch
+
+    @property
+    def kv_history(self) -> List[HistoryEntry]:
+        """The provenance of the request's KV (`vradix.core.provenance`): the bind, then each crossing; a crossing
+        at or before the start of the entry it follows replaces that entry (nothing was computed under it), keeping
+        its start."""
+        history = [self.bound]
+        for entry in self.crossings:
+            if history[-1].start >= entry.start:
+                history[-1] = HistoryEntry(history[-1].start, entry.epoch, entry.label, entry.weight_id)
+            else:
+                history.append(entry)
+        return history
+
+    def bind(self, entry: HistoryEntry) -> None:
+        """Bind the request (holding no KV) to `entry`'s epoch: all its KV will be computed or matched under it; a
+        re-bound request has received no P/D KV yet."""
+        self.bound, self.crossings, self.pd_handoff = entry, [], None
+
+    def adopt(self, entry: HistoryEntry, admitted_epoch: int) -> None:
+        """A bounded request (holding no KV) adopts `entry`'s namespace, admitted at `admitted_epoch`."""
+        self.bound, self.crossings, self.admitted_epoch = entry, [], admitted_epoch
+
+    def cross(self, entry: HistoryEntry) -> None:
+        """The request holds KV across a bump: KV from `entry.start` on is computed under `entry`'s weights."""
+        self.crossings.append(entry)
+
+    def mark_crossed(self, skip_insert: bool) -> bool:
+        """The request holds KV across a bump and never inserts it; the first time, keep `skip_insert` (its insert
+        flag before vradix forced it on) and return True."""
+        if self.crossed:
+            return False
+        self.crossed, self.skip_insert_before = True, skip_insert
+        return True
+
+    def end_crossing(self) -> None:
+        """A retracted crossing request gave back all its KV: it may insert again once re-bound."""
+        self.crossed = False
+
+    def bind_bound(self, max_staleness: int) -> None:
+        self.max_staleness = max_staleness
+
+    def keep_ledger_spans(self, spans: Optional[list]) -> None:
+        self.ledger_spans = spans
+
+    def keep_bounded_report(self, report: dict) -> None:
+        self.bounded_report = report
+
+    def hand_off(self, decode_prefix_len: int, prefill_weight_id: str) -> None:
+        self.pd_handoff = (decode_prefix_len, prefill_weight_id)
+
+    def await_first_read(self) -> None:
+        self.pd_first_read_pending = True
+
+    def take_first_read(self) -> bool:
+        """Whether the first read of received KV is still pending; it is not any more."""
+        pending, self.pd_first_read_pending = self.pd_first_read_pending, False
+        return pending
+
+    def keep_backup_epochs(self, epochs: object) -> None:
+        self.backup_epochs = epochs
+
+    def forget_backup_epochs(self) -> None:
+        self.backup_epochs = None
+
+    def revoke(self, reason: str) -> None:
+        self.revoked = reason
+
+    def set_adapter(self, adapter: Optional[str]) -> None:
+        self.adapter = adapter
+
 
 def of(req) -> Optional[ReqState]:
     """The request's vradix state, or None when vradix never admitted it."""
@@ -73,7 +164,7 @@ def require(req) -> ReqState:
     return st
 
 
-def attach(req, user_key: Optional[str], epoch: int) -> ReqState:
-    st = ReqState(user_key=user_key, epoch=epoch)
+def attach(req, user_key: Optional[str], bound: HistoryEntry) -> ReqState:
+    st = ReqState(user_key=user_key, bound=bound)
     req._vradix = st
     return st

@@ -125,7 +125,7 @@ def test_turn_after_publication_never_borrows_the_old_slot_record(env):
 
 
 def request_epochs(req) -> list:
-    return [entry[1] for entry in req._vradix.kv_history]
+    return [entry.epoch for entry in req._vradix.kv_history]
 
 
 def test_bump_with_an_idle_slot_leaks_no_token_and_no_row(env):

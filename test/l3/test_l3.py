@@ -31,7 +31,7 @@ from sglang.test.kits.unified_radix_cache.fixtures import drop_hicache_atexit_pi
 
 from vradix import identity, namespace
 from vradix.core import admission, epochs, reclaim
-from vradix.hooks import publication
+from vradix.scheduler import publication
 from vradix.l3 import gc, manifest
 from vradix.l3.__main__ import main as l3_main
 from vradix.pd import layout

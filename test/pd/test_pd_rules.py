@@ -15,6 +15,7 @@ from vradix import identity, namespace
 from vradix.core import provenance
 from vradix.pd import bootstrap, handshake, layout, restore_policy, revocation
 from vradix.pd.layout import IncompatibleLayoutError, KvLayout
+from vradix.request import HistoryEntry as H
 
 # ---- bad input: bootstrap fields ---------------------------------------------------------------------------------
 
@@ -244,9 +245,9 @@ def test_equal_identities_pass_and_every_other_case_is_refused_naming_both():
 
 
 def test_prefill_sends_the_identities_of_the_prompt_positions_only():
-    assert handshake.sent_weight_ids([(0, 0, "A", FP_A)], 10) == [FP_A]
-    assert handshake.sent_weight_ids([(0, 0, "A", FP_A), (4, 1, "B", FP_B)], 10) == [FP_A, FP_B]  # crossed mid-prompt
-    assert handshake.sent_weight_ids([(0, 0, "A", FP_A), (10, 1, "B", FP_B)], 10) == [FP_A]  # crossed after it
+    assert handshake.sent_weight_ids([H(0, 0, "A", FP_A)], 10) == [FP_A]
+    assert handshake.sent_weight_ids([H(0, 0, "A", FP_A), H(4, 1, "B", FP_B)], 10) == [FP_A, FP_B]  # crossed mid-prompt
+    assert handshake.sent_weight_ids([H(0, 0, "A", FP_A), H(10, 1, "B", FP_B)], 10) == [FP_A]  # crossed after it
 
 
 @settings(max_examples=200, deadline=None)
@@ -270,7 +271,7 @@ def test_prefill_identity_round_trips_through_sglangs_metadata_row_without_touch
     bufs.bootstrap_room[2, 0] = 12345
     pd_hooks.send_prefill_identity(None, bufs, req)  # not admitted by vradix: writes nothing
     assert handshake.decode(bufs.get_buf(2)[-1].view(torch.uint8)[8:].numpy().tobytes()) is None
-    request.attach(req, None, 0).kv_history = [(0, 0, "A", FP_A)]
+    request.attach(req, None, request.HistoryEntry(0, 0, "A", FP_A))
     pd_hooks.send_prefill_identity(None, bufs, req)
     row = bufs.get_buf(2)[-1]
     assert int(row[0].item()) == 12345
@@ -286,16 +287,16 @@ def spans_of(promised, prompt, generated, history):
 
 
 def test_pd_spans_name_each_roles_span_and_split_decode_where_it_crossed_a_publication():
-    a, b = (0, 0, "A", "idA"), (603, 1, "B", "idB")
+    a, b = H(0, 0, "A", "idA"), H(603, 1, "B", "idB")
     assert spans_of(100, 600, 6, [a]) == [("decode_cache", 0, 100, "idA"), ("prefill", 100, 600, "P"),
                                           ("decode", 600, 606, "idA")]
     assert spans_of(0, 600, 6, [a]) == [("prefill", 0, 600, "P"), ("decode", 600, 606, "idA")]
     # crossed while decoding: decode's positions before the publication were computed under A, the rest under B
     assert spans_of(0, 600, 6, [a, b])[-2:] == [("decode", 600, 603, "idA"), ("decode", 603, 606, "idB")]
     # crossed while receiving prefill's KV (the crossing is recorded inside the prompt): decode computed all under B
-    assert spans_of(0, 600, 6, [a, (100, 1, "B", "idB")])[-1] == ("decode", 600, 606, "idB")
+    assert spans_of(0, 600, 6, [a, H(100, 1, "B", "idB")])[-1] == ("decode", 600, 606, "idB")
     # bumps that keep the identity (a lock-aware flush) do not split a span
-    assert spans_of(0, 600, 6, [a, (602, 1, "A", "idA")])[-1] == ("decode", 600, 606, "idA")
+    assert spans_of(0, 600, 6, [a, H(602, 1, "A", "idA")])[-1] == ("decode", 600, 606, "idA")
 
 
 @given(promised=st.integers(0, 50), prompt=st.integers(1, 50), generated=st.integers(0, 50),
@@ -303,7 +304,7 @@ def test_pd_spans_name_each_roles_span_and_split_decode_where_it_crossed_a_publi
 @settings(max_examples=200, deadline=None)
 def test_pd_spans_are_ordered_disjoint_and_cover_every_position(promised, prompt, generated, cuts, ids):
     promised = min(promised, prompt)
-    history = [(0, 0, None, ids[0])] + [(c, i + 1, None, ids[i + 1]) for i, c in enumerate(sorted(set(cuts)))]
+    history = [H(0, 0, None, ids[0])] + [H(c, i + 1, None, ids[i + 1]) for i, c in enumerate(sorted(set(cuts)))]
     spans = provenance.role_spans(promised, "P", prompt, generated, history)
     assert spans[0]["start"] == 0 and spans[-1]["end"] == prompt + generated
     assert all(x["end"] == y["start"] for x, y in zip(spans, spans[1:]))

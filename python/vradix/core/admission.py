@@ -28,10 +28,10 @@ def stamp(state: EpochState, req) -> None:
     salt = getattr(req, "cache_salt", None)
     if salt:
         namespace.check_user_key(salt)
-    st = request.attach(req, user_key, state.epoch)
+    st = request.attach(req, user_key, provenance.bind_entry(state))
     lora_id = getattr(req, "lora_id", None)
     if lora_id is not None:
-        st.adapter = lora.adapter_identity_of(state, lora_id)
+        st.set_adapter(lora.adapter_identity_of(state, lora_id))
     _bind(state, req, st)
     staleness.bind_bound(st, req, state.staleness.window)
 
@@ -41,8 +41,8 @@ def stamp_refused(state: EpochState, req) -> None:
     request keeps its adapter tag: SGLang still prefills it (with the adapter) before the abort lands, so its KV must
     stay out of the base model's namespace."""
     req.extra_key = None
-    st = request.attach(req, None, state.epoch)
-    st.adapter = lora.adapter_identity_of(state, getattr(req, "lora_id", None))
+    st = request.attach(req, None, provenance.bind_entry(state))
+    st.set_adapter(lora.adapter_identity_of(state, getattr(req, "lora_id", None)))
     _bind(state, req, st)
 
 
@@ -77,12 +77,10 @@ def choose_for_match(state: EpochState, cache, req, token_ids=None) -> None:
     st = request.require(req)
     if not staleness.is_bounded(st) or holds_kv(req) or retraction.retracted_with_backup(req):
         return
-    chosen = staleness.choose_namespace(state, cache, req, token_ids)
-    st.kv_history = [(0, chosen, state.label_of(chosen), state.identities[chosen].identity.weight_id)]
+    staleness.choose_namespace(state, cache, req, token_ids)
 
 
 def _bind(state: EpochState, req, st: request.ReqState) -> None:
-    st.epoch = state.epoch
     provenance.record_bind(st, state)
     if settings.value("VRADIX_FAULT_NO_NAMESPACE"):
         return  # test-only fault: the namespace is lost, so only the KV page ledger's guard stands between

@@ -59,7 +59,8 @@ SLICE_VISITS = 2 * SLICE_NODES + 32
 
 @dataclass
 class DeferredReclaim:
-    """The stale KV a bump left in the tree, and what has reclaimed it so far (server info `stale_reclaim`)."""
+    """The stale KV a bump left in the tree, and what has reclaimed it so far (server info `stale_reclaim`). Changes
+    only through this module's `defer`, `cancel`, `note_insert`, `note_release`, `step`, `reclaim` and `finish`."""
 
     active: bool = False
     #: the lowest node id of the current epoch (None: nothing inserted since the bump, every node is stale)
@@ -199,7 +200,7 @@ def evict_older_in_window(state, cache, need_tokens: int) -> int:
         return epoch is not None and epoch < state.epoch
 
     freed, _, _, _ = _free_leaves(cache, older_in_window, max_tokens=need_tokens)
-    state.staleness.tokens_evicted_in_window += freed
+    state.staleness.count_evicted_in_window(freed)
     return freed
 
 
@@ -210,7 +211,7 @@ def _walk(state, cache, *, max_nodes=None, max_visits=None, need_tokens=None) ->
     budget = q.pending_tokens if need_tokens is None else min(q.pending_tokens, need_tokens)
     freed, nodes, visits, exhausted = _free_leaves(cache, lambda node_id: reclaimable(state, cache, node_id),
                                                    max_tokens=budget, max_nodes=max_nodes, max_visits=max_visits)
-    state.freed.tokens_total += freed
+    state.freed.count(freed)
     q.pending_tokens = max(0, q.pending_tokens - freed)
     if q.pending_tokens == 0 or exhausted:
         q.pending_tokens = 0
@@ -253,6 +254,6 @@ def age_out_on_flush(state, cache, after_next_bump: bool = False) -> None:
     unmatchable)."""
     if state.staleness.window == 0:
         return
-    state.staleness.floor = state.epoch + (1 if after_next_bump else 0)
+    state.staleness.age_out(state.epoch + (1 if after_next_bump else 0))
     if not after_next_bump and not state.deferred.active:
         defer(state, cache)

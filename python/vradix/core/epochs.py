@@ -68,56 +68,60 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
     if identity is None:
         identity = (weight_identity.nonce() if is_publication
                     else state.identities[state.epoch].identity)
-    inv = Invalidation(epoch_before=state.epoch, epoch_after=state.epoch + 1,
-                       label=label if label is not None else state.label, reason=reason,
-                       weight_id=identity.weight_id)
-    state.bind_identity(state.epoch + 1, identity)
-    state.epoch_labels[state.epoch] = state.label
-    state.epoch += 1
-    state.label = inv.label
-    if is_publication:
-        state.publications += 1
-    else:
-        state.flushes += 1
+    epoch_before, label = state.epoch, label if label is not None else state.label
+    state.advance(identity, label, is_publication)
     sweep_released_crossing(state)
     live_reqs, queued_reqs = list(live_reqs), list(queued_reqs)
-    inv.session_slots_released = sessions.settle_at_bump(state, cache, live_reqs, queued_reqs)
-    holders = 0
+    slots_released = sessions.settle_at_bump(state, cache, live_reqs, queued_reqs)
+    holders, mid_prefill = mark_holders(state, live_reqs)
+    rebound = sum(admission.rebind_if_unheld(state, req) for req in queued_reqs)
+    with host_tier.counting_freed(cache) as host:
+        freed, deferred = reclaim_stale(state, cache, holders)
+    state.freed.count(freed)
+    state.freed.count_host(host.tokens)
+    inv = Invalidation(epoch_before=epoch_before, epoch_after=state.epoch, label=label, reason=reason,
+                       weight_id=identity.weight_id, session_slots_released=slots_released,
+                       crossing_mid_prefill=mid_prefill, requeued_rebound=rebound, tokens_freed=freed,
+                       tokens_deferred=deferred, host_tokens_freed=host.tokens, crossing_requests=len(state.crossing),
+                       tokens_pinned=reclaim.stale_tokens_pinned(cache, holder_nodes(state)),
+                       latency_ms=(time.perf_counter() - t0) * 1e3)
+    state.record_bump(inv, is_publication)
+    return inv
+
+
+def mark_holders(state: EpochState, live_reqs: list) -> tuple[int, int]:
+    """Step 2: mark every live request that holds KV (or a retraction backup with its KV) crossing. Returns (KV
+    holders, how many of them were mid-prefill)."""
+    holders = mid_prefill = 0
     for req in live_reqs:
         if admission.holds_kv(req):
             holders += 1
             mark_crossing(state, req)
-            inv.crossing_mid_prefill += req.kv.kv_committed_len < len(req.origin_input_ids)
+            mid_prefill += req.kv.kv_committed_len < len(req.origin_input_ids)
         elif retraction.holds_backup(req):
             # a `host_pool` backup or a host-staged destination lives in the host pool the tree's reset would clear
             holders += 1
             if retraction.retracted_with_backup(req):
                 mark_crossing(state, req)  # its KV is off the device: it pins no slot and no node
-    for req in queued_reqs:
-        inv.requeued_rebound += admission.rebind_if_unheld(state, req)
-    with host_tier.counting_freed(cache) as host:
-        host_tier.settle_transfers(cache)
-        # the reset drops session slots without freeing their rows: only once every slot was released above
-        # a staleness window keeps the older epochs' KV: never drop the whole tree then
-        if (holders == 0 and not sessions.slots_of(cache) and cache.protected_size() == 0 and reclaim.resettable(cache)
-                and state.staleness.window == 0):
-            inv.tokens_freed = reclaim.free_all_by_reset(cache)
-            deferred_reclaim.cancel(state)
-        elif deferred_reclaim.supported(cache):
-            inv.tokens_deferred = deferred_reclaim.defer(state, cache)
-        else:
-            inv.tokens_freed = reclaim.free_all_unlocked(cache)
-            host_tier.free_stale_host(cache)
-    state.freed.tokens_total += inv.tokens_freed
-    inv.host_tokens_freed = host.tokens
-    state.freed.count_host(host.tokens)
-    inv.crossing_requests = len(state.crossing)
-    inv.tokens_pinned = reclaim.stale_tokens_pinned(cache, holder_nodes(state))
-    inv.latency_ms = (time.perf_counter() - t0) * 1e3
-    state.last = inv
-    if is_publication:
-        state.last_publication = inv
-    return inv
+    return holders, mid_prefill
+
+
+def reclaim_stale(state: EpochState, cache, holders: int) -> tuple[int, int]:
+    """Steps 4 and 5 (inside the host tier's freed-token count): drop the whole tree, defer the stale KV, or free it
+    in one batch. Returns (stale tokens freed, stale tokens deferred)."""
+    host_tier.settle_transfers(cache)
+    # the reset drops session slots without freeing their rows: only once every slot was released above
+    # a staleness window keeps the older epochs' KV: never drop the whole tree then
+    if (holders == 0 and not sessions.slots_of(cache) and cache.protected_size() == 0 and reclaim.resettable(cache)
+            and state.staleness.window == 0):
+        freed = reclaim.free_all_by_reset(cache)
+        deferred_reclaim.cancel(state)
+        return freed, 0
+    if deferred_reclaim.supported(cache):
+        return 0, deferred_reclaim.defer(state, cache)
+    freed = reclaim.free_all_unlocked(cache)
+    host_tier.free_stale_host(cache)
+    return freed, 0
 
 
 def mark_crossing(state: EpochState, req) -> None:
@@ -126,12 +130,10 @@ def mark_crossing(state: EpochState, req) -> None:
     `state.crossing` is keyed by object identity: two live requests may share a user-supplied rid."""
     st = request.require(req)
     provenance.record_crossing(req, st, state)
-    if not st.crossed:
-        st.crossed = True
-        st.skip_insert_before = req.skip_radix_cache_insert
+    if st.mark_crossed(req.skip_radix_cache_insert):
         req.skip_radix_cache_insert = True
     if getattr(req, "lock", None) is not None:
-        state.crossing[id(req)] = req
+        state.add_crossing(req)
 
 
 def sweep_released_crossing(state: EpochState) -> int:
@@ -139,7 +141,7 @@ def sweep_released_crossing(state: EpochState) -> int:
     reclaim (deferred or bulk) frees what they left unlocked. Returns how many were forgotten."""
     gone = [k for k, r in state.crossing.items() if getattr(r, "lock", None) is None]
     for k in gone:
-        del state.crossing[k]
+        state.forget_crossing(k)
     return len(gone)
 
 
@@ -158,15 +160,14 @@ def on_release(state: EpochState, cache, req, released_node) -> int:
     freed = 0
     st = request.of(req)
     in_window = state.staleness.window > 0 and st is not None and st.epoch >= staleness.window_floor(state)
-    if state.crossing.pop(id(req), None) is not None and not in_window:
+    if state.release_crossing(req) and not in_window:
         with host_tier.counting_freed(cache) as host:
             freed = reclaim.free_released_path(cache, released_node)
-        state.freed.tokens_total += freed
-        state.freed.tokens_at_release += freed
+        state.freed.count_at_release(freed)
         state.freed.count_host(host.tokens)
     if st is not None and st.crossed and not req.finished() and not retraction.holds_backup(req):
         req.skip_radix_cache_insert = st.skip_insert_before
-        st.crossed = False
+        st.end_crossing()
     return freed
 
 
@@ -175,9 +176,10 @@ def record_reset(state: EpochState, reason: str, tokens_freed: int, host_tokens_
     """Record a flush that reset an idle engine's whole cache (SGLang's own flush, which ran just before): nothing
     was locked, so the epoch stays; the deferred reclaim has nothing left to free. Returns the flush's record."""
     deferred_reclaim.cancel(state)
-    state.flushes += 1
-    state.freed.tokens_total += tokens_freed
-    state.last = Invalidation(state.epoch, state.epoch, state.label, reason, tokens_freed=tokens_freed,
-                              mm_embeddings_cleared=mm_embeddings_cleared, host_tokens_freed=host_tokens_freed)
+    state.count_flush()
+    state.freed.count(tokens_freed)
+    inv = Invalidation(state.epoch, state.epoch, state.label, reason, tokens_freed=tokens_freed,
+                       mm_embeddings_cleared=mm_embeddings_cleared, host_tokens_freed=host_tokens_freed)
+    state.record_bump(inv, is_publication=False)
     state.freed.count_host(host_tokens_freed)
-    return state.last
+    return inv

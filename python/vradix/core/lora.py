@@ -78,18 +78,18 @@ def remember_adapter_node(state: EpochState, cache, req) -> None:
     lock = getattr(req, "lock", None)
     if lora_id is None or lock is None or lock.node is None or cache.is_root(lock.node):
         return
-    state.lora.adapter_nodes.setdefault(lora_id, AdapterNodes()).add(cache, lock.node)
+    state.lora.nodes_of(lora_id, AdapterNodes()).add(cache, lock.node)
 
 
 def free_adapter_entries(state: EpochState, cache, lora_id: Optional[str]) -> int:
     """Free the unlocked cached entries of adapter `lora_id`. Returns tokens freed."""
-    entry = state.lora.adapter_nodes.pop(lora_id, None)
+    entry = state.lora.take_nodes(lora_id)
     freed = 0
     with reclaim.batched_frees(cache.token_to_kv_pool_allocator):
         for node in sorted(entry.nodes if entry is not None else (), reverse=True):
             if _alive(cache, node):
                 freed += reclaim.free_released_path(cache, node)
-    state.freed.tokens_total += freed
+    state.freed.count(freed)
     return freed
 
 
@@ -150,7 +150,7 @@ def identify_adapter(state: EpochState, scheduler, lora_id: Optional[str]) -> Op
                            "process-local identity %s (no L3 reuse, and a P/D peer refuses their KV)", lora_id, known)
         else:
             known = content_identity(adapter)
-        state.lora.adapter_ids[lora_id] = known
+        state.lora.identify(lora_id, known)
     return known
 
 
@@ -159,7 +159,7 @@ def adapter_identity_of(state: EpochState, lora_id: Optional[str]) -> Optional[s
     vradix was never shown) a process-local nonce, kept for the `lora_id` so its requests still share KV here."""
     if lora_id is None:
         return None
-    return state.lora.adapter_ids.setdefault(lora_id, unknown_adapter_identity())
+    return state.lora.identity_or(lora_id, unknown_adapter_identity())
 
 
 def unknown_adapter_identity() -> str:
@@ -168,10 +168,10 @@ def unknown_adapter_identity() -> str:
 
 def reidentify_loaded_adapter(state: EpochState, scheduler, lora_id: str) -> str:
     """After a successful load of `lora_id`: (re)compute its identity from what was just loaded."""
-    state.lora.adapter_ids.pop(lora_id, None)
+    state.lora.forget(lora_id)
     return identify_adapter(state, scheduler, lora_id)
 
 
 def forget_adapter(state: EpochState, lora_id: Optional[str]) -> None:
     """At unload: the `lora_id` no longer names loaded content."""
-    state.lora.adapter_ids.pop(lora_id, None)
+    state.lora.forget(lora_id)

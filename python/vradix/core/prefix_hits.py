@@ -31,7 +31,8 @@ class PrefixHit:
 @dataclass
 class PrefixHits:
     """node id -> PrefixHit for the most recently reused prefixes (at most `capacity`, least recently hit dropped).
-    Node ids are never reused by either TreeCore, so an entry whose node is gone is only skipped at read time."""
+    Node ids are never reused by either TreeCore, so an entry whose node is gone is only skipped at read time. Changes
+    only through `record` (an admission's hit, `record_admission`)."""
 
     capacity: int = 4096
     entries: "OrderedDict[int, PrefixHit]" = field(default_factory=OrderedDict)

@@ -1,6 +1,7 @@
 """Step 5 — provenance: under which weights each position's KV was computed, per request.
 
-Every request's `request.ReqState` carries `kv_history`, a list of `(start_position, epoch, label, weight_id)` entries:
+Every request's `request.ReqState` carries `kv_history`, a list of `request.HistoryEntry(start, epoch, label,
+weight_id)`:
 - `record_bind` starts it at admission and at every re-bind: a request that holds no KV will compute (or match) all
   of its KV under the epoch it is bound to, so its history is one entry from position 0.
 - `record_crossing` appends one entry each time the request crosses a publication while holding KV: positions
@@ -27,30 +28,29 @@ from typing import List, Optional
 
 from vradix import request
 from vradix.core import retraction
-from vradix.request import ReqState
+from vradix.request import HistoryEntry, ReqState
 
 PROVENANCE_KEY = "vradix_provenance"  # the customized_info key that carries it from scheduler to tokenizer manager
 
 
+def bind_entry(state) -> HistoryEntry:
+    """The history entry of a request bound to `state`'s current epoch now."""
+    return HistoryEntry(0, state.epoch, state.label, state.weight_id)
+
+
 def record_bind(st: ReqState, state) -> None:
     """The request (holding no KV) is bound to `state`'s current epoch: all its KV will be computed or matched
-    under it."""
-    st.kv_history = [(0, state.epoch, state.label, state.weight_id)]
-    st.pd_handoff = None  # a re-bound request has received no KV yet
+    under it (a re-bound request has received no P/D KV yet)."""
+    st.bind(bind_entry(state))
 
 
 def record_crossing(req, st: ReqState, state) -> None:
     """The request holds KV across a bump to `state.epoch`: KV computed from now on is computed under its weights."""
-    history = st.kv_history
-    entry = (state.epoch, state.label, state.weight_id)
     committed = max(req.kv.kv_committed_len, getattr(req, "prefix_len", 0) or 0)
     if retraction.retracted_with_backup(req):
         committed = max(committed, retraction.backed_up_len(req))  # a retraction reset both lengths to 0
-    if history[-1][0] >= committed:
-        # nothing was computed under the previous entry's epoch since it started: it owns no positions
-        history[-1] = (history[-1][0], *entry)
-    else:
-        history.append((committed, *entry))
+    # an entry no position was computed under since it started is replaced (`ReqState.kv_history`)
+    st.cross(HistoryEntry(committed, state.epoch, state.label, state.weight_id))
 
 
 def kv_weight_versions(req) -> List[dict]:
@@ -64,7 +64,7 @@ def kv_weight_versions(req) -> List[dict]:
     total = len(req.origin_input_ids) + len(req.output_ids)
     spans: List[dict] = []
     for i, (start, epoch, label, weight_id) in enumerate(history):
-        end = history[i + 1][0] if i + 1 < len(history) else total
+        end = history[i + 1].start if i + 1 < len(history) else total
         end = min(end, total)
         if end <= start:
             continue
@@ -85,8 +85,9 @@ def prefix_cache(req) -> Optional[dict]:
     st = request.of(req)
     if st is None or not st.kv_history:
         return None
-    _, epoch, label, weight_id = st.kv_history[0]
-    return {"cached_tokens": req.cached_tokens, "epoch": epoch, "weight_version": label, "weight_id": weight_id}
+    first = st.kv_history[0]
+    return {"cached_tokens": req.cached_tokens, "epoch": first.epoch, "weight_version": first.label,
+            "weight_id": first.weight_id}
 
 
 def pd_spans(req) -> Optional[List[dict]]:
@@ -106,10 +107,10 @@ def role_spans(promised: int, prefill_id: str, prompt: int, generated: int, hist
     """`pd_spans` from its inputs. Invariant: the spans are disjoint, ordered and cover `[0, prompt + generated)`;
     decode's positions (from `prompt` on) are split where the provenance history changes identity."""
     total = prompt + generated
-    spans = [("decode_cache", 0, promised, history[0][3]), ("prefill", promised, prompt, prefill_id)]
+    spans = [("decode_cache", 0, promised, history[0].weight_id), ("prefill", promised, prompt, prefill_id)]
     for i, entry in enumerate(history):
-        end = history[i + 1][0] if i + 1 < len(history) else total
-        spans.append(("decode", max(entry[0], prompt), min(max(end, prompt), total), entry[3]))
+        end = history[i + 1].start if i + 1 < len(history) else total
+        spans.append(("decode", max(entry.start, prompt), min(max(end, prompt), total), entry.weight_id))
     merged: List[list] = []
     for role, s, e, w in spans:
         if e <= s:

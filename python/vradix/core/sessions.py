@@ -38,7 +38,7 @@ def settle_at_bump(state: EpochState, cache, live: Iterable, queued: Iterable) -
     released."""
     slots = slots_of(cache)
     if not slots:
-        state.sessions.stale_slots.clear()
+        state.sessions.forget_all()
         return 0
     session = cache.session
     for req in queued:
@@ -49,8 +49,7 @@ def settle_at_bump(state: EpochState, cache, live: Iterable, queued: Iterable) -
     idle = [sid for sid in slots if sid not in stale]
     for sid in idle:
         cache.release_session(sid)
-    state.sessions.stale_slots = stale
-    state.sessions.slots_released += len(idle)
+    state.sessions.settle(stale, len(idle))
     return len(idle)
 
 
@@ -62,17 +61,16 @@ def release_before_lend(state: EpochState, cache, req) -> bool:
     if stale is None:
         return False
     if slots_of(cache).get(sid) is not stale:
-        del state.sessions.stale_slots[sid]  # SGLang already released it (the session closed, or a turn aborted)
+        state.sessions.forget(sid)  # SGLang already released it (the session closed, or a turn aborted)
         return False
     if stale.kv is req.kv:
         return False  # the crossing turn itself: it keeps its own KV until it releases it
-    del state.sessions.stale_slots[sid]
+    state.sessions.forget(sid)
     node = stale.lock.node if stale.lock is not None else None
     evictable_before = cache.evictable_size()
     cache.release_session(sid)
     freed = reclaim.free_released_path(cache, node)
-    state.freed.tokens_total += freed
-    state.freed.tokens_at_release += freed
+    state.freed.count_at_release(freed)
     deferred_reclaim.note_release(state, evictable_before, cache.evictable_size())
-    state.sessions.slots_released += 1
+    state.sessions.count_released()
     return True

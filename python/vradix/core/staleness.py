@@ -127,8 +127,10 @@ def check_cache(cache, window: int, can_age_out: bool) -> None:
 
 @dataclass
 class StalenessRecord:
-    """The window and what bounded requests reused (server info `bounded_staleness`). `window` is written at attach;
-    the counters only by `report_at_release`, when a bounded request releases its KV."""
+    """The window and what bounded requests reused (server info `bounded_staleness`). `window` is set at attach;
+    then it changes only through `age_out` (a flush, `hooks.reclaim.age_out_on_flush`), `count_evicted_in_window`
+    (`deferred_reclaim.evict_older_in_window`) and this module's `report_at_release`, when a bounded request
+    releases its KV."""
 
     window: int = 0
     #: the oldest epoch a flush left reusable (`deferred_reclaim.age_out_on_flush`): a flush ages the whole window out
@@ -139,6 +141,13 @@ class StalenessRecord:
     #: tokens of in-window older namespaces evicted under memory pressure before current-epoch KV (written only by
     #: `deferred_reclaim.evict_older_in_window`)
     tokens_evicted_in_window: int = 0
+
+    def age_out(self, floor: int) -> None:
+        """A flush: nothing older than epoch `floor` stays reusable."""
+        self.floor = floor
+
+    def count_evicted_in_window(self, tokens: int) -> None:
+        self.tokens_evicted_in_window += tokens
 
     @property
     def stale_tokens_total(self) -> int:
@@ -163,9 +172,9 @@ def bind_bound(st: request.ReqState, req, window: int) -> None:
     seconds by a gateway) runs exact: it is no rollout, and counting it would make the bounded-request counter count
     probes. Raises StalenessError for a bad bound."""
     if is_health_check_generate_req(req):
-        st.max_staleness = 0
+        st.bind_bound(0)
         return
-    st.max_staleness = requested_bound(custom_params_of(req), window)
+    st.bind_bound(requested_bound(custom_params_of(req), window))
 
 
 def is_bounded(st: Optional[request.ReqState]) -> bool:
@@ -215,8 +224,8 @@ def choose_namespace(state, cache, req, token_ids=None) -> int:
                                    namespace.stamped(state.prefix_of_epoch(e), st.user_key, st.adapter))
                    for e in epochs}
         chosen = pick(lengths, state.epoch)
-    st.epoch = chosen
-    st.admitted_epoch = state.epoch
+    st.adopt(request.HistoryEntry(0, chosen, state.label_of(chosen), state.identities[chosen].identity.weight_id),
+             admitted_epoch=state.epoch)
     req.extra_key = namespace.stamped(state.prefix_of_epoch(chosen), st.user_key, st.adapter)
     return chosen
 
@@ -260,8 +269,8 @@ def report_at_release(state, req) -> None:
         rec.stale_tokens_by_staleness[k] = rec.stale_tokens_by_staleness.get(k, 0) + n
     total = len(req.origin_input_ids) + len(req.output_ids)
     oldest = min([s[0] for s in spans], default=st.admitted_epoch)
-    st.bounded_report = {
+    st.keep_bounded_report({
         "kv_weight_versions": spans_with_identity(state, spans, total),
         "vradix_staleness": {"max_staleness": st.max_staleness, "admitted_epoch": st.admitted_epoch,
                              "namespace_epoch": st.epoch, "staleness": max(0, st.admitted_epoch - oldest),
-                             "stale_tokens": sum(read.values())}}
+                             "stale_tokens": sum(read.values())}})

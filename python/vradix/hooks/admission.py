@@ -22,7 +22,7 @@ def stamp_request(_result, scheduler, req, *args, **kwargs):
     except staleness.StalenessError as e:
         req.set_finish_with_abort(f"Invalid request: {e}")
     except ReservedNamespaceError as e:
-        state.forged_keys_rejected += 1
+        state.count_forged_key()
         admission.stamp_refused(state, req)  # bound without the forged key, so it can match nothing foreign
         req.set_finish_with_abort(f"Invalid request: {e}")
 

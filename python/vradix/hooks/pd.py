@@ -105,10 +105,10 @@ def check_prefill_identity(original, queue, decode_req, *args, **kwargs):
     if st is None or not st.kv_history or _is_fake_transfer(req) or int(row[0].item()) != int(req.bootstrap_room or 0):
         return original(queue, decode_req, *args, **kwargs)
     prefill = handshake.decode(row.view(torch.uint8)[8:].numpy().tobytes())
-    error = handshake.mismatch(prefill, st.kv_history[0][3], req.rid, st.adapter)
+    error = handshake.mismatch(prefill, st.kv_history[0].weight_id, req.rid, st.adapter)
     if error is None:
         match = getattr(decode_req, "prefix_match", None)
-        st.pd_handoff = (match.decode_prefix_len if match is not None else 0, st.kv_history[0][3])
+        st.hand_off(match.decode_prefix_len if match is not None else 0, st.kv_history[0].weight_id)
         received = received_positions(req)
         result = original(queue, decode_req, *args, **kwargs)
         if req.finished_reason is None:
@@ -141,8 +141,8 @@ def stamp_received_kv(tree_cache, req, st, received: tuple[int, int]) -> None:
     start, end = received
     if end > start:
         slots = tree_cache.req_to_token_pool.req_to_token[req.kv.req_pool_idx, start:end]
-        state.ledger.stamp_written(slots, st.kv_history[0][1])
-    st.pd_first_read_pending = True
+        state.ledger.stamp_written(slots, st.kv_history[0].epoch)
+    st.await_first_read()
 
 
 def answer_decode_failures_with_their_cause(original, req, error_message, status_code=None, *args, **kwargs):
@@ -201,7 +201,7 @@ def stamp_restored_host_backup(_result, cache, req, *args, **kwargs):
 def _keep_backup_epochs(page_ledger, req_to_token, req) -> None:
     st = request.of(req)
     if page_ledger is not None and st is not None and req.seqlen > 1:
-        st.backup_epochs = retraction.epochs_at_backup(page_ledger, req_to_token, req)
+        st.keep_backup_epochs(retraction.epochs_at_backup(page_ledger, req_to_token, req))
 
 
 def _stamp_restored(page_ledger, req_to_token, req) -> None:
@@ -209,4 +209,4 @@ def _stamp_restored(page_ledger, req_to_token, req) -> None:
     if page_ledger is None or st is None or st.backup_epochs is None:
         return
     retraction.stamp_restored(page_ledger, req_to_token, req, st.backup_epochs)
-    st.backup_epochs = None
+    st.forget_backup_epochs()

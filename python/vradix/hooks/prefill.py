@@ -15,11 +15,11 @@ def track_prefill_pass(original, scheduler, *args, **kwargs):
     if state is None or not state.dedup.enabled or not dedup.applies_to(scheduler.tree_cache):
         return original(scheduler, *args, **kwargs)
     threshold = max(IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD, scheduler.page_size, 1)
-    state.dedup.current = dedup.begin_pass(scheduler, threshold)
+    state.dedup.start_pass(dedup.begin_pass(scheduler, threshold))
     try:
         return original(scheduler, *args, **kwargs)
     finally:
-        state.dedup.current = None
+        state.dedup.end_pass()
 
 
 def hold_back_duplicate_prefill(original, adder, req, *args, **kwargs):

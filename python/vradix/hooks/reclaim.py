@@ -24,7 +24,7 @@ def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
     if state.ledger is not None and req.kv.holds_kv and (provenance.crossed(req) or bounded):
         # the row is freed by the release: read the device-side provenance witness first
         r2t = tree_cache.req_to_token_pool.req_to_token
-        request.require(req).ledger_spans = kv_ledger.kv_spans(state.ledger, r2t, req)
+        request.require(req).keep_ledger_spans(kv_ledger.kv_spans(state.ledger, r2t, req))
     was_crossing = id(req) in state.crossing
     pending = was_crossing and state.deferred.active
     evictable_before = tree_cache.evictable_size() if pending else 0

@@ -56,12 +56,10 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
     mode = engine_identity_mode(scheduler.server_args)
     scope = role_scope(scheduler)
     state = attach(cache, with_ledger=not unobserved, weight_identity=startup_identity(scheduler, mode),
-                   identity_mode=mode, scope=scope, staleness_window=window)
+                   identity_mode=mode, scope=scope, staleness_window=window, label=current_label())
     if state.ledger is not None and getattr(scheduler, "enable_hierarchical_cache", False):
         host_ledger.attach(cache, state.ledger)
-    state.guard.config = state.guard.config.for_ranks(getattr(scheduler, "tp_size", 1),
-                                                      getattr(scheduler, "pp_size", 1))
-    state.label = current_label()
+    state.guard.narrow_to_ranks(getattr(scheduler, "tp_size", 1), getattr(scheduler, "pp_size", 1))
     metrics.attach(scheduler)
     metrics.export_metrics(scheduler)
     logger.info("vradix %s active: epoch-namespaced radix cache (%s, tree core %s), epoch %d, weight_id %s (%s)%s; "

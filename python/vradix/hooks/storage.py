@@ -69,4 +69,4 @@ def record_pages(state, writer, weight_id: str, hashes) -> None:
     """Attribute `hashes` to `weight_id` in the manifest (appended before this returns) and count them."""
     hashes = list(hashes)
     writer.record(weight_id, hashes)
-    state.storage.pages_backed_up[weight_id] = state.storage.pages_backed_up.get(weight_id, 0) + len(hashes)
+    state.storage.count_backed_up(weight_id, len(hashes))

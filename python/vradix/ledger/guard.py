@@ -125,9 +125,8 @@ def first_decode_reads(batch, current: int) -> list[PrefixRead]:
     reads = []
     for req in batch.reqs:
         st = request.of(req)
-        if st is None or not st.pd_first_read_pending:
+        if st is None or not st.take_first_read():
             continue
-        st.pd_first_read_pending = False
         n = int(req.kv.kv_committed_len or 0)
         if n > 0:
             lo, hi = allowed_epochs(st, current)

@@ -121,7 +121,7 @@ def sent_weight_ids(kv_history: Sequence[Tuple], prompt_len: int) -> list:
     """The weight_ids under which the KV prefill sends (positions `[0, prompt_len)`) was computed: the entries of the
     request's provenance history (`request.HistoryEntry`) that start inside the prompt, in order. A crossing after
     the prompt was computed adds an entry at `prompt_len`, which covers no sent position."""
-    return [entry[3] for entry in kv_history if entry[0] < prompt_len] or [kv_history[0][3]]
+    return [entry.weight_id for entry in kv_history if entry.start < prompt_len] or [kv_history[0].weight_id]
 
 
 class RoleIdentityError(ValueError):

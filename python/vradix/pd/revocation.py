@@ -84,11 +84,11 @@ def revoke_one(decode_req, poll: int, published_id: str, epoch: int) -> bool:
     if st is None or not st.kv_history:
         return False
     promised = decode_req.prefix_match.decode_prefix_len if decode_req.prefix_match is not None else 0
-    under = st.kv_history[0][3]
+    under = st.kv_history[0].weight_id
     if not must_revoke(poll, promised, finished=req.finished_reason is not None, fake=_is_fake_transfer(req),
                        promised_under=under, published=published_id):
         return False
-    st.revoked = message(req.rid, promised, under, published_id, epoch)
+    st.revoke(message(req.rid, promised, under, published_id, epoch))
     logger.warning(st.revoked)
     prepare_abort(req, st.revoked, status_code=STATUS)
     if not decode_req.host_staged:

@@ -88,7 +88,7 @@ class Publication:
     def running(self):
         """SGLang's change runs inside: the publication is the engine's open one, and (fingerprint mode) the tensors
         it loads are recorded. A session's publication stays open after one of its calls."""
-        self.holder.publication = self
+        self.holder.open_publication(self)
         tap = (identity_proof.tapping_publication(self.scheduler, self.state) if self.state is not None
                else contextlib.nullcontext())
         try:
@@ -96,7 +96,7 @@ class Publication:
                 yield self
         finally:
             if self.session is None:
-                self.holder.publication = None
+                self.holder.close_publication()
 
     def apply(self, reason: str, *, label=None, is_publication: bool = True, weights_changed: bool = True,
               reset: Optional[tuple] = None, adapter=None):
@@ -146,21 +146,18 @@ class Publication:
     def begin_session(self) -> None:
         """A successful begin_weight_update: this publication stays open until `end_session`, which applies once."""
         self.session = WeightSession()
-        if self.state is not None:
-            self.state.session = self.session
-        else:
-            self.treeless.session_open = True
-        self.holder.publication = self
+        self.holder.open_session(self.session)
+        self.holder.open_publication(self)
 
     def end_session(self, out):
         """A successful end_weight_update: the session closes and applies, once, with the last label a bucket
         applied, whatever the number of buckets (none: a P2P/RDMA write)."""
-        session, self.session, self.holder.publication = self.session, None, None
+        session, self.session = self.session, None
+        self.holder.close_publication()
+        self.holder.close_session()
         if self.state is None:
-            self.treeless.session_open = False
             self.apply("weight-update session")
             return out
-        self.state.session = None
         how = (f"{session.buckets} bucket(s), {session.failed_buckets} failed" if session.buckets
                else "no bucket: P2P/RDMA")
         inv = self.apply(f"weight-update session ({how})", label=current_label())
@@ -237,8 +234,7 @@ class Publication:
 
 def record_bucket(session: WeightSession, out):
     """Count one update call of an open session and say, in its response, that the bump waits for the session end."""
-    session.buckets += 1
-    session.failed_buckets += not out.success
+    session.count_bucket(failed=not out.success)
     out.message = (f"{out.message} [vradix: bucket {session.buckets} of a weight-update session; the epoch bumps once "
                    "at end_weight_update]")
     return out
@@ -265,14 +261,14 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     revoked = prefetch.end_queued_attempts(scheduler.tree_cache, queued) if lookups else 0
     inv = epochs.bump(state, scheduler.tree_cache, live, queued,
                       reason=reason, label=label, is_publication=is_publication, identity=ident)
-    inv.identity_ms = identity_ms
+    inv.took_identity(identity_ms)
     if is_publication:
-        inv.drain_ms, state.drain_ms_pending = state.drain_ms_pending, 0.0
+        inv.took_drain(state.take_drain())
         if getattr(scheduler, "disagg_decode_transfer_queue", None) is not None:  # only decode promises prefixes
-            inv.promises_revoked = revocation.revoke_unfulfilled(scheduler, inv.weight_id, inv.epoch_after)
+            inv.count_revoked(revocation.revoke_unfulfilled(scheduler, inv.weight_id, inv.epoch_after))
     # multimodal embeddings (keyed by content only) and vision position grids the old weights computed
     cleared = weight_derived.clear_at_publication(scheduler)
-    inv.mm_embeddings_cleared, inv.position_grids_cleared = cleared.mm_embeddings, cleared.position_grids
+    inv.count_cleared(cleared.mm_embeddings, cleared.position_grids)
     if lookups:
         reissued = prefetch.reissue(scheduler, state, queued)
         logger.info("vradix: %d storage prefetch(es) revoked, %d lookup(s) re-issued under the new namespace",
@@ -284,7 +280,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     if is_publication and weights_changed:
         census.record_weights(scheduler, f"the publication to epoch {inv.epoch_after} ({reason})")
     census.check_requests(scheduler, live, inv.epoch_after)
-    inv.bump_ms = (time.perf_counter() - t_bump) * 1e3
+    inv.took_bump((time.perf_counter() - t_bump) * 1e3)
     metrics.export_metrics(scheduler, bump_seconds=inv.latency_ms / 1e3,
                            pause_seconds=inv.pause_ms / 1e3 if is_publication else None)
     return inv
@@ -302,10 +298,10 @@ def record_idle_reset(scheduler, reason: str, tokens_freed: int, host_tokens_fre
 def unload_adapter(scheduler, recv_req) -> int:
     """A LoRA adapter unloaded: its entries, and only those, are freed; no epoch changes. Returns the tokens freed."""
     state = state_of_scheduler(scheduler)
-    state.lora.events += 1
+    state.lora.count_event()
     lora.forget_adapter(state, recv_req.lora_id)
     freed = lora.free_adapter_entries(state, scheduler.tree_cache, recv_req.lora_id)
-    state.lora.tokens_freed += freed
+    state.lora.count_freed(freed)
     logger.info("vradix: adapter %r (lora_id %s) unloaded: freed %d of its cached tokens; other namespaces untouched",
                 recv_req.lora_name, recv_req.lora_id, freed)
     metrics.export_metrics(scheduler)
@@ -320,14 +316,14 @@ def drain_for_publication(scheduler) -> int:
     drained = overlap.drain_inflight_batch(scheduler)
     state = state_of_scheduler(scheduler)
     if state is not None:
-        state.drain_ms_pending += (time.perf_counter() - t0) * 1e3
+        state.add_drain((time.perf_counter() - t0) * 1e3)
     return drained
 
 
 def discard_drain(state: Optional[EpochState]) -> None:
     """A publication refused before it touched the weights does not bump: its drain is no later publication's."""
     if state is not None:
-        state.drain_ms_pending = 0.0
+        state.discard_drain()
 
 
 def publish_without_tree(scheduler, reason: str, *, is_publication: bool = True) -> dict:
@@ -335,11 +331,9 @@ def publish_without_tree(scheduler, reason: str, *, is_publication: bool = True)
     weight-derived caches the old weights filled are dropped, once (`weight_derived.clear_at_publication`)."""
     treeless = treeless_of(scheduler.tree_cache)
     cleared = weight_derived.clear_at_publication(scheduler)
-    treeless.last = {"reason": reason, "label": current_label(), "mm_embeddings_cleared": cleared.mm_embeddings,
-                     "position_grids_cleared": cleared.position_grids}
+    treeless.record({"reason": reason, "label": current_label(), "mm_embeddings_cleared": cleared.mm_embeddings,
+                     "position_grids_cleared": cleared.position_grids}, is_publication)
     if is_publication:
-        treeless.publications += 1
-        treeless.last_publication = treeless.last
         census.record_weights(scheduler, f"the publication {treeless.publications} ({reason})")
     logger.info("vradix: %s without a radix cache: %d multimodal embedding(s), %d position grid(s) cleared", reason,
                 cleared.mm_embeddings, cleared.position_grids)
