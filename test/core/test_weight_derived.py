@@ -14,7 +14,7 @@
   (`vradix.closed_world.post_load.GPU_DERIVED_COPIES`, each entry checked against SGLang's source and read off SGLang's real class)
   is refused before anything is loaded, with graphs captured or not as the copy's staleness says.
 
-Stand-ins: the scheduler and updater of `test_publication_hooks` (see there); a model runner holding the model; for
+Stand-ins: the scheduler and updater of `vradix.testing.harness.engine` (see there); a model runner holding the model; for
 the IPC path, the external `checkpoint_engine.worker` (it delivers tensors over CUDA IPC, which CPU has not: here it
 delivers no bucket and calls SGLang's real post-hook, as it does after its last bucket) and the device UUID; for the
 GPU-derived copies, instances of SGLang's classes built without `__init__` (it needs a GPU) holding the attribute as
@@ -37,13 +37,13 @@ from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWei
 from sglang.srt.mem_cache.multimodal_cache import EmbeddingResult
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-from test_publication_hooks import (Engine, StubScheduler, disk_request, end_session, open_session,
-                                    succeeding_update, tensor_bucket)
 from vradix.closed_world import epd, post_load
 from vradix.core import weight_derived
 from vradix.hooks import publication
 from vradix.core.state import attach_treeless
 from vradix.testing.harness.cache_fixture import build_cache
+from vradix.testing.harness.engine import (Engine, StubScheduler, disk_request, end_session, open_session,
+                                           succeeding_update, tensor_bucket)
 
 GRID = (3, 5)  # not the stored 4x4 grid: MoonViT interpolates (and memoises) only for other grids
 
