@@ -1,14 +1,22 @@
 """Shared fixtures. The vradix plugin is loaded through SGLang's own `load_plugins()`, so every test process runs
-the real hooks on SGLang's real functions, exactly as a scheduler process does."""
+the real hooks on SGLang's real functions, exactly as a scheduler process does.
+
+How test files are found and imported: pytest's defaults, with no pytest configuration file. The rootdir is the
+repository root (pytest finds `setup.py` there), so node ids read `test/<folder>/test_<name>.py::...`; test files are
+collected by the default `test_*.py` pattern, and imported in the default `prepend` mode: the test folders hold no
+`__init__.py`, so each file is imported as a top-level module named by its basename, its folder put first on
+`sys.path`. That needs every test file's basename to be unique across test/, which the suite relies on anyway: docs,
+the hook table and the census tables name tests as `file.py::name` by basename (`vradix.testing.harness.suite`).
+`--import-mode=importlib` would allow duplicate basenames but not those names, so the default is kept and
+`test_architecture.py` checks that basenames are unique.
+
+A test file imports no other test file: helpers and stand-ins shared across files live in `vradix.testing`
+(`harness.engine`, `harness.cache_steps`, `harness.l3_store`, `harness.suite`, ...), fixtures shared across
+folders here (`test_architecture.py` checks this too)."""
 import os
-import pathlib
-import sys
 
 import pytest
 
-# Tests mirror the packages (test/core, test/ledger, ...) yet a few share helpers across folders
-# (`from test_publication_hooks import Engine`): every folder is importable by module name, as the flat suite was.
-sys.path[:0] = sorted(str(p) for p in pathlib.Path(__file__).parent.iterdir() if p.is_dir() and p.name != "__pycache__")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.pop("VRADIX_DISABLE", None)
 # The census test mode (docs/reliability.md) is on in every scheduler the suite starts, in-process and in the CPU
@@ -177,20 +185,10 @@ def pytest_runtest_protocol(item, nextitem):
     LAUNCHES_PER_FILE[path] = LAUNCHES_PER_FILE.get(path, 0) + CpuServer.launches - before
 
 
-def module_times(reports) -> dict:
-    """{test file: seconds} summed over the setup, call and teardown of every test in it (a module's fixture start-up
-    is part of its first test's setup)."""
-    times = {}
-    for r in reports:
-        if getattr(r, "when", None) in ("setup", "call", "teardown"):
-            path = r.nodeid.split("::", 1)[0]
-            times[path] = times.get(path, 0.0) + r.duration
-    return times
-
-
 def pytest_terminal_summary(terminalreporter):
     """The wall time of each test file, slowest first, with the CPU server processes it launched, and their total:
     where the suite's time goes."""
+    from vradix.testing.harness.suite import module_times
     times = module_times(r for reports in terminalreporter.stats.values() for r in reports)
     if not times:
         return

@@ -176,3 +176,50 @@ def test_every_test_file_lives_under_the_package_it_tests():
     for name, module in ROOT_TESTS.items():
         if module.startswith("vradix.") and (tests / name).exists():
             assert (PKG / (module.split(".")[1] + ".py")).exists(), f"{name} names {module}, which does not exist"
+
+
+def suite_files() -> list:
+    """Every test file under test/ (pytest's default `test_*.py`)."""
+    return sorted((PKG.parents[1] / "test").rglob("test_*.py"))
+
+
+def imported_test_modules(path: pathlib.Path, names) -> list:
+    """(module, line) of every import in `path`, at any depth, of a module in `names`."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] in names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in names:
+            out.append((node.module, node.lineno))
+    return out
+
+
+def test_test_files_have_unique_basenames_and_import_no_other_test_file():
+    """pytest imports each test file as a top-level module named by its basename (test/conftest.py says why): two
+    files with one basename would collide, and a test file importing another works only when pytest happened to put
+    that file's folder on `sys.path` first. Shared helpers live in `vradix.testing`."""
+    files = suite_files()
+    names = {p.stem for p in files} | {"conftest"}
+    seen, dupes = {}, []
+    for p in files:
+        if p.name in seen:
+            dupes.append(f"{seen[p.name]} and {p}")
+        seen.setdefault(p.name, p)
+    assert not dupes, "test files sharing a basename:\n" + "\n".join(dupes)
+    bad = [f"{p.relative_to(PKG.parents[1])}:{line}: imports {m}"
+           for p in files + sorted((PKG.parents[1] / "test").rglob("conftest.py"))
+           for m, line in imported_test_modules(p, names)]
+    assert not bad, "test files importing other test files (move the shared part to vradix.testing):\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("line,module", [("from test_cache_level import check", "test_cache_level"),
+                                         ("import test_l3", "test_l3"),
+                                         ("def f():\n    from conftest import CACHE_CONFIGS", "conftest")],
+                         ids=["from", "import", "in-a-function"])
+def test_the_test_import_check_sees_an_import_of_a_test_file(tmp_path, line, module):
+    """The check itself can fail: an import of a test file, at the top or inside a function, is reported (and an
+    import of `vradix.testing` is not)."""
+    fake = tmp_path / "test_fake.py"
+    fake.write_text("import pytest\nfrom vradix.testing.harness.cache_steps import check\n" + line + "\n")
+    names = {p.stem for p in suite_files()} | {"conftest"}
+    assert [m for m, _ in imported_test_modules(fake, names)] == [module]

@@ -2,7 +2,7 @@
 so are HiCache storage keys (SGLang's own `get_storage_hash_str` over a stamped key, as HiCache computes them).
 
 Restarts and separate engines are separate `attach` calls on separate real caches: a restarted engine starts at epoch
-0 again, which is exactly how vradix's old per-process epoch collided."""
+0 again, so an epoch number alone cannot tell two engines' KV apart; the weight identity does."""
 import os
 
 import pytest
@@ -34,9 +34,21 @@ def storage_keys(fx, state, tokens=TOKENS, user_key=None):
 
 
 def test_stock_keys_carry_no_weight_identity_so_different_weights_collide():
-    """The bug (sglang #26792): without vradix the L3 key of a prompt is the same whatever weights computed it."""
-    assert get_storage_hash_str(RadixKey(TOKENS), None, page_size=16) == \
-        get_storage_hash_str(RadixKey(TOKENS), None, page_size=16)
+    """The bug vradix fixes (sglang #26792): without vradix the L3 key of a prompt is built from its tokens and the
+    user's keys only, so two engines on different weights compute the same keys for it. The key is no constant: other
+    tokens, or a namespace in `extra_key` (what vradix stamps), give other keys."""
+    keys = []
+    for _ in range(2):  # two separately started engines, neither versioned: nothing of their weights reaches a request
+        fx = build_cache("rust", 1, kv_tokens=256, max_reqs=4)
+        req = fx.make_req(TOKENS)
+        assert req.extra_key is None
+        keys.append(get_storage_hash_str(RadixKey(list(req.origin_input_ids), extra_key=req.extra_key), None,
+                                         page_size=16))
+    assert len(keys[0]) == len(TOKENS) // 16 and len(set(keys[0])) == len(keys[0])
+    assert keys[0] == keys[1]
+    other_tokens = get_storage_hash_str(RadixKey([t + 1 for t in TOKENS]), None, page_size=16)
+    namespaced = get_storage_hash_str(RadixKey(TOKENS, extra_key=namespace.namespace("nonce:00")), None, page_size=16)
+    assert not set(keys[0]) & set(other_tokens) and not set(keys[0]) & set(namespaced)
 
 
 def test_restarted_engines_with_nonce_identities_never_share_storage_keys():

@@ -1,4 +1,4 @@
-"""Fail-closed install (issue: hardening, item 1): the entry-point module imports only the standard library, any
+"""Fail-closed install: the entry-point module imports only the standard library, any
 failure inside `register()` stops the process with an error naming vradix, test faults announce themselves, and an
 SGLANG_PLUGINS allow-list that leaves vradix out is warned about."""
 import os
@@ -39,8 +39,8 @@ def test_entry_point_module_imports_only_the_standard_library():
     assert out.stdout.strip() == "['vradix.settings']"
 
 
-# regression: before, vradix.plugin imported the hook bodies at module load, so this import error made SGLang's
-# load_plugins() log and skip vradix, and the process went on to serve an unversioned cache
+# vradix.plugin imports the hook bodies inside `register()`, not at module load: an import error at module load would
+# make SGLang's load_plugins() log and skip vradix, and the process would go on to serve an unversioned cache
 def test_a_broken_import_inside_vradix_stops_load_plugins_with_an_error_naming_vradix():
     out = run_python(BLOCK_IMPORT + "from sglang.srt.plugins import load_plugins\nload_plugins()\n"
                      "print('SERVING-UNVERSIONED')")

@@ -31,7 +31,7 @@ def vradix_attributes(req):
     return sorted(k for k in vars(req) if "vradix" in k)
 
 
-# regression: vradix hung six `_vradix_*` attributes on Req (user key, epoch, crossed, skip flag, history, spans)
+# vradix keeps one state object on Req (user key, epoch, crossed, skip flag, history, spans), not one attribute each
 def test_a_request_carries_one_vradix_state_object_through_its_life(env):
     fx, state = env
     a = fx.make_req(seq(10, 40) + [1], extra_key="tenant")
@@ -48,7 +48,7 @@ def test_a_request_carries_one_vradix_state_object_through_its_life(env):
     assert vradix_attributes(a) == ["_vradix"]
 
 
-# regression: an unstamped request matched under "the current epoch" (getattr default) instead of failing closed
+# an unstamped request fails closed at a match, never matched under "the current epoch" (a getattr default)
 def test_an_unstamped_request_reaching_a_match_is_refused(env):
     fx, state = env
     req = fx.make_req(seq(10, 20) + [1])
@@ -56,7 +56,7 @@ def test_an_unstamped_request_reaching_a_match_is_refused(env):
         common.match_kv_cache(req, fx.cache, req.origin_input_ids, max_prefix_len=len(req.origin_input_ids) - 1)
 
 
-# regression: the sample guard's log indexed the filtered list's position into the full batch, naming the wrong request
+# the sample guard's log names the request whose row is corrupt (its position in the full batch, not the filtered list)
 def test_the_sample_guard_names_the_request_whose_row_is_corrupt(env, caplog):
     fx, state = env
     state.guard.config = GuardConfig(verify="sample", sample_every=1)

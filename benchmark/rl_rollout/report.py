@@ -168,7 +168,7 @@ def table(rows: List[dict], columns=COLUMNS) -> str:
 
 
 def check_targets(rows: List[dict], samples: int) -> List[dict]:
-    """The issue's targets, per workload and schedule, with the measured numbers."""
+    """The benchmark's targets (docs/benchmarks.md), per workload and schedule, with the measured numbers."""
     out = []
     for w in [w for w in WORKLOADS if any(r["workload"] == w for r in rows)]:
         for k in sorted({r.get("publish_every") or 0 for r in rows if r["workload"] == w}):

@@ -8,9 +8,9 @@ import pathlib
 
 import pytest
 
-from test_coverage import functions_in, is_long_test
 from vradix.closed_world import census
 from vradix.closed_world.census.__main__ import rendered_blocks
+from vradix.testing.harness.suite import find_test_file, functions_in, is_long_test
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ def test_every_entry_is_well_formed_and_its_tests_exist(block, enumerate_, table
     for name, entry in table.items():
         for node in entry.tests:
             file, fn = node.split("::")
-            path = next((ROOT / "test").rglob(pathlib.Path(file).name), None)
+            path = find_test_file(file)
             if path is None or fn not in functions_in(path):
                 problems.append(f"{name}: names {node}, which does not exist")
         if entry.tests and all(is_long_test(t) for t in entry.tests):

@@ -8,7 +8,6 @@
   `vradix.closed_world.unversioned.REFUSALS` entry has its row;
 - the rows marked `open` are exactly `KNOWN_OPEN` (a new open row, or a closed one left here, fails).
 """
-import ast
 import json
 import pathlib
 import re
@@ -18,6 +17,7 @@ import types
 import pytest
 
 from vradix.closed_world import unversioned
+from vradix.testing.harness.suite import find_test_file, functions_in, is_long_test
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 COVERAGE = ROOT / "docs" / "coverage.md"
@@ -96,36 +96,6 @@ def named_tests(row) -> list[str]:
     return re.findall(r"`([\w/]+\.py::\w+)`", row["tests"])
 
 
-def functions_in(path: pathlib.Path) -> set:
-    tree = ast.parse(path.read_text())
-    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-
-
-def is_long_mark(node: ast.expr) -> bool:
-    """Whether a decorator or `pytestmark` entry is `pytest.mark.long`."""
-    return isinstance(node, ast.Attribute) and node.attr == "long" and ast.unparse(node.value) == "pytest.mark"
-
-
-def long_tests_in(path: pathlib.Path) -> set:
-    """The test functions of `path` that only `make test-long` runs: marked `long` themselves or by the module's
-    `pytestmark`."""
-    tree = ast.parse(path.read_text())
-    module_marks = [n.value for n in tree.body if isinstance(n, ast.Assign)
-                    and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in n.targets)]
-    marks = [m for v in module_marks for m in (v.elts if isinstance(v, (ast.List, ast.Tuple)) else [v])]
-    functions = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    if any(is_long_mark(m) for m in marks):
-        return {f.name for f in functions}
-    return {f.name for f in functions if any(is_long_mark(d) for d in f.decorator_list)}
-
-
-def is_long_test(node_id: str) -> bool:
-    """Whether the test `file.py::name` (any folder under test/) runs only in `make test-long`."""
-    file, name = node_id.split("::")
-    path = next((ROOT / "test").rglob(pathlib.Path(file).name), None)
-    return path is not None and name in long_tests_in(path)
-
-
 def test_every_row_has_a_verdict_and_its_tests_exist():
     assert len(ROW) == len(ROWS), "row ids must be unique"
     problems = []
@@ -136,7 +106,7 @@ def test_every_row_has_a_verdict_and_its_tests_exist():
             problems.append(f"{r['id']}: a {r['verdict']} row must name its test")
         for node in named_tests(r):
             file, name = node.split("::")
-            path = next((ROOT / "test").rglob(pathlib.Path(file).name), None)
+            path = find_test_file(file)
             if path is None or name not in functions_in(path):
                 problems.append(f"{r['id']}: names {node}, which does not exist")
         if named_tests(r) and all(is_long_test(node) for node in named_tests(r)):

@@ -10,10 +10,10 @@ import pathlib
 
 import pytest
 
-from test_coverage import functions_in
 from vradix.closed_world import unversioned
 from vradix.closed_world.census import flags, matrix
 from vradix.core import staleness
+from vradix.testing.harness.suite import find_test_file, functions_in
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CELLS = [(name, col) for name in matrix.rows() for col in matrix.COLUMNS]
@@ -59,7 +59,7 @@ def test_every_test_a_cell_names_exists():
     for name, col in CELLS:
         for node in matrix.cell(name, col).tests:
             file, fn = node.split("::")
-            path = next((ROOT / "test").rglob(pathlib.Path(file).name), None)
+            path = find_test_file(file)
             if path is None or fn not in functions_in(path):
                 missing.append(f"{name} × {col}: {node}")
     assert not missing, "\n".join(missing)

@@ -171,9 +171,9 @@ def test_long_released_path_is_walked_with_one_path_query(env, monkeypatch):
     assert pool_is_full(fx), fx.accounting()
 
 
-# regression (review): the victims were chosen up front, so a leaf SGLang did not evict at once (HiCache write-back
-# returns a BackupKV and keeps the node until its backup ran) was followed by evicting its parent, an inner node —
-# an assertion on the Python core, a panic that poisons the Rust core
+# a leaf SGLang does not evict at once (HiCache write-back returns a BackupKV and keeps the node until its backup ran)
+# stops the eviction walk: victims chosen up front would go on to evict its parent, an inner node (an assertion on the
+# Python core, a panic that poisons the Rust core)
 def test_a_deferred_leaf_eviction_stops_the_walk(env, monkeypatch):
     fx, state = env
     step = fx.page_size * 2

@@ -5,52 +5,10 @@ import pytest
 import torch
 
 from vradix import namespace
-from vradix.core import epochs
 from vradix.core.admission import stamp
 from vradix.namespace import ReservedNamespaceError
-from vradix.core.state import state_of
 from vradix.testing.harness.cache_fixture import seq
-
-
-
-def new_req(fx, state, tokens, **kw):
-    req = fx.make_req(tokens, **kw)
-    stamp(state, req)
-    return req
-
-
-def check(fx, live=()):
-    """Allocator accounting after every step, plus: no slot is both free and owned, and no slot is free twice."""
-    assert fx.busy_invariant_holds(list(live)), fx.accounting()
-    free = free_slots(fx)
-    assert len(free) == len(set(free)), "a slot is free twice"
-    owned = set()
-    for r in live:
-        if r.kv.holds_kv:
-            owned.update(fx.req_pool.req_to_token[r.kv.req_pool_idx, : r.kv.kv_committed_len].tolist())
-    assert not owned & set(free), "a slot is both free and owned by a live request"
-    stats = state_of(fx.cache).guard.stats
-    assert stats.violations_caught == 0, stats.last_violation  # the strict ledger guard never fires on correct use
-
-
-def free_slots(fx):
-    a = fx.allocator
-    if fx.page_size == 1:
-        return a.free_pages.tolist()
-    pages = a.free_pages.tolist()
-    return [p * fx.page_size + i for p in pages for i in range(fx.page_size)]
-
-
-def run_to_end(fx, state, tokens, **kw):
-    req = new_req(fx, state, tokens, **kw)
-    hit = fx.admit(req)
-    fx.prefill(req)
-    fx.finish(req)
-    return hit
-
-
-def bump(fx, state, live=(), queued=()):
-    return epochs.bump(state, fx.cache, list(live), list(queued), reason="test", label=f"v{state.epoch + 1}")
+from vradix.testing.harness.cache_steps import bump, check, new_req, run_to_end
 
 
 def test_stale_prefix_misses_after_bump_and_is_cached_again(env):

@@ -5,9 +5,10 @@ SGLang 0.5.23 does not serve LoRA on its CPU engine (its LoRA layers pin host me
 these tests run at the cache level on SGLang's real objects: adapters are SGLang's own `LoRAAdapter`, loaded by its
 model loader from PEFT files this test writes (`vradix.testing.models.llama.generate_lora`); `--lora-paths` ids are
 SGLang's own `LoRARef.deterministic_id`; requests are real `Req`s admitted through vradix's installed admission hook;
-the L3 store is SGLang's `HiCacheFile` behind its real HiCache controller (`test_l3.file_store_cache`); the handshake
-rows are SGLang's real `MetadataBuffers`. A scheduler stand-in (`lora_scheduler`) exposes the loaded adapters where
-SGLang's scheduler holds them (`tp_worker.model_runner.lora_manager.loras`).
+the L3 store is SGLang's `HiCacheFile` behind its real HiCache controller
+(`vradix.testing.harness.l3_store.file_store_cache`); the handshake rows are SGLang's real `MetadataBuffers`. A
+scheduler stand-in (`lora_scheduler`) exposes the loaded adapters where SGLang's scheduler holds them
+(`tp_worker.model_runner.lora_manager.loras`).
 
 The oracle for each bug is what stock SGLang computes: the key a LoRA request carries without vradix (its `lora_id`)
 seeds the same L3 page hashes after a retrain, and the identity SGLang would compare carries no adapter at all.
@@ -23,7 +24,6 @@ from hypothesis import strategies as st
 from sglang.srt.lora.lora_registry import LoRARef
 from sglang.srt.runtime_context import get_parallel
 
-from test_l3 import PROMPT, StorageScheduler, backend_hits, file_store_cache, start_prefetch, store_pages
 from vradix import identity, namespace, request
 from vradix.core import lora, reclaim
 from vradix.hooks import pd as pd_hooks
@@ -32,6 +32,8 @@ from vradix.namespace import ReservedNamespaceError
 from vradix.pd import handshake
 from vradix.core.state import attach
 from vradix.testing.harness.cache_fixture import build_cache
+from vradix.testing.harness.l3_store import (PROMPT, StorageScheduler, backend_hits, file_store_cache, start_prefetch,
+                                             store_pages)
 from vradix.testing.models.llama import generate_lora, load_lora_adapter
 
 #: a fingerprint identity: equal base weights give it in every process, across restarts

@@ -3,7 +3,7 @@
 SGLang's real `MultiModalStaticCache` is installed the way `Scheduler.__init__` installs it
 (`mm_schedule.init_mm_embedding_cache`) and filled with real `EmbeddingResult`s; every publication path and both
 flush paths then run through the real vradix hook bodies and SGLang's real (hooked) `Scheduler.flush_cache` /
-`record_weight_version_after_update`, on the scheduler stand-in of `test_publication_hooks` (a real UnifiedRadixCache
+`record_weight_version_after_update`, on the scheduler stand-in of `vradix.testing.harness.engine` (a real UnifiedRadixCache
 with a request holding KV). The E2E counterpart, on a real multimodal CPU server, is `test_e2e_multimodal.py`.
 """
 import pytest
@@ -11,8 +11,8 @@ import torch
 from sglang.srt.managers import mm_schedule
 from sglang.srt.mem_cache.multimodal_cache import EmbeddingResult
 
-from test_publication_hooks import Engine, disk_request, end_session, open_session, succeeding_update
 from vradix.hooks import publication, reclaim
+from vradix.testing.harness.engine import Engine, disk_request, end_session, open_session, succeeding_update
 
 ITEMS = 3
 

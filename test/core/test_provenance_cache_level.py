@@ -1,10 +1,11 @@
 """Provenance spans and LoRA-scoped invalidation on the real UnifiedRadixCache (Rust and Python cores, page sizes 1
-and 16), driven like test_cache_level. LoRA does not run on SGLang's CPU engine (its LoRA layers pin memory, which
-needs CUDA), so adapter (re)loads are exercised here with real LoRA-keyed requests and the real unload hook body."""
+and 16), driven like test_cache_level.py (`vradix.testing.harness.cache_steps`). LoRA does not run on SGLang's CPU
+engine (its LoRA layers pin memory, which needs CUDA), so adapter (re)loads are exercised here with real LoRA-keyed
+requests and the real unload hook body."""
 from vradix.core import lora, provenance
 from vradix.hooks.lora import remember_adapter_insert  # noqa: F401  (installed on checkpoint_into_tree by load_plugins)
-
-from test_cache_level import bump, check, new_req, run_to_end, seq
+from vradix.testing.harness.cache_fixture import seq
+from vradix.testing.harness.cache_steps import bump, check, new_req, run_to_end
 
 
 def spans(req):

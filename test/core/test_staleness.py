@@ -5,8 +5,7 @@ import pytest
 from vradix.core import deferred_reclaim, epochs, staleness
 from vradix.core.admission import stamp
 from vradix.testing.harness.cache_fixture import seq
-
-from test_cache_level import check
+from vradix.testing.harness.cache_steps import check
 
 
 def run(fx, state, tokens, bound=None):

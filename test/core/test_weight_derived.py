@@ -14,13 +14,12 @@
   (`vradix.closed_world.post_load.GPU_DERIVED_COPIES`, each entry checked against SGLang's source and read off SGLang's real class)
   is refused before anything is loaded, with graphs captured or not as the copy's staleness says.
 
-Stand-ins: the scheduler and updater of `test_publication_hooks` (see there); a model runner holding the model; for
+Stand-ins: the scheduler and updater of `vradix.testing.harness.engine` (see there); a model runner holding the model; for
 the IPC path, the external `checkpoint_engine.worker` (it delivers tensors over CUDA IPC, which CPU has not: here it
 delivers no bucket and calls SGLang's real post-hook, as it does after its last bucket) and the device UUID; for the
 GPU-derived copies, instances of SGLang's classes built without `__init__` (it needs a GPU) holding the attribute as
 SGLang's builder sets it, and a captured decode graph runner (none can be captured on CPU).
 """
-import dataclasses
 import importlib
 import inspect
 import re
@@ -33,30 +32,16 @@ from sglang.srt.managers import mm_schedule
 from sglang.srt.managers.io_struct import (UpdateWeightsFromDistributedReqInput,
                                            UpdateWeightsFromDistributedReqOutput, UpdateWeightsFromIPCReqInput,
                                            UpdateWeightsFromIPCReqOutput, UpdateWeightsFromTensorReqInput)
-from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWeightUpdaterManager
 from sglang.srt.mem_cache.multimodal_cache import EmbeddingResult
-from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-from test_publication_hooks import (Engine, StubScheduler, disk_request, end_session, open_session,
-                                    succeeding_update, tensor_bucket)
 from vradix.closed_world import epd, post_load
 from vradix.core import weight_derived
 from vradix.hooks import publication
-from vradix.core.state import attach_treeless
-from vradix.testing.harness.cache_fixture import build_cache
+from vradix.testing.harness.engine import (Engine, disk_request, end_session, open_session,
+                                           succeeding_update, tensor_bucket)
+from vradix.testing.harness.vision import TreelessEngine, serve, vision_tower
 
 GRID = (3, 5)  # not the stored 4x4 grid: MoonViT interpolates (and memoises) only for other grids
-
-
-def vision_tower():
-    """SGLang's real MoonViT and PaddleOCR-VL position-embedding modules, in one module tree, in eval mode."""
-    from sglang.srt.models.kimi_vl_moonvit import Learnable2DInterpPosEmb
-    from sglang.srt.models.paddleocr_vl import SiglipVisionEmbeddings
-    tower = torch.nn.Module()
-    tower.moonvit = Learnable2DInterpPosEmb(4, 4, 8)
-    tower.paddle = SiglipVisionEmbeddings(types.SimpleNamespace(hidden_size=8, image_size=8, patch_size=2,
-                                                                num_channels=3))
-    return tower.eval()
 
 
 def grids(tower):
@@ -78,10 +63,6 @@ def fresh_grids(tower):
     fresh = vision_tower()
     fresh.load_state_dict(tower.state_dict())
     return grids(fresh)
-
-
-def serve(scheduler, model):
-    scheduler.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=model))
 
 
 @pytest.fixture
@@ -116,39 +97,6 @@ def test_grid_memos_are_found_only_on_sglangs_own_classes():
 
 
 # ---- no radix cache ------------------------------------------------------------------------------------------------
-
-
-class IdleStubScheduler(StubScheduler):
-    """The stand-in scheduler, idle, with what SGLang's own idle `Scheduler.flush_cache` resets besides the (real)
-    cache and pools: the grammar manager, the metrics reporter, no draft worker."""
-
-    def __init__(self, fx):
-        super().__init__(fx, [])
-        self.token_to_kv_pool_allocator, self.draft_worker = fx.allocator, None
-        self.grammar_manager = types.SimpleNamespace(clear=lambda: None)
-        self.metrics_reporter = types.SimpleNamespace(reset_metrics=lambda: None, is_stats_logging_rank=False)
-
-
-class TreelessEngine(Engine):
-    """An engine started with --disable-radix-cache: SGLang's real UnifiedRadixCache with `disable=True` (no prefix
-    sharing), idle, serving the vision tower; vradix attached as `attach_to_scheduler` attaches it there."""
-
-    def __init__(self):
-        fx = build_cache("rust", 1, kv_tokens=1024)
-        fx = dataclasses.replace(fx, cache=UnifiedRadixCache(dataclasses.replace(fx.cache.cache_init_params,
-                                                                                 disable=True)))
-        assert not fx.cache.supports_prefix_sharing()
-        self.fx, self.treeless = fx, attach_treeless(fx.cache)
-        self.scheduler = IdleStubScheduler(fx)
-        u = SchedulerWeightUpdaterManager.__new__(SchedulerWeightUpdaterManager)
-        u.scheduler, u._session, u.metrics_collector = self.scheduler, None, None
-        u.flush_cache = self.scheduler.flush_cache
-        u.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model_config=None),
-                                            weight_update_runners=lambda: [])
-        u.draft_worker = None
-        self.updater, self.touched = u, 0
-        self.tower = vision_tower()
-        serve(self.scheduler, self.tower)
 
 
 def filled(engine, mm_cache):

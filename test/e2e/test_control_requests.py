@@ -20,9 +20,9 @@ from sglang.srt.managers.io_struct import (ContinueGenerationReqInput, ResumeMem
                                            ResumeMemoryOccupationReqOutput, RpcReqInput)
 from sglang.srt.managers.scheduler import Scheduler
 
-from test_publication_hooks import Engine
 from vradix.core.state import WeightSession
 from vradix.hooks import control, publication
+from vradix.testing.harness.engine import Engine
 from vradix.testing.harness.scenario import PROBE
 
 pytestmark = [pytest.mark.timeout(600)]

@@ -15,13 +15,13 @@ server on A and on B.
 - detection only: a stale prefix read is reported on both ranks, the request runs, and the ranks stay in step.
 """
 import pytest
-from test_weight_sessions import begin_session_holding, tensor_buckets
 
 from vradix import __version__
 from vradix.ledger.guard import DETECTED_ONLY
 from vradix.testing.harness.pool import stopped_while_unused
 from vradix.testing.harness.reliability import STRICT_CHECK_ENV, strict_idle_check
-from vradix.testing.harness.scenario import PREFIX, PROBE, StreamingRequest, crossed_update, pause_holding
+from vradix.testing.harness.scenario import (PREFIX, PROBE, StreamingRequest, begin_session_holding, crossed_update,
+                                             pause_holding, tensor_buckets)
 from vradix.testing.harness.server import CpuServer, fresh_stock_outputs, servers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]

@@ -236,9 +236,9 @@ def test_pause_continue_without_publication_keeps_the_cache(engine, oracle):
 
 
 def test_in_place_pauses_under_decode_load_lose_no_request(engine, oracle):
-    """Regression (found by the soak): a request one token short of max_new_tokens when an in_place pause drained the
-    overlap queue was dropped from the next decode batch and never finished or released (hang + leak). Many short
-    requests and back-to-back pauses, half of them with a publication, make that state certain to occur."""
+    """A request one token short of max_new_tokens when an in_place pause drains the overlap queue stays in the next
+    decode batch and finishes and is released (dropping it would hang it and leak its KV). Many short requests and
+    back-to-back pauses, half of them with a publication, make that state certain to occur."""
     lengths = [2 + i % 7 for i in range(24)]
     with cf.ThreadPoolExecutor(8) as pool:
         futs = [pool.submit(engine.s.generate, PREFIX[:40 + i] + [i + 1], n, 120) for i, n in enumerate(lengths)]
@@ -274,8 +274,9 @@ def test_user_keys_colliding_with_the_epoch_namespace_are_rejected(engine, oracl
     engine.check(oracle)
 
 
-# regression: SGLang queues a request for a missing session (and one a session aborts) without passing the point where
-# vradix stamps requests; the fail-closed "unstamped request" check then raised in the scheduler and killed the engine
+# SGLang queues a request for a missing session (and one a session aborts) without passing the point where vradix
+# stamps requests: the fail-closed "unstamped request" check must refuse that request, not raise in the scheduler and
+# stop the engine
 def test_a_request_for_a_missing_session_is_refused_and_the_engine_keeps_serving(engine, oracle):
     stream = engine.stream(LONG, 30)
     r = _generate_raw(engine, session_params={"id": "no-such-session"})

@@ -11,7 +11,8 @@ One vradix server on model A runs every scenario; the oracle is a fresh stock se
 import pytest
 
 from vradix.testing.harness.reliability import STRICT_CHECK_ENV, oracle_outputs, strict_idle_check
-from vradix.testing.harness.scenario import LONG_PROMPT, PREFIX, PROBE, StreamingRequest, pause_holding, tensor_buckets
+from vradix.testing.harness.scenario import (LONG_PROMPT, PREFIX, PROBE, StreamingRequest, begin_session_holding,
+                                             tensor_buckets)
 from vradix.testing.harness.server import CpuServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -30,29 +31,6 @@ def server(models):
     with CpuServer(models[0], env=STRICT_CHECK_ENV) as s:
         yield s
         assert "Traceback" not in s.logs(), s.tail(80)
-
-
-
-def begin_session_holding(server):
-    """PROBE cached, the server info before, and `/begin_weight_update` (which pauses in place) with a request in
-    flight when its pause took effect. An attempt where the request finished first is void: its session ends with no
-    bucket (one bump, weights unchanged), and the next attempt reads `before` afresh. Returns (before, the begin
-    response, the request)."""
-    attempt = {}
-
-    def start():
-        server.generate(PROBE, 4)  # PROBE's prefix cached under A
-        attempt["before"] = server.vradix_info()
-        return [StreamingRequest(server.url, LONG_PROMPT, 200)]
-
-    def begin():
-        attempt["begin"] = server.post("/begin_weight_update", {})
-
-    def end_void_session():
-        assert server.post("/end_weight_update", {}).status_code == 200
-
-    (inflight,) = pause_holding(server, start, pause=begin, resume=end_void_session, what="the in-flight request")
-    return attempt["before"], attempt["begin"], inflight
 
 
 def test_bucketed_session_is_one_publication_with_requests_in_flight(server, models, oracle_b):

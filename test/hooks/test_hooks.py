@@ -6,8 +6,6 @@ when a hook is added to HOOKS without an entry here, or when an entry names a te
 real functions, on SGLang's real UnifiedRadixCache with real `LoadLoRAAdapterReqInput` / `UnloadLoRAAdapterReqInput` /
 `LoRAUpdateOutput` messages.
 """
-import ast
-import pathlib
 import sys
 import types
 
@@ -20,10 +18,8 @@ from vradix.hooks import HOOKS
 from vradix.hooks import lora as lora_hooks
 from vradix.core.state import attach
 from vradix.testing.harness.cache_fixture import build_cache
+from vradix.testing.harness.suite import find_test_file, functions_in, is_long_test
 from vradix.testing.models.llama import generate_lora, load_lora_adapter
-from test_coverage import is_long_test
-
-TEST_DIR = pathlib.Path(__file__).parents[1]
 
 #: hook body (module.function) -> "test_file.py::test_name" that runs it
 DRIVEN_BY = {
@@ -130,11 +126,6 @@ def hook_name(fn) -> str:
     return f"{fn.__module__}.{name}"
 
 
-def functions_in(path: pathlib.Path) -> set:
-    tree = ast.parse(path.read_text())
-    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-
-
 def test_every_hook_is_driven_by_a_named_test():
     hooks = {hook_name(fn) for _, _, fn in HOOKS}
     assert hooks - DRIVEN_BY.keys() == set(), "hooks in HOOKS with no test named in DRIVEN_BY"
@@ -145,7 +136,7 @@ def test_every_hook_is_driven_by_a_named_test():
         if hook in NOT_YET_DRIVEN:
             continue
         file, _, name = where.partition("::")
-        path = next(TEST_DIR.rglob(file), None)
+        path = find_test_file(file)
         if not name or path is None or name not in functions_in(path):
             missing.append(f"{hook}: {where or '(no test)'}")
         elif is_long_test(where):

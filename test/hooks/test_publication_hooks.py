@@ -1,19 +1,8 @@
 """The weight-update hook bodies of `vradix.hooks.publication`, called as the HookRegistry calls them, on a real
-SGLang UnifiedRadixCache (real pools, a real Req holding KV) and a real `SchedulerWeightUpdaterManager`.
-
-Stand-ins (where a real object cannot be built on CPU without a launched engine):
-- `StubScheduler` (the fixture's `SchedulerView` plus two bound methods) exposes only the attributes the hooks and
-  SGLang's own `Scheduler.flush_cache` / `Scheduler.record_weight_version_change` read; those two are SGLang's real
-  (hooked) methods, bound to it;
-- the updater is SGLang's real class, built without `__post_init__` (which needs an initialized TP process group),
-  its `flush_cache` bound to the real hooked `Scheduler.flush_cache`, its TP worker serving no model runner (a test
-  that needs one serves it: `test_weight_derived.serving_runners`);
-- each `original` plays SGLang's update body: it calls the updater's real `record_weight_version_after_update` and
-  `flush_cache_after_weight_update`, or raises after "touching weights".
+SGLang UnifiedRadixCache (real pools, a real Req holding KV) and a real `SchedulerWeightUpdaterManager`: the
+`vradix.testing.harness.engine` test engine, whose module doc names its stand-ins.
 """
-import os
 import types
-from unittest import mock
 
 import pytest
 import torch
@@ -23,66 +12,20 @@ from sglang.srt.managers.io_struct import (UpdateWeightFromDiskReqInput, UpdateW
                                            UpdateWeightsFromDistributedReqOutput, UpdateWeightsFromIPCReqInput,
                                            UpdateWeightsFromIPCReqOutput, UpdateWeightsFromTensorReqInput,
                                            UpdateWeightsFromTensorReqOutput)
-from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWeightUpdaterManager
 
 from vradix.core.admission import stamp
 from vradix.hooks import launcher, publication
-from vradix.scheduler import identity_proof, publication as publication_glue
+from vradix.scheduler import publication as publication_glue
 from vradix.core.state import attach
-from vradix.testing.harness.cache_fixture import SchedulerView, build_cache
-
-
-class StubScheduler(SchedulerView):
-    """The fixture's scheduler view, plus what the publication hooks and SGLang's flush / relabel bodies read (see
-    module doc)."""
-
-    def __init__(self, fx, live):
-        super().__init__(fx, running=live)
-        self.hisparse_coordinator, self.enable_overlap = None, False
-        self.flush_cache = types.MethodType(Scheduler.flush_cache, self)
-        self.record_weight_version_change = types.MethodType(Scheduler.record_weight_version_change, self)
-
-
-class Engine:
-    def __init__(self):
-        self.fx = build_cache("rust", 1, kv_tokens=1024)
-        self.state = attach(self.fx.cache)
-        req = self.fx.make_req(list(range(10, 40)))
-        stamp(self.state, req)
-        self.fx.admit(req)
-        self.fx.prefill(req)  # a running request holding KV: a flush now would be a lock-aware bump
-        self.scheduler = StubScheduler(self.fx, [req])
-        u = SchedulerWeightUpdaterManager.__new__(SchedulerWeightUpdaterManager)
-        u.scheduler, u._session, u.metrics_collector = self.scheduler, None, None
-        u.flush_cache = self.scheduler.flush_cache
-        u.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model_config=None),
-                                            weight_update_runners=lambda: [])
-        u.draft_worker = None
-        self.updater = u
-        self.touched = 0
-
-    def counters(self):
-        return self.state.epoch, self.state.publications, self.state.flushes
+from vradix.testing.harness.cache_fixture import build_cache
+from vradix.testing.harness.engine import (Engine, StubScheduler, checkpoint, disk_request, end_session,
+                                           fingerprint_engine, loading_update, open_session, succeeding_update,
+                                           tensor_bucket)
 
 
 @pytest.fixture
 def engine():
     return Engine()
-
-
-def disk_request(label, **kw):
-    return UpdateWeightFromDiskReqInput(model_path="/weights/B", weight_version=label, **kw)
-
-
-def succeeding_update(engine, out_cls=UpdateWeightFromDiskReqOutput):
-    """SGLang's success path of an update call: weights loaded, version recorded, then the flush it asks for."""
-    def original(updater, recv_req):
-        engine.touched += 1
-        updater.record_weight_version_after_update(recv_req.weight_version)
-        ok, msg = updater.flush_cache_after_weight_update(recv_req, True, "Succeeded to update model weights.")
-        return out_cls(success=ok, message=msg)
-    return original
 
 
 def test_successful_update_bumps_once_although_the_flush_runs(engine):
@@ -184,31 +127,6 @@ def test_a_session_pause_counts_every_drain_of_the_session(engine, monkeypatch):
     assert engine.state.last_publication.drain_ms >= 3 * 20  # the begin's and each bucket's: one publication's pause
 
 
-def tensor_bucket(engine, label, success=True):
-    def original(updater, recv_req):
-        engine.touched += 1
-        if success:
-            updater.record_weight_version_after_update(recv_req.weight_version)
-            ok, msg = updater.flush_cache_after_weight_update(recv_req, True, "Success")
-            return UpdateWeightsFromTensorReqOutput(success=ok, message=msg)
-        return UpdateWeightsFromTensorReqOutput(success=False, message="bad bucket")
-    return original, UpdateWeightsFromTensorReqInput(serialized_named_tensors=[], weight_version=label)
-
-
-def open_session(engine):
-    def begin(updater, recv_req):
-        updater._session = "open"
-        return types.SimpleNamespace(success=True, message="Success")
-    publication.open_weight_session(begin, engine.updater, None)
-
-
-def end_session(engine):
-    def end(updater, recv_req):
-        updater._session = None
-        return types.SimpleNamespace(success=True, message="Success")
-    return publication.publish_on_session_end(end, engine.updater, None)
-
-
 @pytest.mark.parametrize("buckets", [0, 1, 3])
 def test_a_session_is_one_publication_whatever_its_buckets(engine, buckets):
     epoch, pubs, flushes = engine.counters()
@@ -293,8 +211,8 @@ def test_an_ipc_update_without_a_session_is_one_publication(engine):
     assert engine.counters() == (epoch + 1, pubs + 1, flushes) and engine.state.label == "I1"
 
 
-# regression (review): when the target runner loaded but a later (draft) runner failed, SGLang still flushes; the
-# lock-aware flush bumped, then the failed call bumped again conservatively — two bumps for one update call
+# when the target runner loaded but a later (draft) runner failed, SGLang still flushes: the lock-aware flush and the
+# failed call's conservative bump are one bump for the one update call, not two
 def test_a_failed_update_whose_flush_runs_bumps_once(engine):
     epoch, pubs, flushes = engine.counters()
 
@@ -321,7 +239,7 @@ class LauncherStandIn:
         self.is_pause = False
 
 
-# regression (review): a begin_weight_update that raised left the pause the session had just taken in place forever
+# a begin_weight_update that raises releases the pause the session has just taken (it would otherwise stay forever)
 def test_a_begin_that_raises_does_not_leave_generation_paused():
     import asyncio
 
@@ -405,51 +323,6 @@ def test_declared_mode_keeps_the_label_when_a_relabel_reuses_an_identity():
 
 
 # ---- weight identity (fingerprint mode): proven from the tensors published into the model (vradix.core.published) --
-class TinyModel(torch.nn.Sequential):
-    """A model with SGLang's loading interface: `load_weights` copies named tensors into its parameters."""
-
-    def load_weights(self, weights):
-        params = dict(self.named_parameters())
-        for name, tensor in weights:
-            params[name].data.copy_(tensor)
-
-
-def checkpoint(seed):
-    g = torch.Generator().manual_seed(seed)
-    return {"0.weight": torch.randn(8, 8, generator=g), "0.bias": torch.randn(8, generator=g),
-            "1.weight": torch.randn(4, 8, generator=g), "1.bias": torch.randn(4, generator=g)}
-
-
-def fingerprint_engine(weights=None):
-    """An engine in fingerprint mode whose model was started through SGLang's real `load_weights_only`, tapped by
-    the startup hook."""
-    from sglang.srt.model_loader.loader import DefaultModelLoader
-
-    from vradix.hooks import startup
-
-    e = Engine()
-    e.state.identity_mode = "fingerprint"
-    e.model = TinyModel(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
-    with mock.patch.dict(os.environ, {"VRADIX_WEIGHT_IDENTITY": "fingerprint"}):
-        startup.tap_startup_load(DefaultModelLoader.load_weights_only, e.model,
-                                 iter((weights or checkpoint(0)).items()), torch.device("cpu"))
-    e.scheduler.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=e.model))
-    start = identity_proof.published_identity(e.scheduler)
-    e.state.identities.clear()
-    e.state.bind_identity(e.state.epoch, start)
-    return e
-
-
-def loading_update(engine, named, label_out=UpdateWeightFromDiskReqOutput):
-    """SGLang's success path of an update call that loads `named` through the model's `load_weights`."""
-    def original(updater, recv_req):
-        engine.model.load_weights(iter(named.items()))
-        updater.record_weight_version_after_update(recv_req.weight_version)
-        ok, msg = updater.flush_cache_after_weight_update(recv_req, True, "Succeeded to update model weights.")
-        return label_out(success=ok, message=msg)
-    return original
-
-
 def test_fingerprint_mode_proves_equal_weights_and_tells_different_ones_apart():
     e = fingerprint_engine()
     first = e.state.weight_id
@@ -692,7 +565,7 @@ def test_a_restore_that_came_up_short_is_answered_503_naming_the_lost_pages():
 # ---- one publication per entry point -------------------------------------------------------------------------------
 def idle_engine():
     """The `Engine`, its request finished: an idle engine, whose flush is SGLang's own reset."""
-    from test_weight_derived import IdleStubScheduler
+    from vradix.testing.harness.vision import IdleStubScheduler
 
     e = Engine()
     e.fx.finish(e.scheduler.running[0])
@@ -702,7 +575,7 @@ def idle_engine():
 
 
 def treeless_engine():
-    from test_weight_derived import TreelessEngine
+    from vradix.testing.harness.vision import TreelessEngine
 
     return TreelessEngine()
 

@@ -3,7 +3,7 @@
 The checks, in order:
 * The torch reference equals an independent pure-Python statement of the digest, and the CUDA per-word digest
   (`csrc/fingerprint_digest.h`, compiled as plain C++) equals the reference.
-* Triton (under TRITON_INTERPRET=1 on CPU) and, on a CUDA machine, the CUDA extension give bit-exact lanes.
+* Triton (under TRITON_INTERPRET=1 on CPU, which test/conftest.py turns on) and, on a CUDA machine, the CUDA extension give bit-exact lanes.
 * A single flipped bit, swapped words, a shift, a renamed tensor, a new shape or a reinterpreted dtype each change the
   fingerprint.
 * The same content gives the same fingerprint in another tensor object, layout, item order, implementation or
@@ -11,19 +11,16 @@ The checks, in order:
 * A real tiny Llama loaded twice gets one fingerprint; one with other weights gets another.
 """
 import os
+import shutil
+import subprocess
+import textwrap
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
 
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import textwrap  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from vradix import kernels  # noqa: E402
-from vradix.kernels import fingerprint as fp  # noqa: E402
-from vradix.kernels import reference  # noqa: E402
+from vradix import kernels
+from vradix.kernels import fingerprint as fp
+from vradix.kernels import reference
 
 M32 = 0xFFFFFFFF
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

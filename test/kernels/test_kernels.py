@@ -1,13 +1,9 @@
 """The four KV page-epoch kernels: every available implementation equals the torch reference.
 
-On CPU that is Triton under TRITON_INTERPRET=1 (set here, before any Triton kernel is defined) against the torch
-reference; on a CUDA machine (benchmark/gpu_check/gpu_check.sh) the CUDA extension and Triton on the GPU join in. A
+On CPU that is Triton under TRITON_INTERPRET=1 (test/conftest.py turns it on, unless the environment sets it, before
+anything imports Triton) against the torch reference; on a CUDA machine (benchmark/gpu_check/gpu_check.sh) the CUDA extension and Triton on the GPU join in. A
 few known answers pin the reference itself.
 """
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest
 import torch
 

@@ -2,11 +2,11 @@
 request, and the manifests and garbage collection of a `file` store.
 
 Everything below runs on SGLang's real UnifiedRadixCache with its real HiCache controller, host pool, storage threads
-and `HiCacheFile` backend on a temporary directory (the recipe of SGLang's test kit, `_init_hicache(storage_backend=
-"file")`, with the CPU copy path: `direct` I/O, `layer_first` layout, `vradix.testing.cpu_aids`). Requests are issued
-their storage prefetch by SGLang's own `Scheduler._prefetch_kvcache`, bound to a scheduler stand-in, and publications
-go through `vradix.scheduler.publication.bump_scheduler`, the step every publication hook runs. Waits block on the
-controller's own queues (a prefetch's hit, its final ack, a backup's ack) with a deadline, never on a timer.
+and `HiCacheFile` backend on a temporary directory (`vradix.testing.harness.l3_store.file_store_cache`). Requests are
+issued their storage prefetch by SGLang's own `Scheduler._prefetch_kvcache`, bound to a scheduler stand-in
+(`l3_store.StorageScheduler`), and publications go through `vradix.scheduler.publication.bump_scheduler`, the step
+every publication hook runs. Waits block on the controller's own queues (a prefetch's hit, its final ack, a backup's
+ack) with a deadline, never on a timer.
 """
 from __future__ import annotations
 
@@ -14,20 +14,11 @@ import json
 import os
 import types
 from array import array
-from contextlib import contextmanager
 
 import pytest
 from sglang.srt.disaggregation.utils import DisaggregationMode
-from sglang.srt.environ import envs
-from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
-from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
-from sglang.srt.mem_cache.utils import get_storage_hash_str
-from sglang.srt.runtime_context import get_parallel
-from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-from sglang.test.kits.unified_radix_cache.fixtures import drop_hicache_atexit_pin
 
 from vradix import identity, namespace
 from vradix.core import admission, epochs, reclaim
@@ -36,74 +27,8 @@ from vradix.l3 import gc, manifest
 from vradix.l3.__main__ import main as l3_main
 from vradix.pd import layout
 from vradix.core.state import attach
-from vradix.testing import cpu_aids
-from vradix.testing.harness.cache_fixture import SchedulerView, build_cache
-
-PROMPT = list(range(100, 132))  # 32 tokens, one page each (page size 1)
-WAIT_S = 60
-
-
-# ---- a HiCache cache with a `file` L3 store ----------------------------------------------------------------------
-@contextmanager
-def file_store_cache(store, tree_core: str = "rust", kv_tokens: int = 256):
-    """A real UnifiedRadixCache with a host tier (twice the device pool) and a `file` L3 store at `store`, prefetch
-    policy `wait_complete`, prefetches from 4 tokens on."""
-    cpu_aids.apply()
-    with get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1), \
-            envs.SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR.override(str(store)):
-        fx = build_cache(tree_core, 1, kv_tokens=kv_tokens)
-        args = ServerArgs(model_path="dummy", page_size=1, hicache_ratio=2, hicache_io_backend="direct",
-                          hicache_mem_layout="layer_first", hicache_write_policy="write_through",
-                          hicache_storage_backend="file", hicache_storage_prefetch_policy="wait_complete",
-                          hicache_storage_backend_extra_config=json.dumps({"prefetch_threshold": 4}))
-        set_global_server_args_for_scheduler(args)
-        fx.cache.init_hicache(args, CacheInitParams(
-            disable=False, req_to_token_pool=fx.req_pool, token_to_kv_pool_allocator=fx.allocator, page_size=1,
-            tree_components=(ComponentType.FULL,), tree_core_backend=tree_core))
-        drop_hicache_atexit_pin(fx.cache)
-        try:
-            yield fx
-        finally:
-            fx.cache.cache_controller._stop_storage_threads()
-            fx.cache.release_host_resources()
-
-
-class StorageScheduler(SchedulerView):
-    """The fixture's scheduler view, plus what `bump_scheduler` and SGLang's `Scheduler._prefetch_kvcache` read."""
-
-    enable_hicache_storage, enable_lmcache, hisparse_coordinator = True, False, None
-    _prefetch_kvcache = Scheduler._prefetch_kvcache
-
-
-def wait_until_queued(q, pred) -> None:
-    """Block until `pred(items of q)` holds; re-checked at every put (a `queue.Queue`'s own condition)."""
-    with q.not_empty:
-        assert q.not_empty.wait_for(lambda: pred(list(q.queue)), WAIT_S), "HiCache controller did not answer"
-
-
-def store_pages(fx, tokens, extra_key) -> None:
-    """Put `tokens`' KV under `extra_key` into the tree and through SGLang's write-through to host and L3."""
-    cache = fx.cache
-    cache.insert(InsertParams(key=RadixKey(array("q", tokens), extra_key=extra_key),
-                              value=fx.allocator.alloc(len(tokens))))
-    cache.writing_check(write_back=True)  # host copies done; each ack queues its node's L3 backup
-    wait_until_queued(cache.cache_controller.ack_backup_queue, lambda acks: len(acks) >= len(cache.ongoing_backup))
-    cache.check_hicache_events()
-    assert not cache.ongoing_backup
-
-
-def start_prefetch(sched, req):
-    """SGLang's queue-time storage lookup for `req`, run until its pages are copied to host: the final ack is queued
-    for the scheduler's next poll, so the prefetch completes, from the scheduler's view, after whatever comes next."""
-    cache = sched.tree_cache
-    sched._prefetch_kvcache(req)
-    op = cache.ongoing_prefetch[req.cache_request_handle].operation
-    wait_until_queued(cache.cache_controller.prefetch_hit_queue, lambda ops: op in ops)
-    cache.check_hicache_events()  # the hit is allocated host pages and the copy starts
-    assert op.host_indices is not None, "the prefetch found no L3 hit"
-    wait_until_queued(cache.cache_controller.ack_prefetch_queue,
-                      lambda acks: any(a.completed_req and a.operation is op for a in acks))
-    return op
+from vradix.testing.harness.l3_store import (PROMPT, StorageScheduler, backend_hits, file_store_cache,
+                                             page_hashes, start_prefetch, store_pages, wait_until_queued)
 
 
 def poll_twice(cache) -> None:
@@ -139,7 +64,7 @@ def host_free(cache) -> int:
     return cache.cache_controller.mem_pool_host.available_size()
 
 
-# ---- item 3: prefetches across a publication ----------------------------------------------------------------------
+# ---- prefetches across a publication ---------------------------------------------------------------------------------
 CORES = pytest.mark.parametrize("tree_core", ["rust", "python"])
 HOLDER = pytest.mark.parametrize("holder", [True, False], ids=["kv-held", "idle-reset"])
 
@@ -301,16 +226,7 @@ def test_a_decode_role_leaves_storage_lookups_to_its_pre_allocation_at_a_publica
         assert not cache.ongoing_prefetch
 
 
-def backend_hits(cache, tokens, extra_key) -> int:
-    return cache.cache_controller.storage_backend.batch_exists(page_hashes(tokens, extra_key))
-
-
-# ---- item 4: manifests and garbage collection -----------------------------------------------------------------------
-def page_hashes(tokens, extra_key) -> list:
-    """The L3 page keys SGLang derives for `tokens` under `extra_key` (page size 1), computed independently."""
-    return get_storage_hash_str(RadixKey(array("q", tokens), extra_key=extra_key), None, page_size=1)
-
-
+# ---- manifests and garbage collection --------------------------------------------------------------------------------
 def files_of(store, hashes) -> set:
     hashes = set(hashes)
     return {n for n in os.listdir(store) if n.endswith(".bin") and n[:64] in hashes}

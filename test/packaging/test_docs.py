@@ -132,3 +132,32 @@ def test_every_test_id_the_docs_name_exists(path):
     bad = [f"{f}::{t}" for f, t in TEST_ID.findall(read(path))
            if f not in tests or not re.search(rf"^\s*def {t}\(", tests[f], re.M)]
     assert not bad, f"test ids that do not exist: {bad}"
+
+
+#: an issue reference: `#123`, `project#123`, `project #123`, `issue 12`
+ISSUE_REF = re.compile(r"(?:(\b[A-Za-z][\w.-]*) ?)?#(\d{2,5})\b|\bissues? (?:#|no\.? ?)?\d+\b", re.I)
+#: projects whose public issues the docs may cite as the upstream bug a feature answers (`sglang #26792`)
+UPSTREAM = {"sglang", "vllm", "miles", "reef"}
+#: the files that speak of the product: the docs, the tests and the benchmarks
+PRODUCT_TEXT = DOCS + sorted(os.path.join(folder, f) for top in ("test", "benchmark")
+                             for folder, _, files in os.walk(os.path.join(ROOT, top))
+                             for f in files if f.endswith((".py", ".md", ".sh"))
+                             and f != os.path.basename(__file__))  # this file holds the check's own examples
+
+
+def internal_issue_refs(text) -> list:
+    """The issue references in `text` that do not name an upstream project: this repository's own history."""
+    return [m.group(0) for m in ISSUE_REF.finditer(text)
+            if not (m.group(1) and m.group(1).lower() in UPSTREAM and m.group(2))]
+
+
+def test_no_issue_numbers_in_docs_tests_or_benchmarks():
+    """Docs, tests and benchmarks speak of the product, not of the issues or sessions it was built in: the only
+    issue numbers they name are upstream bugs (`sglang #26792`)."""
+    bad = {os.path.relpath(p, ROOT): refs for p in PRODUCT_TEXT if (refs := internal_issue_refs(read(p)))}
+    assert not bad, f"issue references (say what the product does instead): {bad}"
+
+
+def test_the_issue_reference_check_tells_upstream_from_internal():
+    assert internal_issue_refs("the sglang #26792 bug, the miles#2782 recipe, colour #999999") == []
+    assert internal_issue_refs("fixed in #42; see issue 7 and prompt #15") == ["in #42", "issue 7", "prompt #15"]

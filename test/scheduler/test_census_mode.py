@@ -4,7 +4,7 @@ and the event loops a publication can treat (`vradix.closed_world.loops`).
 Real SGLang objects throughout: a real UnifiedRadixCache with its pools, real `Req`s holding KV (admitted, prefilled
 and checkpointed as the scheduler does), real `ScheduleBatch`es, SGLang's real `Scheduler.collect_inflight_reqs`
 under a real pipeline-parallel context (`get_parallel().override`), SGLang's real weight-update manager through the
-publication hook. The scheduler is the fixture's `SchedulerView` (`test_publication_hooks.StubScheduler`): a real
+publication hook. The scheduler is the fixture's `SchedulerView` (`vradix.testing.harness.engine.StubScheduler`): a real
 `Scheduler` needs a model runner that cannot be built on CPU in-process; the CPU servers of test/e2e run the census
 on the real one (`test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix` checks it ran).
 """
@@ -29,8 +29,8 @@ from vradix.scheduler import census
 from vradix.scheduler import publication as publication_glue
 from vradix.scheduler.requests import live_requests
 from vradix.testing.harness.cache_fixture import build_cache
-from test_publication_hooks import (Engine, StubScheduler, TinyModel, checkpoint, disk_request, fingerprint_engine,
-                                    loading_update)
+from vradix.testing.harness.engine import (Engine, StubScheduler, TinyModel, checkpoint, disk_request,
+                                           fingerprint_engine, loading_update)
 
 
 def test_the_suite_runs_with_the_census_on():

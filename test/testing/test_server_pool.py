@@ -129,7 +129,7 @@ def test_close_stops_parked_and_leased_servers(pool):
 
 
 def test_module_times_sum_every_phase_per_file():
-    from conftest import module_times
+    from vradix.testing.harness.suite import module_times
     reports = [SimpleNamespace(nodeid="test/e2e/test_x.py::test_a", when=w, duration=d)
                for w, d in (("setup", 30.0), ("call", 2.0), ("teardown", 1.0))]
     reports.append(SimpleNamespace(nodeid="test/test_y.py::test_b[p1]", when="call", duration=0.5))

@@ -19,7 +19,7 @@ from typing import Callable, List, Optional, Sequence
 
 import requests
 
-PREFIX = [(i * 7) % 500 + 5 for i in range(200)]  # the 200-token shared prefix of the issue
+PREFIX = [(i * 7) % 500 + 5 for i in range(200)]  # a 200-token shared prefix, cached under the old weights
 PROBE = PREFIX + [11]
 LONG_PROMPT = [9, 8, 7] * 20
 
@@ -115,6 +115,28 @@ def pause_holding(server, start: Callable[[], Sequence[StreamingRequest]], *,
             s.result()
         assert time.monotonic() < deadline, (f"{what} never still running at a pause in {attempts} attempt(s) "
                                              f"({deadline_s}s): each time one finished first")
+
+
+def begin_session_holding(server):
+    """PROBE cached, the server info before, and `/begin_weight_update` (which pauses in place) with a request in
+    flight when its pause took effect. An attempt where the request finished first is void: its session ends with no
+    bucket (one bump, weights unchanged), and the next attempt reads `before` afresh. Returns (before, the begin
+    response, the request)."""
+    attempt = {}
+
+    def start():
+        server.generate(PROBE, 4)  # PROBE's prefix cached under A
+        attempt["before"] = server.vradix_info()
+        return [StreamingRequest(server.url, LONG_PROMPT, 200)]
+
+    def begin():
+        attempt["begin"] = server.post("/begin_weight_update", {})
+
+    def end_void_session():
+        assert server.post("/end_weight_update", {}).status_code == 200
+
+    (inflight,) = pause_holding(server, start, pause=begin, resume=end_void_session, what="the in-flight request")
+    return attempt["before"], attempt["begin"], inflight
 
 
 def crossed_update(meta: dict) -> bool:
