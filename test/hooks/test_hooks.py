@@ -71,10 +71,10 @@ DRIVEN_BY = {
     "vradix.hooks.publication.publish_on_version_change": "test_e2e_server.py::test_lock_aware_flush_and_update_weight_version",
     "vradix.hooks.launcher.reject_bad_version_label": "test_fault_injection.py::test_bad_version_labels_are_refused_and_change_nothing",
     "vradix.hooks.launcher.refuse_unversioned_paths_at_startup": "test_coverage.py::test_a_refused_flag_stops_the_launch",
-    "vradix.hooks.pd.refuse_unsafe_restore_policy_at_startup": "test_pd_rules.py::test_a_decode_role_with_l3_starts_only_with_wait_complete",
-    "vradix.hooks.pd.refuse_unmatchable_identity_at_startup": "test_pd_rules.py::test_a_pd_role_starts_only_with_an_identity_both_roles_share",
-    "vradix.hooks.pd.reject_decode_request_without_bootstrap": "test_e2e_pd.py::test_decode_refuses_a_request_without_bootstrap_fields_and_keeps_serving",
-    "vradix.hooks.pd.refuse_unsafe_restore_policy_at_attach": "test_pd_rules.py::test_a_runtime_attach_with_another_policy_is_refused_before_any_scheduler",
+    "vradix.hooks.pd_launcher.refuse_unsafe_restore_policy_at_startup": "test_pd_rules.py::test_a_decode_role_with_l3_starts_only_with_wait_complete",
+    "vradix.hooks.pd_launcher.refuse_unmatchable_identity_at_startup": "test_pd_rules.py::test_a_pd_role_starts_only_with_an_identity_both_roles_share",
+    "vradix.hooks.pd_launcher.reject_decode_request_without_bootstrap": "test_e2e_pd.py::test_decode_refuses_a_request_without_bootstrap_fields_and_keeps_serving",
+    "vradix.hooks.pd_launcher.refuse_unsafe_restore_policy_at_attach": "test_pd_rules.py::test_a_runtime_attach_with_another_policy_is_refused_before_any_scheduler",
     "vradix.hooks.pd.send_prefill_identity": "test_e2e_pd.py::test_skew_with_decode_updated_first_fails_the_request_and_caches_nothing",
     "vradix.hooks.ledger.backstop_prebuilt_batch": "test_pd_ledger.py::test_stale_kv_in_front_of_a_decode_requests_first_read_fails_it_and_inserts_nothing",
     "vradix.hooks.pd.keep_epochs_of_cpu_backup": "test_pd_retraction.py::test_a_restored_backup_keeps_its_epochs_in_the_ledger",
@@ -99,14 +99,14 @@ DRIVEN_BY = {
     "vradix.hooks.reclaim.finish_reclaim_when_idle": "test_deferred_reclaim.py::test_a_publication_mid_reclaim_and_a_crossing_release_keep_the_accounting_exact",
     "vradix.hooks.server_info.report_flush": "test_e2e_provenance.py::test_server_info_metrics_and_flush_report",
     "vradix.hooks.server_info.report_server_info": "test_e2e_provenance.py::test_server_info_metrics_and_flush_report",
-    "vradix.hooks.report.attach_provenance": "test_e2e_provenance.py::test_provenance_in_meta_info_across_two_publications",
+    "vradix.hooks.server_info.attach_provenance": "test_e2e_provenance.py::test_provenance_in_meta_info_across_two_publications",
     "vradix.hooks.report.provenance_to_meta_info": "test_e2e_provenance.py::test_provenance_in_meta_info_across_two_publications",
     "vradix.hooks.report.provenance_to_openai_metadata": "test_e2e_provenance.py::test_provenance_in_meta_info_across_two_publications",
     "vradix.hooks.report.remember_flush_message": "test_e2e_provenance.py::test_server_info_metrics_and_flush_report",
     "vradix.hooks.report.add_flush_report_middleware": "test_e2e_provenance.py::test_server_info_metrics_and_flush_report",
     "vradix.hooks.inspector.answer_cache_inspection": "test_e2e_provenance.py::test_cache_inspector_after_a_publication_and_refused_without_vradix",
     "vradix.hooks.inspector.count_prefix_hit": "test_e2e_provenance.py::test_cache_inspector_after_a_publication_and_refused_without_vradix",
-    "vradix.hooks.inspector.add_cache_inspector_endpoint": "test_e2e_provenance.py::test_cache_inspector_after_a_publication_and_refused_without_vradix",
+    "vradix.hooks.report.add_cache_inspector_endpoint": "test_e2e_provenance.py::test_cache_inspector_after_a_publication_and_refused_without_vradix",
     "vradix.hooks.lora.remember_adapter_insert": "test_hooks.py::test_adapter_load_insert_and_unload_hooks",
     "vradix.hooks.lora.identify_loaded_adapter": "test_hooks.py::test_adapter_load_insert_and_unload_hooks",
     "vradix.hooks.lora.free_unloaded_adapter": "test_hooks.py::test_adapter_load_insert_and_unload_hooks",
@@ -179,3 +179,33 @@ def test_adapter_load_insert_and_unload_hooks(core, page_size, tmp_path):
     assert fx.admit(base) == len(P) // page_size * page_size  # the base model's entries are untouched
     fx.prefill(base)
     fx.finish(base)
+
+
+#: where an SGLang target runs: the launcher process (HTTP server, TokenizerManager, argument parsing, the Ray actor
+#: launch); every other target runs in a scheduler process
+LAUNCHER_TARGETS = ("sglang.srt.entrypoints.http_server.", "sglang.srt.managers.tokenizer_manager.",
+                    "sglang.srt.managers.tokenizer_control_mixin.", "sglang.srt.managers.multi_tokenizer_mixin.",
+                    "sglang.srt.server_args.", "sglang.srt.utils.weight_versions.", "sglang.srt.ray.")
+
+
+def process_of_target(target: str) -> str:
+    return "launcher" if target.startswith(LAUNCHER_TARGETS) else "scheduler"
+
+
+def process_of_module(module) -> str:
+    """The process a hook module's docstring names on its first line: "(scheduler process" or "(launcher process"."""
+    first = (module.__doc__ or "").splitlines()[0]
+    named = [p for p in ("scheduler", "launcher") if f"{p} process" in first]
+    assert len(named) == 1, f"{module.__name__}'s first docstring line names no single process: {first!r}"
+    return named[0]
+
+
+def test_each_hook_module_runs_in_the_one_process_its_docstring_names():
+    """The hooks are split by the process they run in: every hook of a module attaches to a target of the process
+    its docstring names."""
+    import sys
+
+    from vradix.hooks import HOOKS
+    wrong = [f"{f.__module__}.{f.__name__} on {target} ({process_of_target(target)})" for target, _kind, f in HOOKS
+             if process_of_target(target) != process_of_module(sys.modules[f.__module__])]
+    assert not wrong, wrong

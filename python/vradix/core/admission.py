@@ -1,4 +1,4 @@
-"""Step 1 — admission: bind every request to the engine's current epoch.
+"""Data-path step 1 (admission): bind every request to the engine's current epoch.
 
 Invariants:
 - After `stamp`, the request carries a `request.ReqState`, `req.extra_key == namespace(its epoch) + adapter tag +

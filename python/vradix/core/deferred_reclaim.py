@@ -1,4 +1,4 @@
-"""Step 3c — deferred reclaim: a publication marks the old epoch's KV stale in O(1); the stale nodes are freed later.
+"""Data-path step 3 (reclaim) — deferred reclaim: a publication marks the old epoch's KV stale in O(1); the stale nodes are freed later.
 
 A lock-aware bump used to free every unlocked stale node at once with SGLang's eviction, a per-node Python walk that
 ran while generation was paused (tens of milliseconds per million cached tokens). SGLang 0.5.23's tree cores have no

@@ -1,4 +1,4 @@
-"""Step 2 — publication: one epoch bump per weight change (or lock-aware flush), and the release of crossing KV.
+"""Data-path step 2 (publication): one epoch bump per weight change (or lock-aware flush), and the release of crossing KV.
 
 `bump` is the whole contract of a publication, in order:
 1. advance the epoch (and the label, when the publication names one) and bind the new epoch's weight identity
@@ -90,7 +90,7 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
 
 
 def mark_holders(state: EpochState, live_reqs: list) -> tuple[int, int]:
-    """Step 2: mark every live request that holds KV (or a retraction backup with its KV) crossing. Returns (KV
+    """The bump's crossing marks: mark every live request that holds KV (or a retraction backup with its KV) crossing. Returns (KV
     holders, how many of them were mid-prefill)."""
     holders = mid_prefill = 0
     for req in live_reqs:

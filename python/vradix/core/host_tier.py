@@ -1,4 +1,4 @@
-"""Step 3b — the HiCache host tier (L2) at a publication: stale host copies are freed lock-aware, like device KV.
+"""Data-path step 3 (reclaim) — the HiCache host tier (L2) at a publication: stale host copies are freed lock-aware, like device KV.
 
 With `--enable-hierarchical-cache`, SGLang backs tree nodes up to host memory (write-through on insert, or on device
 eviction under write-back). Device eviction then *demotes* a backed-up node: it stays in the tree, matchable by its

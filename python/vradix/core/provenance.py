@@ -1,4 +1,4 @@
-"""Step 5 — provenance: under which weights each position's KV was computed, per request.
+"""Data-path step 5 (report) — provenance: under which weights each position's KV was computed, per request.
 
 Every request's `request.ReqState` carries `kv_history`, a list of `request.HistoryEntry(start, epoch, label,
 weight_id)`:

@@ -1,4 +1,4 @@
-"""Step 3 — reclaim: free stale KV, lock-aware.
+"""Data-path step 3 (reclaim): free stale KV, lock-aware.
 
 Three entry points, all against SGLang's real tree cache API (identical on the Rust and Python TreeCores):
 - `free_all_unlocked(cache)`: at a bump the new namespace is still empty, so every evictable node is stale. One

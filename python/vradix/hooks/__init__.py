@@ -2,8 +2,8 @@
 every vradix step; `vradix.plugin.register()` does so only inside its fail-closed install."""
 from __future__ import annotations
 
-from vradix.hooks import (admission, census, control, hicache, inspector, launcher, ledger, lora, pd, prefill,
-                          publication, ray_actor, reclaim, report, server_info, startup, storage)
+from vradix.hooks import (admission, census, control, hicache, inspector, launcher, ledger, lora, pd, pd_launcher,
+                          prefill, publication, ray_actor, reclaim, report, server_info, startup, storage)
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
@@ -34,8 +34,8 @@ HOOKS = [
     ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", launcher.refuse_unversioned_paths_at_startup),
     # P/D: a role whose L3 restore must finish (decode with L3, DCP) starts only with prefetch policy wait_complete,
     # and only with an identity mode both roles compute equally (not nonce)
-    ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", pd.refuse_unsafe_restore_policy_at_startup),
-    ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", pd.refuse_unmatchable_identity_at_startup),
+    ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", pd_launcher.refuse_unsafe_restore_policy_at_startup),
+    ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", pd_launcher.refuse_unmatchable_identity_at_startup),
     # EPD: encoder-disaggregated image embeddings (the encoder's caches, the global store keyed emb_{hash}) carry no
     # weight identity and no publication reaches them: --encoder-only / --language-only / --enable-mm-global-cache
     # are refused with the closed world's flags above; an encoder-only launch, which never runs check_server_args,
@@ -118,8 +118,8 @@ HOOKS = [
     (f"{_TCM}.update_weight_version", "AROUND", launcher.refuse_reused_declared_label),
     (f"{_TM}.update_weights_from_disk", "AROUND", launcher.reject_bad_update_request),
     # bad input on a P/D decode role: a request without bootstrap fields is refused before it reaches the scheduler
-    (f"{_TM}._validate_one_request", "BEFORE", pd.reject_decode_request_without_bootstrap),
-    (f"{_TCM}.attach_hicache_storage", "AROUND", pd.refuse_unsafe_restore_policy_at_attach),
+    (f"{_TM}._validate_one_request", "BEFORE", pd_launcher.reject_decode_request_without_bootstrap),
+    (f"{_TCM}.attach_hicache_storage", "AROUND", pd_launcher.refuse_unsafe_restore_policy_at_attach),
     # P/D handshake: prefill's KV carries its weight identity to decode, which refuses KV of other weights
     ("sglang.srt.disaggregation.utils.MetadataBuffers.set_buf", "AFTER", pd.send_prefill_identity),
     ("sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req", "AROUND",
@@ -171,7 +171,7 @@ HOOKS = [
     ("sglang.srt.managers.schedule_policy.PrefillAdder._commit_prefill_admission", "AFTER",
      inspector.count_prefix_hit),
     # 5. provenance: scheduler -> customized_info -> tokenizer manager meta_info -> OpenAI metadata
-    (f"{_OUT}._GenerationStreamAccumulator.accept", "AROUND", report.attach_provenance),
+    (f"{_OUT}._GenerationStreamAccumulator.accept", "AROUND", server_info.attach_provenance),
     (f"{_TM}.update_request_meta_info", "AROUND", report.provenance_to_meta_info),
     ("sglang.srt.utils.weight_versions.build_endpoint_weight_version_metadata", "AFTER",
      report.provenance_to_openai_metadata),
@@ -179,7 +179,7 @@ HOOKS = [
     ("sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.flush_cache", "AROUND",
      report.remember_flush_message),
     ("sglang.srt.entrypoints.http_server.launch_server", "BEFORE", report.add_flush_report_middleware),
-    ("sglang.srt.entrypoints.http_server.launch_server", "BEFORE", inspector.add_cache_inspector_endpoint),
+    ("sglang.srt.entrypoints.http_server.launch_server", "BEFORE", report.add_cache_inspector_endpoint),
     # 6. LoRA: an adapter is identified by its content at load (its requests' namespaces and P/D handshake carry
     # that identity beyond the process), and its entries are freed when it is unloaded
     ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint_into_tree", "AFTER",

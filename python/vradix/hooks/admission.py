@@ -1,4 +1,4 @@
-"""Step 1 hooks (scheduler process): stamp at admission, re-bind before a match, and verify what a load-back from
+"""Admission hooks (data-path step 1, scheduler process): stamp at admission, re-bind before a match, and verify what a load-back from
 the HiCache host pool would add to a match (what a match adopts is checked before the forward, `hooks.ledger`)."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Scheduler-side control requests that would change what later responses are computed from without a publication:
-each is refused per call, and the refusal says what to do instead.
+"""Control hooks (scheduler process): control requests that would change what later responses are computed from
+without a publication are refused per call, and the refusal says what to do instead.
 
 - `/continue_generation` while a weight-update session is open: the session's buckets are live in the model as soon
   as each returns, but the epoch bumps only at `end_weight_update`, so a request resumed inside the session would

@@ -1,7 +1,8 @@
-"""Step 4b hooks: the cache inspector, `GET /vradix/cache` (see `vradix.observability.snapshot` and docs/inspector.md).
+"""Report hooks (data-path step 5, scheduler process): the cache inspector, `GET /vradix/cache` (see
+`vradix.observability.snapshot` and docs/inspector.md).
 
 The HTTP server runs in the launcher process and the tree in the scheduler process, so a query travels on SGLang's
-own internal-state channel: the endpoint sends a `GetInternalStateReq` whose `rid` carries the query
+own internal-state channel: the endpoint (`hooks.report.cache_inspector`, launcher process) sends a `GetInternalStateReq` whose `rid` carries the query
 (`QUERY_PREFIX` + JSON), through the TokenizerManager's `get_internal_state_communicator` (one reply per DP rank).
 In the scheduler, `answer_cache_inspection` (AROUND `SchedulerInternalStateController.get_internal_state`) answers
 such a request with the snapshot alone, built on the scheduler thread between batches, and leaves every other
@@ -16,8 +17,6 @@ from __future__ import annotations
 
 import json
 
-from starlette.requests import Request
-
 from vradix.core import prefix_hits
 from vradix.observability import snapshot
 from vradix.core.state import state_of
@@ -27,7 +26,6 @@ PATH = "/vradix/cache"
 QUERY_PREFIX = "\x1evradix-inspect:"
 
 
-# ---- scheduler process -------------------------------------------------------------------------------------------
 def count_prefix_hit(_result, adder, req, *args, **kwargs):
     """AFTER PrefillAdder._commit_prefill_admission: the admitted request reuses its matched prefix: one hit."""
     state = state_of(adder.tree_cache)
@@ -59,34 +57,3 @@ def inspect_scheduler(scheduler, rid: str) -> dict:
     except (snapshot.QueryError, ValueError) as e:
         return {"active": True, "error": str(e)}
     return snapshot.snapshot(state, scheduler.tree_cache, live_requests(scheduler), query)
-
-
-# ---- launcher process (HTTP) ---------------------------------------------------------------------------------------
-def add_cache_inspector_endpoint(*args, **kwargs):
-    """BEFORE http_server.launch_server: register `GET /vradix/cache` on SGLang's app."""
-    from sglang.srt.entrypoints.http_server import app
-    from sglang.srt.utils.auth import AuthLevel, auth_level
-
-    if not any(getattr(r, "path", None) == PATH for r in app.router.routes):
-        app.add_api_route(PATH, auth_level(AuthLevel.ADMIN_OPTIONAL)(cache_inspector), methods=["GET"])
-
-
-async def cache_inspector(request: Request):
-    """`GET /vradix/cache?limit=&offset=&head=&census_budget=`: one snapshot per DP rank (read-only, bounded)."""
-    from fastapi.responses import ORJSONResponse
-    from sglang.srt.entrypoints.http_server import get_global_state
-    from sglang.srt.managers.io_struct import GetInternalStateReq
-
-    params = dict(request.query_params)
-    try:
-        snapshot.Query.parse(params)
-    except snapshot.QueryError as e:
-        return ORJSONResponse({"error": str(e)}, status_code=400)
-    tm = get_global_state().tokenizer_manager
-    tm.auto_create_handle_loop()
-    replies = await tm.get_internal_state_communicator(GetInternalStateReq(rid=QUERY_PREFIX + json.dumps(params)))
-    views = [r.internal_state.get("vradix_cache") for r in replies]
-    body = views[0] if len(views) == 1 else {"active": all(v and v.get("active") for v in views), "ranks": views}
-    if any(v and v.get("error") for v in views):
-        return ORJSONResponse(body, status_code=400)
-    return ORJSONResponse(body, status_code=200 if body.get("active") else 409)

@@ -1,4 +1,4 @@
-"""Launcher-process hooks (TokenizerManager): bad publication input is refused before anything is sent to a
+"""Launcher hooks (launcher process: the TokenizerManager): bad publication input is refused before anything is sent to a
 scheduler, so it changes nothing; a weight-update session holds generation from its begin to its end."""
 from __future__ import annotations
 

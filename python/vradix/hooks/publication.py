@@ -1,4 +1,4 @@
-"""Step 2 hooks (scheduler process): every way the weights (or their label) change is one publication
+"""Publication hooks (data-path step 2, scheduler process): every way the weights (or their label) change is one publication
 (`vradix.scheduler.publication.Publication`), which bumps the epoch once; each hook here only opens it, runs SGLang's
 change and closes it."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Step 3 hooks (scheduler process): free stale KV when a crossing request releases it; flush lock-aware; reclaim
+"""Reclaim hooks (data-path step 3, scheduler process): free stale KV when a crossing request releases it; flush lock-aware; reclaim
 the stale KV a bump deferred (`vradix.core.deferred_reclaim`): a slice per scheduler iteration, stale first whenever SGLang
 evicts, the rest when the engine is idle."""
 from __future__ import annotations

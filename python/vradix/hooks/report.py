@@ -1,10 +1,10 @@
-"""Report hooks: per-response provenance and the HTTP /flush_cache report (the Prometheus gauges are
-`vradix.observability.metrics`).
+"""Report hooks (data-path step 5, launcher process): per-response provenance and the HTTP /flush_cache report (the
+Prometheus series are `vradix.observability.metrics`).
 
 Per-response provenance has to cross from the scheduler process to the tokenizer manager (HTTP) process. It travels
 in the one per-request field `BatchTokenIDOutput` already carries for plugins, `customized_info`, under the key
 `provenance.PROVENANCE_KEY`, and only for finished requests (so streaming responses get it on the final chunk):
-- scheduler: `attach_provenance` (AROUND `_GenerationStreamAccumulator.accept`) appends a finished request's
+- scheduler: `hooks.server_info.attach_provenance` (AROUND `_GenerationStreamAccumulator.accept`) appends a finished request's
   provenance to the accumulator's `customized_info`, padded with None for the other requests of the batch;
 - tokenizer manager: `provenance_to_meta_info` (AROUND `TokenizerManager.update_request_meta_info`) moves it into
   `meta_info` as `prefix_cache` / `kv_weight_versions` and hands the remaining keys, if any, to SGLang;
@@ -13,9 +13,14 @@ in the one per-request field `BatchTokenIDOutput` already carries for plugins, `
 """
 from __future__ import annotations
 
+import json
 from typing import Optional
 
+from starlette.requests import Request
+
 from vradix.core import provenance
+from vradix.hooks.inspector import PATH, QUERY_PREFIX
+from vradix.observability import snapshot
 
 META_KEYS = ("prefix_cache", "kv_weight_versions", "kv_ledger_spans", "pd_spans", "vradix_staleness",
              # upstream SGLang's and miles' names for the same facts (`provenance.upstream_fields`)
@@ -24,21 +29,6 @@ META_KEYS = ("prefix_cache", "kv_weight_versions", "kv_ledger_spans", "pd_spans"
 
 
 # ---- per-response provenance ------------------------------------------------------------------------------------
-def attach_provenance(original, acc, *args, **kwargs):
-    """AROUND _GenerationStreamAccumulator.accept: add a finished request's provenance to the batch output."""
-    req = kwargs.get("req", args[0] if args else None)
-    emitted = len(acc.rids)
-    result = original(acc, *args, **kwargs)
-    if len(acc.rids) > emitted and req is not None and req.finished():
-        info = provenance.response_provenance(req)
-        if info is not None:
-            # SGLang pads every existing column for each emitted request; ours holds one entry per request
-            column = acc.customized_info.setdefault(provenance.PROVENANCE_KEY, [])
-            column.extend([None] * (len(acc.rids) - len(column)))
-            column[len(acc.rids) - 1] = info
-    return result
-
-
 def provenance_to_meta_info(original, tm, meta_info, state, customized_info, index, *args, **kwargs):
     """AROUND TokenizerManager.update_request_meta_info: our key becomes meta_info fields, never a token list."""
     if provenance.PROVENANCE_KEY not in customized_info:
@@ -115,3 +105,34 @@ class FlushReportMiddleware:
             await send({"type": "http.response.body", "body": content})
 
         await self.app(scope, receive, buffer)
+
+
+# ---- the cache inspector's endpoint (`hooks.inspector` answers in the scheduler) --------------------------------
+def add_cache_inspector_endpoint(*args, **kwargs):
+    """BEFORE http_server.launch_server: register `GET /vradix/cache` on SGLang's app."""
+    from sglang.srt.entrypoints.http_server import app
+    from sglang.srt.utils.auth import AuthLevel, auth_level
+
+    if not any(getattr(r, "path", None) == PATH for r in app.router.routes):
+        app.add_api_route(PATH, auth_level(AuthLevel.ADMIN_OPTIONAL)(cache_inspector), methods=["GET"])
+
+
+async def cache_inspector(request: Request):
+    """`GET /vradix/cache?limit=&offset=&head=&census_budget=`: one snapshot per DP rank (read-only, bounded)."""
+    from fastapi.responses import ORJSONResponse
+    from sglang.srt.entrypoints.http_server import get_global_state
+    from sglang.srt.managers.io_struct import GetInternalStateReq
+
+    params = dict(request.query_params)
+    try:
+        snapshot.Query.parse(params)
+    except snapshot.QueryError as e:
+        return ORJSONResponse({"error": str(e)}, status_code=400)
+    tm = get_global_state().tokenizer_manager
+    tm.auto_create_handle_loop()
+    replies = await tm.get_internal_state_communicator(GetInternalStateReq(rid=QUERY_PREFIX + json.dumps(params)))
+    views = [r.internal_state.get("vradix_cache") for r in replies]
+    body = views[0] if len(views) == 1 else {"active": all(v and v.get("active") for v in views), "ranks": views}
+    if any(v and v.get("error") for v in views):
+        return ORJSONResponse(body, status_code=400)
+    return ORJSONResponse(body, status_code=200 if body.get("active") else 409)

@@ -1,11 +1,27 @@
-"""Step 4 hooks (scheduler process): what /flush_cache and /get_server_info report."""
+"""Report hooks (data-path step 5, scheduler process): each finished request's provenance, on its way to the launcher
+(`hooks.report` puts it in the response), and what /flush_cache and /get_server_info report."""
 from __future__ import annotations
 
 from vradix import __version__, collectives
-from vradix.core import host_tier, mm_embeddings
+from vradix.core import host_tier, mm_embeddings, provenance
 from vradix.observability import metrics
 from vradix.core.state import state_of, state_of_scheduler, treeless_of
 from vradix.scheduler import census
+
+
+def attach_provenance(original, acc, *args, **kwargs):
+    """AROUND _GenerationStreamAccumulator.accept: add a finished request's provenance to the batch output."""
+    req = kwargs.get("req", args[0] if args else None)
+    emitted = len(acc.rids)
+    result = original(acc, *args, **kwargs)
+    if len(acc.rids) > emitted and req is not None and req.finished():
+        info = provenance.response_provenance(req)
+        if info is not None:
+            # SGLang pads every existing column for each emitted request; ours holds one entry per request
+            column = acc.customized_info.setdefault(provenance.PROVENANCE_KEY, [])
+            column.extend([None] * (len(acc.rids) - len(column)))
+            column[len(acc.rids) - 1] = info
+    return result
 
 
 def report_flush(result, wrapper, *args, **kwargs):

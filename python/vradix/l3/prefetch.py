@@ -1,4 +1,4 @@
-"""Step 2b — HiCache L3 storage prefetches across a publication.
+"""Data-path step 2 (publication) — HiCache L3 storage prefetches across a publication.
 
 SGLang starts a storage prefetch for a request when it is queued (`Scheduler._prefetch_kvcache`): a hit query on the
 L3 store, then a copy of the hit pages into host memory, all keyed by the request's `extra_key` at that moment. When

@@ -1,4 +1,4 @@
-"""Step 4b — the cache inspector's snapshot: what the versioned radix cache holds, per epoch and label, read-only.
+"""Data-path step 5 (report) — the cache inspector's snapshot: what the versioned radix cache holds, per epoch and label, read-only.
 
 `snapshot` runs on the scheduler thread between batches (where the tree is consistent) and builds a bounded, plain-JSON
 view of one engine's cache:
