@@ -69,7 +69,7 @@ def test_retracted_crossing_request_starts_a_fresh_history(env):
     fx.admit(r)  # re-bound at its match: everything is recomputed under epoch 1
     fx.prefill(r)
     fx.finish(r)
-    assert not provenance.crossed(r) and spans(r) == [("v1", 1, 0, 32)]
+    assert not provenance.spans_several_epochs(r) and spans(r) == [("v1", 1, 0, 32)]
 
 
 def test_reloading_adapter_frees_only_its_own_entries(env):

@@ -75,7 +75,10 @@ def kv_weight_versions(req) -> List[dict]:
     return spans
 
 
-def crossed(req) -> bool:
+def spans_several_epochs(req) -> bool:
+    """Whether the request's KV was computed under more than one epoch (its history has a crossing entry). Not
+    `ReqState.crossed`, which says the request is a crossing request now: a crossing request whose KV all lies after
+    the bump spans one epoch."""
     st = request.of(req)
     return st is not None and len(st.kv_history) > 1
 
@@ -187,7 +190,7 @@ def response_provenance(req) -> Optional[dict]:
     roles = pd_spans(req)
     if roles is not None:
         out["pd_spans"] = roles
-    if crossed(req):
+    if spans_several_epochs(req):
         out["kv_weight_versions"] = kv_weight_versions(req)
         ledger_spans = request.of(req).ledger_spans
         if ledger_spans:

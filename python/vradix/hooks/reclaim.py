@@ -21,7 +21,7 @@ def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
     lock = getattr(req, "lock", None)
     node = lock.node if lock is not None else None
     bounded = staleness.is_bounded(request.of(req))
-    if state.ledger is not None and req.kv.holds_kv and (provenance.crossed(req) or bounded):
+    if state.ledger is not None and req.kv.holds_kv and (provenance.spans_several_epochs(req) or bounded):
         # the row is freed by the release: read the device-side provenance witness first
         r2t = tree_cache.req_to_token_pool.req_to_token
         request.require(req).keep_ledger_spans(kv_ledger.kv_spans(state.ledger, r2t, req))
