@@ -63,14 +63,34 @@ def test_bench_hicache_smoke_prints_three_tables():
     assert "| stock | 2 |" in out and "| vradix (nonce) | 2 |" in out
 
 
-@pytest.mark.parametrize("script", ["benchmark/kernels/bench_kernels.py", "benchmark/kernels/bench_fingerprint.py",
-                                    "benchmark/server/bench_hicache.py", "benchmark/server/tie_check.py",
-                                    "benchmark/server/soak_publications.py", "benchmark/rl_rollout",
-                                    "benchmark/server/bench_steady_state.py", "benchmark/server/bench_sched_cpu.py",
-                                    "benchmark/cache/profile_steady.py",
-                                    "scripts/hook_table.py"])
-def test_every_script_answers_help(script):
-    assert "usage:" in run_script(script, "--help", timeout=300)
+SCRIPTS = ["benchmark/kernels/bench_kernels.py", "benchmark/kernels/bench_fingerprint.py",
+           "benchmark/server/bench_hicache.py", "benchmark/server/tie_check.py", "benchmark/server/soak_publications.py",
+           "benchmark/rl_rollout", "benchmark/server/bench_steady_state.py", "benchmark/server/bench_sched_cpu.py",
+           "benchmark/cache/profile_steady.py", "scripts/hook_table.py"]
+
+#: runs each script named on its command line as `__main__` with `--help`, one after another in one process (the
+#: scripts' imports of SGLang are paid once), and prints each one's help after a `== <script>` line
+HELP_EACH = """
+import contextlib, io, runpy, sys
+for script in sys.argv[1:]:
+    out = io.StringIO()
+    sys.argv = [script, "--help"]
+    with contextlib.redirect_stdout(out):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:
+            assert e.code in (0, None), (script, e.code)
+    print("== " + script)
+    print(out.getvalue())
+"""
+
+
+def test_every_script_answers_help():
+    out = run_script("-c", HELP_EACH, *SCRIPTS, timeout=300)
+    helps = dict(part.split("\n", 1) for part in out.split("== ")[1:])
+    assert list(helps) == SCRIPTS
+    for script, text in helps.items():
+        assert "usage:" in text, (script, text[:500])
 
 
 def load_script(relpath: str, name: str):

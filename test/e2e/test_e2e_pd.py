@@ -217,6 +217,7 @@ def test_skew_with_prefill_updated_first_fails_the_request_and_caches_nothing(vr
 
 
 @needs_pd
+@pytest.mark.long  # the reverse layout's skew: `vradix_pair` (also mixed layouts) refuses skew in both orders in CI
 @pytest.mark.timeout(900)
 def test_a_wide_prefill_pair_refuses_skew_in_both_orders_and_then_serves_the_new_weights(wide_prefill_pair, models,
                                                                                         oracle):
@@ -234,13 +235,14 @@ def test_a_wide_prefill_pair_refuses_skew_in_both_orders_and_then_serves_the_new
 
 @needs_pd
 @pytest.mark.timeout(600)
-def test_the_publish_client_gives_a_mixed_layout_pair_one_weight_id_and_fails_a_skewed_one(wide_prefill_pair,
-                                                                                          models, oracle):
-    """The publish client on both roles of the wide-prefill pair (planned `in_place`, radix kept: vradix on each
-    role). A transfer that loads A on prefill and B on decode is one publication whose roles disagree: PublishError
-    naming both identities, both roles left paused; resumed, the skewed pair refuses the request (503). Publishing A
-    to both: one fleet weight_id across TP=2 and TP=1, and the pair answers a fresh server's output on A."""
-    pair = wide_prefill_pair
+def test_the_publish_client_gives_a_mixed_layout_pair_one_weight_id_and_fails_a_skewed_one(vradix_pair, models,
+                                                                                          oracle):
+    """The publish client on both roles of the mixed-layout pair (prefill TP=1, decode TP=2; planned `in_place`,
+    radix kept: vradix on each role). A transfer that loads A on prefill and B on decode is one publication whose
+    roles disagree: PublishError naming both identities, both roles left paused; resumed, the skewed pair refuses the
+    request (503). Publishing A to both: one fleet weight_id across TP=1 and TP=2, and the pair answers a fresh
+    server's output on A."""
+    pair = vradix_pair
     urls = [pair.prefill.url, pair.decode.url]
 
     def prefill_to_a(engine, version):  # one publication, other weights on decode
@@ -259,7 +261,7 @@ def test_the_publish_client_gives_a_mixed_layout_pair_one_weight_id_and_fails_a_
     pair.resume()
     assert_refused_naming(generate_raw(pair), a_id, b_id)
     ok = publish(urls, models[0], "pd-a")
-    assert [len(r.weight_ids_after) for r in ok] == [2, 1]  # every TP rank of prefill checked (`tp_ranks`)
+    assert [len(r.weight_ids_after) for r in ok] == [1, 2]  # every TP rank of decode checked (`tp_ranks`)
     assert ok.fleet.weight_id == a_id == weight_id(pair.decode) and ok.fleet.mode == "fingerprint"
     assert [(e["url"], e["in_fleet"]) for e in ok.fleet.engines] == [(u, True) for u in urls]
     assert pair.generate(PROMPT, 6)["output_ids"] == oracle["A"]
