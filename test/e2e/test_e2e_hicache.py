@@ -9,14 +9,15 @@ The oracle is a stock server without HiCache started on B; it then loads A and f
 resets the cache), and every oracle answer is asserted to be computed from scratch (`cached_tokens == 0`).
 
 Start-up dominates on CPU, so servers start in two waves (`STARTS_AT_ONCE` at a time) and are shared:
-- wave 1, the writers (stock, vradix with a nonce identity, with the declared identity `run1-step5`, and with a
-  fingerprint identity, all on A), and the oracle: each writer serves PROMPT, waits until its pages are in the store,
+- wave 1, the writers (stock, vradix with a nonce identity, and with the declared identity `run1-step5`, all on A),
+  and the oracle: each writer serves PROMPT, waits until its pages are in the store,
   and stops;
-- wave 2, the readers, on the same store: stock on B, vradix (nonce) on B, two vradix servers declared `run1-step5`
-  on A, and a fingerprint one on A. Each serves PROMPT first (the restart tests), then the concurrent-engine tests
+- wave 2, the readers, on the same store: stock on B, vradix (nonce) on B, and two vradix servers declared
+  `run1-step5` on A. Each serves PROMPT first (the restart tests), then the concurrent-engine tests
   use them;
 - last, three publications run at once, one per reader (the in_place publication with L2 and L3 populated, and the
   stale-prefix scenario on stock and on vradix), and their tests check the outcomes.
+A fingerprint writer and reader (`make test-long`) start after the readers.
 """
 import concurrent.futures as cf
 
@@ -106,8 +107,7 @@ FINGERPRINT_ENV = {"VRADIX_WEIGHT_IDENTITY": "fingerprint"}  # the env form of -
 @pytest.fixture(scope="module")
 def wave1(models, store, server_pool):
     """The oracle and the writers, concurrently."""
-    specs = {"stock": dict(vradix=False), "nonce": {}, "declared": dict(identity="declared", weight_version=STEP5),
-             "fingerprint": dict(env=FINGERPRINT_ENV)}
+    specs = {"stock": dict(vradix=False), "nonce": {}, "declared": dict(identity="declared", weight_version=STEP5)}
     with cf.ThreadPoolExecutor(STARTS_AT_ONCE) as pool:
         futs = {"oracle": pool.submit(oracle_outputs, models, server_pool),
                 **{k: pool.submit(write_prompt, models[0], store, **kw) for k, kw in specs.items()}}
@@ -127,8 +127,7 @@ def readers(models, store, wave1):
     """The readers, started concurrently once every writer has stopped; stopped at the end of the module."""
     declared = dict(identity="declared", weight_version=STEP5)
     specs = {"stock": (models[1], dict(vradix=False)), "nonce": (models[1], {}),
-             "declared": (models[0], declared), "declared_peer": (models[0], declared),
-             "fingerprint": (models[0], dict(env=FINGERPRINT_ENV))}
+             "declared": (models[0], declared), "declared_peer": (models[0], declared)}
     with cf.ThreadPoolExecutor(STARTS_AT_ONCE) as pool:
         started, error = results({k: pool.submit(Reader, m, store, **kw) for k, (m, kw) in specs.items()})
     try:
@@ -179,9 +178,23 @@ def test_declared_identity_reuses_storage_across_a_restart(wave1, readers, oracl
     assert after["kv_ledger"]["violations_caught"] == 0  # the strict guard accepted the pages loaded from L3
 
 
-def test_fingerprint_identity_reuses_storage_across_a_restart(wave1, readers, oracle):
-    _, before = wave1["fingerprint"]
-    r, after = readers["fingerprint"].first, readers["fingerprint"].info
+@pytest.fixture(scope="module")
+def fingerprint_restart(models, store, readers):
+    """A fingerprint writer on A, then, once it stopped, a fingerprint reader on A, on the same store (after the
+    readers, which it does not disturb). Yields (the writer's vradix info, the reader)."""
+    _, before = write_prompt(models[0], store, env=FINGERPRINT_ENV)
+    reader = Reader(models[0], store, env=FINGERPRINT_ENV)
+    try:
+        yield before, reader
+    finally:
+        reader.s.stop()
+
+
+@pytest.mark.long  # two more HiCache starts: storage keys are built from the weight_id alone, so the declared restart
+# above covers the reuse, and test_e2e_identity.py / test_e2e_tp.py prove fingerprints equal across processes
+def test_fingerprint_identity_reuses_storage_across_a_restart(fingerprint_restart, oracle):
+    before, reader = fingerprint_restart
+    r, after = reader.first, reader.info
     assert before["weight_id"] == after["weight_id"] and after["weight_id"].startswith("fp:")
     assert after["weight_identity"] == {"mode": "fingerprint", "source": "fingerprint"}
     assert tiers(r)["storage"] == len(PROMPT) - 1, r["meta_info"]
