@@ -56,14 +56,12 @@ def test_a_precondition_never_met_fails_at_the_deadline_naming_it():
 
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
-def test_on_a_real_server_a_request_that_finished_first_voids_the_attempt(models, monkeypatch):
+def test_on_a_real_server_a_request_that_finished_first_voids_the_attempt(models, monkeypatch, server_pool):
     """A one-token request has finished by the time the pause took effect (its only chunk is its last): the attempt is
     voided and the engine continued; the long request of the next attempt is held, paused, until it is resumed."""
-    from vradix.testing.harness.server import CpuServer
-
     monkeypatch.undo()  # the real fence
     tokens = iter([1, 300])
-    with CpuServer(models[0]) as s:
+    with server_pool.lease(models[0]) as s:
         (held,) = scenario.pause_holding(s, lambda: [scenario.StreamingRequest(s.url, scenario.LONG_PROMPT,
                                                                                next(tokens))])
         assert next(tokens, None) is None and not held.done  # the second attempt is the one returned
