@@ -14,6 +14,7 @@ import pytest
 
 from sglang.srt.mem_cache import common
 
+from vradix.observability import server_info
 from vradix.core import epochs
 from vradix.core.admission import stamp
 from vradix.core.state import attach
@@ -116,7 +117,7 @@ def test_stale_host_copies_are_unmatchable_and_freed_at_a_publication(core_ps, p
     inv = bump(fx, state, [crossing])
     assert inv.host_tokens_freed == used > 0, inv
     assert state.freed.host_tokens_total == used
-    assert state.as_dict(0)["stale_host_tokens_freed_last"] == used
+    assert server_info.engine_block(state, 0)["stale_host_tokens_freed_last"] == used
     assert fx.host_figures()["used"] == 0  # host-only stale nodes and host copies of held stale nodes, all freed
     check(fx, state, [crossing])
     stale = new_req(fx, state, P + [2])

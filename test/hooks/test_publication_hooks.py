@@ -13,6 +13,7 @@ from sglang.srt.managers.io_struct import (UpdateWeightFromDiskReqInput, UpdateW
                                            UpdateWeightsFromIPCReqOutput, UpdateWeightsFromTensorReqInput,
                                            UpdateWeightsFromTensorReqOutput)
 
+from vradix.observability import server_info
 from vradix.core.admission import stamp
 from vradix.hooks import launcher, publication
 from vradix.scheduler import publication as publication_glue
@@ -102,7 +103,7 @@ def test_a_publication_reports_its_pause_drain_plus_bump(engine, monkeypatch):
     publication.publish_update_from_disk(succeeding_update(engine), engine.updater, disk_request("B1"))
     last = engine.state.last_publication
     assert last.drain_ms >= 20 and last.bump_ms >= last.latency_ms + last.identity_ms > 0
-    info = engine.state.as_dict(0)
+    info = server_info.engine_block(engine.state, 0)
     assert info["last_publication_pause_ms"] == {"drain_ms": round(last.drain_ms, 3),
                                                  "bump_ms": round(last.bump_ms, 3),
                                                  "total_ms": round(last.drain_ms + last.bump_ms, 3)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional
 
-from vradix import __version__, identity, kernels, namespace
+from vradix import identity, namespace
 from vradix.core.prefix_hits import PrefixHits
 from vradix.core import dedup
 from vradix.core import staleness
@@ -420,74 +420,6 @@ class EpochState:
         wid = identity.declared(text).weight_id
         return any(e.identity.weight_id == wid for e in self.identities.values())
 
-    def as_dict(self, pinned_tokens: int) -> dict:
-        """The `vradix` block of server info (plain JSON types)."""
-        last = self.last
-        return {
-            "active": True,
-            "version": __version__,
-            "tree_core": self.tree_core,
-            "epoch": self.epoch,
-            "label": self.label,
-            "weight_id": self.weight_id,
-            "weight_identity": {"mode": self.identity_mode, "source": self.identities[self.epoch].identity.source},
-            "l3_scope": self.scope,
-            "publications": self.publications,
-            "lock_aware_flushes": self.flushes,
-            "crossing_requests": len(self.crossing),
-            "stale_tokens_pinned": pinned_tokens,
-            "stale_tokens_freed_total": self.freed.tokens_total,
-            "stale_tokens_freed_at_release": self.freed.tokens_at_release,
-            "stale_tokens_freed_last": last.tokens_freed if last else 0,
-            "stale_tokens_pending": self.deferred.pending_tokens,
-            "stale_reclaim": self.deferred.as_dict(),
-            "stale_host_tokens_freed_total": self.freed.host_tokens_total,
-            "stale_host_tokens_freed_last": last.host_tokens_freed if last else None,
-            "last_publication_latency_ms": (round(self.last_publication.latency_ms, 3)
-                                            if self.last_publication else None),
-            "last_publication_pause_ms": self.last_publication_pause(),
-            "last_invalidation": last.summary() if last else None,
-            "forged_keys_rejected": self.forged_keys_rejected,
-            "session_slots_released": self.sessions.slots_released,
-            "last_invalidation_detail": last.as_dict() if last else None,
-            "last_publication": self.last_publication.as_dict() if self.last_publication else None,
-            "lora_adapter_events": self.lora.events,
-            "lora_stale_tokens_freed": self.lora.tokens_freed,
-            "kv_ledger": self.ledger_dict(),
-            "weight_session": self.session.as_dict() if self.session is not None else None,
-            "prefill_dedup": self.dedup.stats.as_dict(self.dedup.enabled),
-            "bounded_staleness": self.staleness.as_dict(),
-            "stale_tokens_reused_total": self.staleness.stale_tokens_total,
-        }
-
-    def last_publication_pause(self) -> Optional[dict]:
-        """The pause the last publication added on the scheduler (ms): drain, bump and their sum; None before one."""
-        p = self.last_publication
-        if p is None:
-            return None
-        return {"drain_ms": round(p.drain_ms, 3), "bump_ms": round(p.bump_ms, 3), "total_ms": round(p.pause_ms, 3)}
-
-    def ledger_dict(self) -> dict:
-        """The KV page ledger's guard and audit counters."""
-        g, st = self.guard.config, self.guard.stats
-        return {
-            "enabled": self.ledger is not None,
-            "kernels": kernels.impl_for(self.ledger.page_epoch) if self.ledger is not None else None,
-            "verify_mode": g.verify,
-            "audit_mode": g.audit,
-            "prefixes_verified": st.prefixes_verified,
-            "verify_host_reads": st.verify_host_reads,
-            "batches_verified": st.batches_verified,
-            "verdicts_pending": len(self.guard.verdicts),
-            "checkpoints_held": st.checkpoints_held,
-            "violations_caught": st.violations_caught,
-            "last_violation": st.last_violation or None,
-            "audits": st.audits,
-            "leaked_pages_total": st.leaked_pages_total,
-            "leaked_pages_last": st.leaked_pages_last,
-            "leaked_pages_repaired": st.leaked_pages_repaired,
-        }
-
 
 @dataclass
 class WeightSession:
@@ -563,13 +495,6 @@ class TreelessState:
         if is_publication:
             self.publications += 1
             self.last_publication = dropped
-
-    def as_dict(self) -> dict:
-        """The `vradix` block of server info on such an engine."""
-        return {"active": True, "version": __version__, "radix_cache": False,
-                "versioned": ["multimodal embedding cache", "vision position-embedding grids"],
-                "publications": self.publications, "last_invalidation_detail": self.last,
-                "last_publication": self.last_publication, "weight_session_open": self.session_open}
 
 
 def attach_treeless(tree_cache) -> TreelessState:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vradix import __version__, collectives
 from vradix.core import host_tier, mm_embeddings, provenance
-from vradix.observability import metrics
+from vradix.observability import metrics, server_info
 from vradix.core.state import state_of, state_of_scheduler, treeless_of
 from vradix.scheduler import census
 
@@ -40,7 +40,7 @@ def report_server_info(result, internal_state, *args, **kwargs):
     state = state_of(cache)
     treeless = treeless_of(cache) if state is None else None
     if treeless is not None:
-        block = treeless.as_dict()
+        block = server_info.treeless_block(treeless)
         block["mm_embedding_cache"] = mm_embeddings.stats()
     elif state is None:
         block = {"active": False, "version": __version__, "reason": "radix cache disabled"}
