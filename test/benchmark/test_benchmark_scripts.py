@@ -37,6 +37,7 @@ def test_bench_steady_state_smoke_prints_the_table():
     assert 0 < host_reads <= verified  # the strict guard's backstop ran: one host read per checked extend batch
 
 
+@pytest.mark.long  # the benchmark's smoke: the fingerprint kernels are tested in test_fingerprint.py
 def test_bench_fingerprint_smoke_prints_the_table():
     out = run_script("benchmark/kernels/bench_fingerprint.py", "--smoke")
     assert re.search(r"^what +impl +device +bytes +time s +GB/s +s/GB", out, re.M)
@@ -66,7 +67,7 @@ def test_bench_hicache_smoke_prints_three_tables():
 SCRIPTS = ["benchmark/kernels/bench_kernels.py", "benchmark/kernels/bench_fingerprint.py",
            "benchmark/server/bench_hicache.py", "benchmark/server/tie_check.py", "benchmark/server/soak_publications.py",
            "benchmark/rl_rollout", "benchmark/server/bench_steady_state.py", "benchmark/server/bench_sched_cpu.py",
-           "benchmark/cache/profile_steady.py", "scripts/hook_table.py"]
+           "benchmark/cache/profile_steady.py", "benchmark/cache/bench_inspector.py", "scripts/hook_table.py"]
 
 #: runs each script named on its command line as `__main__` with `--help`, one after another in one process (the
 #: scripts' imports of SGLang are paid once), and prints each one's help after a `== <script>` line
@@ -137,6 +138,7 @@ def test_bench_sched_cpu_arithmetic_and_scheduler_discovery():
     assert "| grpo | 20.0 | 21.0 | +5.0% | 20.0 / 21.0 (stock) | 8 | 0 |" in bench.table(rows)
 
 
+@pytest.mark.long  # the benchmark's smoke: the snapshot it times is tested in test_inspector.py and E2E
 def test_bench_inspector_prints_the_table():
     out = run_script("benchmark/cache/bench_inspector.py", "--cached-tokens", "4000", "--systems", "8",
                      "--system-len", "64", "--suffix-len", "32", "--live", "4", "--iterations", "40",

@@ -8,7 +8,9 @@ import pytest
 from vradix.testing.harness import server as server_mod
 from vradix.testing.harness.server import CpuServer
 
-pytestmark = pytest.mark.e2e
+# the kit's own recovery (two server starts), in `make test-long`: a port race is rare, and every CI server start
+# goes through the same launch loop
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 
 def test_server_restarts_on_a_new_port_when_its_port_was_taken(models, monkeypatch):

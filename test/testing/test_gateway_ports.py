@@ -6,7 +6,8 @@ import pytest
 
 from vradix.testing.harness import gateway
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+# the kit's own recovery, in `make test-long` (as the CPU server's and the P/D pair's)
+pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.timeout(300)]
 pytest.importorskip("smg")
 
 
