@@ -58,17 +58,23 @@ class Engine:
         self.fx.admit(req)
         self.fx.prefill(req)  # a running request holding KV: a flush now would be a lock-aware bump
         self.scheduler = StubScheduler(self.fx, [req])
-        u = SchedulerWeightUpdaterManager.__new__(SchedulerWeightUpdaterManager)
-        u.scheduler, u._session, u.metrics_collector = self.scheduler, None, None
-        u.flush_cache = self.scheduler.flush_cache
-        u.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model_config=None),
-                                            weight_update_runners=lambda: [])
-        u.draft_worker = None
-        self.updater = u
+        self.updater = updater_for(self.scheduler)
         self.touched = 0
 
     def counters(self):
         return self.state.epoch, self.state.publications, self.state.flushes
+
+
+def updater_for(scheduler) -> SchedulerWeightUpdaterManager:
+    """SGLang's real weight updater, built without `__init__` (it needs a model runner) around `scheduler`: no session,
+    no metrics, no draft worker, no runner to load into."""
+    u = SchedulerWeightUpdaterManager.__new__(SchedulerWeightUpdaterManager)
+    u.scheduler, u._session, u.metrics_collector = scheduler, None, None
+    u.flush_cache = scheduler.flush_cache
+    u.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model_config=None),
+                                        weight_update_runners=lambda: [])
+    u.draft_worker = None
+    return u
 
 
 def disk_request(label, **kw):

@@ -7,12 +7,11 @@ import dataclasses
 import types
 
 import torch
-from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWeightUpdaterManager
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from vradix.core.state import attach_treeless
 from vradix.testing.harness.cache_fixture import build_cache
-from vradix.testing.harness.engine import Engine, StubScheduler
+from vradix.testing.harness.engine import Engine, StubScheduler, updater_for
 
 
 def vision_tower():
@@ -53,12 +52,6 @@ class TreelessEngine(Engine):
         assert not fx.cache.supports_prefix_sharing()
         self.fx, self.treeless = fx, attach_treeless(fx.cache)
         self.scheduler = IdleStubScheduler(fx)
-        u = SchedulerWeightUpdaterManager.__new__(SchedulerWeightUpdaterManager)
-        u.scheduler, u._session, u.metrics_collector = self.scheduler, None, None
-        u.flush_cache = self.scheduler.flush_cache
-        u.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model_config=None),
-                                            weight_update_runners=lambda: [])
-        u.draft_worker = None
-        self.updater, self.touched = u, 0
+        self.updater, self.touched = updater_for(self.scheduler), 0
         self.tower = vision_tower()
         serve(self.scheduler, self.tower)
