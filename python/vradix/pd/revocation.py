@@ -50,10 +50,10 @@ def message(rid: str, promised_len: int, promised_under: str, published: str, ep
             f"the retry is matched and promised under the new weights.")
 
 
-def revoke_unfulfilled(scheduler, published_id: str, epoch: int) -> int:
+def revoke_unfulfilled(queue, published_id: str, epoch: int) -> int:
     """At a publication on a P/D decode role, right after the bump to `epoch` (every transfer-queue request already
-    crosses it): revoke each transfer-queue request's unfulfilled prefix promise (`must_revoke`). Returns how many
-    were revoked.
+    crosses it): revoke each unfulfilled prefix promise of the role's transfer queue (`queue`, SGLang's
+    `DecodeTransferQueue`; `must_revoke`). Returns how many were revoked.
 
     A revoked request is failed the way SGLang's own `/abort_request` fails a transfer-queue request: its receiver is
     aborted, which tells prefill (an abort notification, so prefill stops and drops the request) and marks its room
@@ -63,8 +63,7 @@ def revoke_unfulfilled(scheduler, published_id: str, epoch: int) -> int:
     that path. A request staged to host memory keeps its receiver, as SGLang's abort does, until prefill stops
     writing. The receivers' states are reduced over the attention TP group (MIN), as `pop_transferred` reduces them,
     so every rank revokes the same requests."""
-    queue = getattr(scheduler, "disagg_decode_transfer_queue", None)
-    entries = [d for d in (queue.queue if queue is not None else ()) if d.kv_receiver is not None]
+    entries = [d for d in queue.queue if d.kv_receiver is not None]
     if not entries:
         return 0
     import torch.distributed as dist

@@ -264,8 +264,9 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     inv.took_identity(identity_ms)
     if is_publication:
         inv.took_drain(state.take_drain())
-        if getattr(scheduler, "disagg_decode_transfer_queue", None) is not None:  # only decode promises prefixes
-            inv.count_revoked(revocation.revoke_unfulfilled(scheduler, inv.weight_id, inv.epoch_after))
+        queue = getattr(scheduler, "disagg_decode_transfer_queue", None)  # only a decode role promises prefixes
+        if queue is not None:
+            inv.count_revoked(revocation.revoke_unfulfilled(queue, inv.weight_id, inv.epoch_after))
     # multimodal embeddings (keyed by content only) and vision position grids the old weights computed
     cleared = weight_derived.clear_at_publication(scheduler)
     inv.count_cleared(cleared.mm_embeddings, cleared.position_grids)
