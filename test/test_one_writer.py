@@ -19,7 +19,7 @@ PKG = pathlib.Path(__file__).resolve().parents[1] / "python" / "vradix"
 
 #: owner module -> the records it defines (each record's fields are written only there)
 RECORDS = {
-    "vradix.core.state": ("EpochState", "Invalidation", "GuardRecord", "LoraRecord", "DedupRecord", "FreedCounters",
+    "vradix.core.state": ("EpochState", "Bump", "GuardRecord", "LoraRecord", "DedupRecord", "FreedCounters",
                           "StorageCounters", "SessionRecord", "WeightSession", "TreelessState"),
     "vradix.request": ("ReqState",),
     "vradix.core.deferred_reclaim": ("DeferredReclaim",),
@@ -31,7 +31,7 @@ NOT_RECORDS = {
     "EpochIdentity": "frozen: it cannot be written at all",
 }
 #: the names the code base gives a record where nothing else says what a name holds
-CONVENTIONAL = {"state": "EpochState", "st": "ReqState", "inv": "Invalidation", "q": "DeferredReclaim",
+CONVENTIONAL = {"state": "EpochState", "st": "ReqState", "inv": "Bump", "q": "DeferredReclaim",
                 "rec": "StalenessRecord", "session": "WeightSession", "treeless": "TreelessState"}
 MUTATORS = {"append", "extend", "insert", "pop", "popitem", "clear", "update", "setdefault", "remove", "add",
             "discard", "move_to_end", "sort", "reverse"}
@@ -213,11 +213,11 @@ PLANTED = [
     ("def f(state, req):\n    state.crossing[id(req)] = req\n", "state.crossing (EpochState"),
     ("def f(state, k):\n    state.lora.adapter_ids.pop(k, None)\n", "state.lora.adapter_ids (LoraRecord"),
     ("def f(scheduler):\n    inv = bump_scheduler(scheduler, reason='r')\n    inv.drain_ms = 1.0\n",
-     "inv.drain_ms (Invalidation"),
+     "inv.drain_ms (Bump"),
     ("def f(state):\n    q = state.deferred\n    q.pending_tokens, q.active = 0, False\n",
      "q.pending_tokens (DeferredReclaim"),
     ("def f(st: 'request.ReqState'):\n    del st.crossings[0]\n", "st.crossings (ReqState"),
-    ("def f():\n    r = Invalidation(0, 1, None, 'r')\n    r.tokens_freed = 3\n", "r.tokens_freed (Invalidation"),
+    ("def f():\n    r = Bump(0, 1, None, 'r')\n    r.tokens_freed = 3\n", "r.tokens_freed (Bump"),
 ]
 
 
@@ -258,20 +258,20 @@ def test_a_requests_epoch_and_history_are_read_from_one_bind():
     assert (st.epoch, st.kv_history, st.pd_handoff) == (6, [(0, 6, "d", "w6")], None)
 
 
-def test_the_last_invalidation_is_the_later_of_the_last_publication_and_the_last_flush():
-    from vradix.core.state import EpochState, Invalidation
+def test_the_last_bump_is_the_later_of_the_last_publication_and_the_last_flush():
+    from vradix.core.state import Bump, EpochState
 
     state = EpochState(tree_core="t")
     assert state.last is None
-    publication = Invalidation(0, 1, "a", "update")
+    publication = Bump(0, 1, "a", "update")
     state.record_bump(publication, is_publication=True)
     assert state.last is publication and state.last_flush is None
-    idle = Invalidation(1, 1, "a", "flush (idle reset)")  # keeps the epoch: later than the publication
+    idle = Bump(1, 1, "a", "flush (idle reset)")  # keeps the epoch: later than the publication
     state.record_bump(idle, is_publication=False)
     assert state.last is idle and state.last_publication is publication
-    again = Invalidation(1, 2, "b", "update")
+    again = Bump(1, 2, "b", "update")
     state.record_bump(again, is_publication=True)
     assert state.last is again
-    flush = Invalidation(2, 3, "b", "lock-aware flush")
+    flush = Bump(2, 3, "b", "lock-aware flush")
     state.record_bump(flush, is_publication=False)
     assert state.last is flush and state.last_publication is again

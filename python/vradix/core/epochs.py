@@ -32,7 +32,7 @@ from typing import Iterable, Optional
 from vradix import identity as weight_identity, request
 from vradix.core import (admission, host_tier, provenance, reclaim, deferred_reclaim, retraction, sessions,
                          staleness)
-from vradix.core.state import EpochState, Invalidation
+from vradix.core.state import Bump, EpochState
 
 #: longest accepted publication label (SGLang `weight_version`); labels travel in every response's meta_info
 MAX_LABEL_CHARS = 256
@@ -60,7 +60,7 @@ def check_label(label) -> None:
 
 def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *, reason: str,
          label: Optional[str] = None, is_publication: bool = True,
-         identity: Optional[weight_identity.WeightIdentity] = None) -> Invalidation:
+         identity: Optional[weight_identity.WeightIdentity] = None) -> Bump:
     """Advance the epoch and invalidate everything older, lock-aware. See the module docstring for the steps.
     `identity` is the new weights' identity: None means a fresh nonce for a publication, and the current identity
     for a lock-aware flush (same weights)."""
@@ -79,12 +79,12 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
         freed, deferred = reclaim_stale(state, cache, holders)
     state.freed.count(freed)
     state.freed.count_host(host.tokens)
-    inv = Invalidation(epoch_before=epoch_before, epoch_after=state.epoch, label=label, reason=reason,
-                       weight_id=identity.weight_id, session_slots_released=slots_released,
-                       crossing_mid_prefill=mid_prefill, requeued_rebound=rebound, tokens_freed=freed,
-                       tokens_deferred=deferred, host_tokens_freed=host.tokens, crossing_requests=len(state.crossing),
-                       tokens_pinned=reclaim.stale_tokens_pinned(cache, holder_nodes(state)),
-                       latency_ms=(time.perf_counter() - t0) * 1e3)
+    inv = Bump(epoch_before=epoch_before, epoch_after=state.epoch, label=label, reason=reason,
+               weight_id=identity.weight_id, session_slots_released=slots_released,
+               crossing_mid_prefill=mid_prefill, requeued_rebound=rebound, tokens_freed=freed,
+               tokens_deferred=deferred, host_tokens_freed=host.tokens, crossing_requests=len(state.crossing),
+               tokens_pinned=reclaim.stale_tokens_pinned(cache, holder_nodes(state)),
+               latency_ms=(time.perf_counter() - t0) * 1e3)
     state.record_bump(inv, is_publication)
     return inv
 
@@ -172,14 +172,14 @@ def on_release(state: EpochState, cache, req, released_node) -> int:
 
 
 def record_reset(state: EpochState, reason: str, tokens_freed: int, host_tokens_freed: Optional[int],
-                 mm_embeddings_cleared: int) -> Invalidation:
+                 mm_embeddings_cleared: int) -> Bump:
     """Record a flush that reset an idle engine's whole cache (SGLang's own flush, which ran just before): nothing
     was locked, so the epoch stays; the deferred reclaim has nothing left to free. Returns the flush's record."""
     deferred_reclaim.cancel(state)
     state.count_flush()
     state.freed.count(tokens_freed)
-    inv = Invalidation(state.epoch, state.epoch, state.label, reason, tokens_freed=tokens_freed,
-                       mm_embeddings_cleared=mm_embeddings_cleared, host_tokens_freed=host_tokens_freed)
+    inv = Bump(state.epoch, state.epoch, state.label, reason, tokens_freed=tokens_freed,
+               mm_embeddings_cleared=mm_embeddings_cleared, host_tokens_freed=host_tokens_freed)
     state.record_bump(inv, is_publication=False)
     state.freed.count_host(host_tokens_freed)
     return inv

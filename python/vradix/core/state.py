@@ -22,10 +22,11 @@ from vradix.ledger import device as kv_ledger
 
 
 @dataclass
-class Invalidation:
-    """What one epoch bump (publication or lock-aware flush), or an idle flush, did. Built whole by the bump
-    (`vradix.core.epochs.bump`) or the idle flush; afterwards it changes only through `took_identity`, `took_drain`,
-    `took_bump`, `count_revoked` and `count_cleared` (the publication's own steps, `vradix.scheduler.publication`).
+class Bump:
+    """The bump's record: what one epoch bump (publication or lock-aware flush), or an idle flush, did. Built whole
+    by the bump (`vradix.core.epochs.bump`) or the idle flush; afterwards it changes only through `took_identity`,
+    `took_drain`, `took_bump`, `count_revoked` and `count_cleared` (the publication's own steps,
+    `vradix.scheduler.publication`).
     `tokens_deferred` is what the bump left to the deferred reclaim at that moment, not the reclaim's live
     `DeferredReclaim.pending_tokens`."""
 
@@ -289,9 +290,9 @@ class EpochState:
     #: device-side record of which epoch wrote each KV page (None for allocators vradix cannot observe)
     ledger: Optional[PageLedger] = None
     #: the last bump that was a publication (not a lock-aware flush)
-    last_publication: Optional[Invalidation] = None
+    last_publication: Optional[Bump] = None
     #: the last lock-aware flush's bump, or the last idle flush (which keeps the epoch)
-    last_flush: Optional[Invalidation] = None
+    last_flush: Optional[Bump] = None
     #: how each epoch's weight identity is chosen (`vradix.identity.MODES`)
     identity_mode: str = "nonce"
     #: a P/D role's scope (role + KV layout, `vradix.pd.layout.scope_of`), the start of every namespace it stamps, so
@@ -317,13 +318,13 @@ class EpochState:
     #: bounded staleness: the server window and what bounded requests reused (written only by
     #: `vradix.core.staleness`; the window at attach)
     staleness: StalenessRecord = field(default_factory=StalenessRecord)
-    #: drain time (ms) the publication under way has spent so far, taken by its bump (`Invalidation.drain_ms`);
+    #: drain time (ms) the publication under way has spent so far, taken by its bump (`Bump.drain_ms`);
     #: written only by `vradix.scheduler.publication`
     drain_ms_pending: float = 0.0
 
     @property
-    def last(self) -> Optional[Invalidation]:
-        """The last invalidation, publication or flush. A publication always advances the epoch, so on equal
+    def last(self) -> Optional[Bump]:
+        """The last bump's record, publication or flush. A publication always advances the epoch, so on equal
         `epoch_after` the flush (an idle flush keeps the epoch) is the later one."""
         p, f = self.last_publication, self.last_flush
         if f is None or (p is not None and p.epoch_after > f.epoch_after):
@@ -341,7 +342,7 @@ class EpochState:
         else:
             self.flushes += 1
 
-    def record_bump(self, inv: Invalidation, is_publication: bool) -> None:
+    def record_bump(self, inv: Bump, is_publication: bool) -> None:
         """Keep `inv` as the last publication, or as the last flush."""
         if is_publication:
             self.last_publication = inv

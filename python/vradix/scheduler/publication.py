@@ -21,7 +21,7 @@ import time
 from typing import Optional
 
 from vradix.core import deferred_reclaim, epochs, host_tier, lora, mm_embeddings, overlap, weight_derived
-from vradix.core.state import EpochState, Invalidation, WeightSession, state_of_scheduler, treeless_of
+from vradix.core.state import Bump, EpochState, WeightSession, state_of_scheduler, treeless_of
 from vradix.l3 import prefetch
 from vradix.ledger import guard
 from vradix.observability import metrics
@@ -53,7 +53,7 @@ class Publication:
         self.treeless = treeless_of(scheduler.tree_cache) if scheduler is not None and self.state is None else None
         #: the bucket counts, while this publication is a weight-update session
         self.session: Optional[WeightSession] = None
-        #: what `apply` did: an `Invalidation` on a radix cache, the treeless record without one
+        #: what `apply` did: a `Bump` on a radix cache, the treeless record without one
         self.result = None
 
     @classmethod
@@ -241,7 +241,7 @@ def record_bucket(session: WeightSession, out):
 
 
 def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool = True,
-                   weights_changed: bool = True) -> Invalidation:
+                   weights_changed: bool = True) -> Bump:
     """One epoch bump on the scheduler's engine. With an external KV store, the queued requests the bump re-binds
     end their cache attempt first (their storage prefetches are revoked) and are looked up again afterwards under the
     new namespace (`vradix.l3.prefetch`). On a P/D decode role a publication also revokes the prefix promises prefill
@@ -287,7 +287,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     return inv
 
 
-def record_idle_reset(scheduler, reason: str, tokens_freed: int, host_tokens_freed) -> Invalidation:
+def record_idle_reset(scheduler, reason: str, tokens_freed: int, host_tokens_freed) -> Bump:
     """The record of a flush that reset an idle engine (`epochs.record_reset`): it also drops the multimodal
     embeddings, as every flush does."""
     inv = epochs.record_reset(state_of_scheduler(scheduler), reason, tokens_freed, host_tokens_freed,
@@ -312,7 +312,7 @@ def unload_adapter(scheduler, recv_req) -> int:
 def drain_for_publication(scheduler) -> int:
     """Finish the in-flight batches before the weights change (`overlap.drain_inflight_batch`), and add the time it
     took to the drain of the publication under way (`EpochState.drain_ms_pending`), which its bump records
-    (`Invalidation.drain_ms`). Returns the number of batches drained."""
+    (`Bump.drain_ms`). Returns the number of batches drained."""
     t0 = time.perf_counter()
     drained = overlap.drain_inflight_batch(scheduler)
     state = state_of_scheduler(scheduler)
