@@ -44,7 +44,7 @@ PUBLICATION_HOOKS = {
     "UpdateWeightVersionReqInput": ("handle_update_weight_version", f"{_SCHED}.record_weight_version_change",
                                     "publication.publish_on_version_change"),
     # SGLang's flush wrapper calls Scheduler.flush_cache, where vradix's flush is
-    "FlushCacheReqInput": ("flush_wrapper.handle", f"{_SCHED}.flush_cache", "reclaim.lock_aware_flush"),
+    "FlushCacheReqInput": ("flush_wrapper.handle", f"{_SCHED}.flush_cache", "publication.lock_aware_flush"),
     "CheckWeightsReqInput": ("weight_updater.check_weights", f"{_UPDATER}.check_weights",
                              "publication.publish_weights_checker_reset"),
     "ResumeMemoryOccupationReqInput": ("weight_updater.resume_memory_occupation",

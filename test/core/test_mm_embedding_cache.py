@@ -11,7 +11,7 @@ import torch
 from sglang.srt.managers import mm_schedule
 from sglang.srt.mem_cache.multimodal_cache import EmbeddingResult
 
-from vradix.hooks import publication, reclaim
+from vradix.hooks import publication
 from vradix.testing.harness.engine import Engine, disk_request, end_session, open_session, succeeding_update
 
 ITEMS = 3
@@ -88,7 +88,7 @@ def test_an_idle_flush_clears_the_multimodal_embedding_cache(engine, mm_cache):
     engine.fx.finish(req)
     engine.scheduler.running.clear()
     epoch = engine.state.epoch
-    assert reclaim.lock_aware_flush(stock_reset(engine), engine.scheduler)
+    assert publication.lock_aware_flush(stock_reset(engine), engine.scheduler)
     assert engine.state.epoch == epoch and engine.state.last.reason == "flush (idle reset)"
     assert len(mm_cache) == 0 and engine.state.last.mm_embeddings_cleared == ITEMS
 

@@ -3,7 +3,7 @@
 The system under test is SGLang's real `UnifiedRadixCache` (Rust and Python TreeCores, page sizes 1 and 16) with its
 real allocator and `ReqToTokenPool`, driven through the scheduler's own `mem_cache.common` functions with the vradix
 hooks installed (conftest's `load_plugins()`). Publications call the real `vradix.scheduler.publication.bump_scheduler`
-and flushes the real `vradix.hooks.reclaim.lock_aware_flush` (around SGLang's stock reset), through a
+and flushes the real `vradix.hooks.publication.lock_aware_flush` (around SGLang's stock reset), through a
 `SchedulerView` over the fixture; forward writes are stamped by the real `Scheduler.run_batch` hook.
 
 The reference model is a map `slot -> (epoch that computed it, user key, hash of the token prefix it encodes)`,
@@ -43,7 +43,8 @@ from vradix import namespace, request
 from vradix.core import deferred_reclaim, staleness
 from vradix.core.admission import stamp
 from vradix.scheduler.publication import bump_scheduler
-from vradix.hooks.reclaim import finish_reclaim_when_idle, lock_aware_flush, reclaim_slice
+from vradix.hooks.publication import lock_aware_flush
+from vradix.hooks.reclaim import finish_reclaim_when_idle, reclaim_slice
 from vradix.core.state import attach
 from vradix.testing.harness.cache_fixture import build_cache
 from vradix.testing.harness.hicache_fixture import build_hicache, versioned

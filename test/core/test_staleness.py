@@ -91,7 +91,7 @@ def test_a_request_never_reuses_kv_older_than_its_own_bound(env):
 def test_a_flush_ages_the_whole_window_out(env):
     """A lock-aware flush (the engine is not idle) with a window: bounded requests no longer reuse what was cached
     before it, and the deferred reclaim frees it (what the crossing request pins goes when it finishes)."""
-    from vradix.hooks.reclaim import lock_aware_flush
+    from vradix.hooks.publication import lock_aware_flush
 
     def stock_flush(*_):
         raise AssertionError("the stock reset runs only on an idle engine")

@@ -128,7 +128,7 @@ def check_cache(cache, window: int, can_age_out: bool) -> None:
 @dataclass
 class StalenessRecord:
     """The window and what bounded requests reused (server info `bounded_staleness`). `window` is set at attach;
-    then it changes only through `age_out` (a flush, `hooks.reclaim.age_out_on_flush`), `count_evicted_in_window`
+    then it changes only through `age_out` (a flush, `deferred_reclaim.age_out_on_flush`), `count_evicted_in_window`
     (`deferred_reclaim.evict_older_in_window`) and this module's `report_at_release`, when a bounded request
     releases its KV."""
 

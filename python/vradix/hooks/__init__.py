@@ -98,6 +98,9 @@ HOOKS = [
     (f"{_UPDATER}.begin_weight_update", "AROUND", publication.open_weight_session),
     (f"{_UPDATER}.end_weight_update", "AROUND", publication.publish_on_session_end),
     (f"{_SCHED}.record_weight_version_change", "AROUND", publication.publish_on_version_change),
+    # a flush (/flush_cache, an update's flush_cache=true) with KV holders bumps lock-aware instead of being refused;
+    # inside a publication it is part of that publication, never a second bump
+    (f"{_SCHED}.flush_cache", "AROUND", publication.lock_aware_flush),
     # control requests that write the weights outside every update_weights_* call are publications too
     (f"{_UPDATER}.check_weights", "AROUND", publication.publish_weights_checker_reset),
     (f"{_UPDATER}.resume_memory_occupation", "AROUND", publication.publish_weights_resumed_without_backup),
@@ -151,10 +154,10 @@ HOOKS = [
     # publication offloads none of its (mixed) KV; each page decode offloads is attributed to its weight identity
     (f"{_DECODE_OFFLOAD}.offload_kv_cache", "AROUND", storage.never_offload_crossing_kv),
     (f"{_DECODE_OFFLOAD}._trigger_backup", "BEFORE", storage.record_decode_offload),
-    # 3. reclaim: lock-aware, at release and on flush; the stale KV a bump deferred: stale first on every eviction,
-    # a bounded slice per scheduler iteration, the rest at idle (the first insert after a bump marks what is stale)
+    # 3. reclaim: stale KV a crossing request unlocks, at its release; the stale KV a bump deferred: stale first on
+    # every eviction, a bounded slice per scheduler iteration, the rest at idle (the first insert after a bump marks
+    # what is stale)
     (f"{_COMMON}.release_kv_cache", "AROUND", reclaim.reclaim_on_release),
-    (f"{_SCHED}.flush_cache", "AROUND", reclaim.lock_aware_flush),
     (f"{_URC}.insert", "AFTER", reclaim.note_first_insert),
     (f"{_URC}._evict", "AROUND", reclaim.reclaim_stale_first),
     (f"{_SCHED}.get_next_batch_to_run", "BEFORE", reclaim.reclaim_slice),

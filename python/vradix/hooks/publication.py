@@ -1,6 +1,7 @@
 """Publication hooks (data-path step 2, scheduler process): every way the weights (or their label) change is one publication
-(`vradix.scheduler.publication.Publication`), which bumps the epoch once; each hook here only opens it, runs SGLang's
-change and closes it."""
+(`vradix.scheduler.publication.Publication`), which bumps the epoch once. A flush enters through it too
+(`lock_aware_flush`): an idle engine's reset, a lock-aware bump that is no publication, or part of the publication
+already open. Each hook here only opens it, runs SGLang's change and closes it."""
 from __future__ import annotations
 
 import logging
@@ -35,6 +36,14 @@ def publish_on_version_change(original, scheduler, new_version, *args, **kwargs)
     if pub.is_open or not pub.attached:
         return original(scheduler, new_version, *args, **kwargs)
     return pub.relabel(lambda: original(scheduler, new_version, *args, **kwargs), new_version)
+
+
+def lock_aware_flush(original, scheduler, *args, **kwargs):
+    """AROUND Scheduler.flush_cache: with KV holders present, invalidate lock-aware instead of refusing
+    (`Publication.flush`). Never a second bump for one publication: the flush an update call asks for after its bump
+    is part of that publication, and a flush inside a weight-update session is part of the session's."""
+    pub = Publication.open(scheduler, "flush", drain=False)
+    return pub.flush(lambda: original(scheduler, *args, **kwargs))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""Reclaim hooks (data-path step 3, scheduler process): free stale KV when a crossing request releases it; flush lock-aware; reclaim
-the stale KV a bump deferred (`vradix.core.deferred_reclaim`): a slice per scheduler iteration, stale first whenever SGLang
+"""Reclaim hooks (data-path step 3, scheduler process): free stale KV when a crossing request releases it; reclaim the
+stale KV a bump deferred (`vradix.core.deferred_reclaim`): a slice per scheduler iteration, stale first whenever SGLang
 evicts, the rest when the engine is idle."""
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from vradix import request
 from vradix.core import epochs, provenance, deferred_reclaim, staleness
 from vradix.observability import metrics
 from vradix.ledger import device as kv_ledger
-from vradix.scheduler.publication import Publication
 from vradix.core.state import state_of
 
 
@@ -46,14 +45,6 @@ def release_is_plain(state, req) -> bool:
     st = request.of(req)
     return (st is not None and len(st.kv_history) == 1 and not st.crossed and st.max_staleness == 0
             and id(req) not in state.crossing)
-
-
-def lock_aware_flush(original, scheduler, *args, **kwargs):
-    """AROUND Scheduler.flush_cache: with KV holders present, invalidate lock-aware instead of refusing
-    (`Publication.flush`). Never a second bump for one publication: the flush an update call asks for after its bump
-    is part of that publication, and a flush inside a weight-update session is part of the session's."""
-    pub = Publication.open(scheduler, "flush", drain=False)
-    return pub.flush(lambda: original(scheduler, *args, **kwargs))
 
 
 def note_first_insert(result, cache, params, *args, **kwargs):
