@@ -14,8 +14,8 @@ demo: setup  ## CPU server on a tiny model: stale-prefix publication scenario, s
 lint: setup  ## ruff with a small rule set (pyproject.toml: pyflakes and syntax errors)
 	$(VENV)/bin/ruff check python test benchmark scripts
 
-test: setup lint  ## lint, then the cache-level, plugin and end-to-end server tests (CPU; what CI runs)
-	$(PY) -m pytest -q -p no:cacheprovider --timeout=1200 --durations=40 -m "not long" test $(PYTEST_ARGS)
+test: setup lint  ## lint, then the cache-level, plugin and end-to-end server tests on two workers (CPU; what CI runs)
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --timeout=1200 --durations=40 -m "not long" test $(PYTEST_ARGS)
 
 test-long: setup  ## the long profiles CI leaves out (benchmark smokes that repeat E2E coverage)
 	$(PY) -m pytest -q -p no:cacheprovider --timeout=1200 --durations=40 -m long test $(PYTEST_ARGS)

@@ -66,12 +66,35 @@ def census_failures_fail_the_test():
                     pytrace=False)
 
 
+#: census failures no test reported, from this process and (under xdist) from every worker
+STRAGGLERS: list = []
+
+
 def pytest_sessionfinish(session):
-    """A census failure no test reported (a server stopped after the last test) fails the run."""
-    new = unreported_census_failures()
-    if new:
-        print("\ncensus failure in a server stopped after the last test:\n" + "\n".join(new))
+    """A census failure no test reported (a server stopped after the last test) fails the run. A worker hands its
+    own, and its pool's reuse count, to the controller (`pytest_testnodedown`)."""
+    STRAGGLERS.extend(unreported_census_failures())
+    worker_output = getattr(session.config, "workeroutput", None)
+    if worker_output is not None:
+        pool = session.config.stash.get(POOL_KEY, None)
+        worker_output["census_stragglers"] = list(STRAGGLERS)
+        worker_output["pool_reuses"] = pool.summary()["reuses"] if pool is not None else 0
+        return
+    if STRAGGLERS:
+        print("\ncensus failure in a server stopped after the last test:\n" + "\n".join(STRAGGLERS))
         session.exitstatus = 1
+
+
+#: leases served by a running pooled server, summed over the xdist workers
+WORKER_POOL_REUSES = [0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """(xdist controller) collect what a finished worker handed over in `pytest_sessionfinish`."""
+    output = getattr(node, "workeroutput", {})
+    STRAGGLERS.extend(output.get("census_stragglers", []))
+    WORKER_POOL_REUSES[0] += output.get("pool_reuses", 0)
 
 
 @pytest.fixture(autouse=True)
@@ -110,6 +133,35 @@ def env(request):
 def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: starts real SGLang CPU servers (slow)")
     config.addinivalue_line("markers", "long: a long profile: `make test-long` runs it, `make test` (CI) does not")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs on two xdist workers (`-n 2 --dist loadgroup`), grouped by `suite.worker_group`: a test file
+    runs whole on one worker (its module fixtures start once), and the server files in two groups, one per worker,
+    each sharing that worker's server pool. (xdist's own `xdist_group` marks do not reach the node ids on this
+    pytest, so the grouping is the scheduler's.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # groups in collection order (the server groups first), not by size
+
+    from vradix.testing.harness.suite import worker_group
+
+    class ServerGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    return ServerGroups(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker of `make test`: the two server groups first, so each worker starts on one, and the other
+    files go to whichever worker is free (the scheduler hands out groups in collection order)."""
+    if getattr(config.option, "loadgroup", False):  # what xdist sets in a worker of `--dist loadgroup`
+        from vradix.testing.harness.suite import SERVER_GROUPS, worker_group
+        items.sort(key=lambda i: SERVER_GROUPS.index(g) if (g := worker_group(i.nodeid)) in SERVER_GROUPS else 2)
 
 
 @pytest.fixture(scope="session")
@@ -157,7 +209,9 @@ def server_pool(request):
     """One running CPU server per launch configuration, shared across modules (`vradix.testing.harness.pool`): a test
     that needs no fresh process leases its server here. Stopped at the end of the session."""
     from vradix.testing.harness.pool import ServerPool
-    pool = request.config.stash[POOL_KEY] = ServerPool()
+    # two xdist workers each keep a pool: fewer parked servers each, so both fit the machine's memory
+    parked = 3 if hasattr(request.config, "workerinput") else 4
+    pool = request.config.stash[POOL_KEY] = ServerPool(max_parked=parked)
     yield pool
     pool.close()
     new = unreported_census_failures()
@@ -172,32 +226,39 @@ def held_servers_run_only_for_their_tests(request):
     run_held_servers_for(request.fixturenames)
 
 
-#: {test file: CPU server processes launched while its tests ran (fixtures' start-up and teardown included)}
-LAUNCHES_PER_FILE: dict = {}
+#: `CpuServer.launches` when this process made its last test report
+LAUNCHES_REPORTED = [0]
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
+def pytest_runtest_makereport(item, call):
+    """Each setup, call and teardown report carries the CPU server processes launched since the previous report
+    (`server_starts`; a module's fixture start-up counts in its first test's setup): the per-file table reads them
+    from the reports, which xdist workers hand to the controller."""
     from vradix.testing.harness.server import CpuServer
-    before = CpuServer.launches
-    yield
-    path = item.nodeid.split("::", 1)[0]
-    LAUNCHES_PER_FILE[path] = LAUNCHES_PER_FILE.get(path, 0) + CpuServer.launches - before
+    outcome = yield
+    started, LAUNCHES_REPORTED[0] = CpuServer.launches - LAUNCHES_REPORTED[0], CpuServer.launches
+    if started:
+        outcome.get_result().user_properties.append(("server_starts", started))
 
 
 def pytest_terminal_summary(terminalreporter):
     """The wall time of each test file, slowest first, with the CPU server processes it launched, and their total:
-    where the suite's time goes."""
-    from vradix.testing.harness.suite import module_times
-    times = module_times(r for reports in terminalreporter.stats.values() for r in reports)
+    where the suite's time goes. Under xdist the total sums both workers' files (the run's wall time is less)."""
+    from vradix.testing.harness.suite import module_starts, module_times
+    reports = [r for reports in terminalreporter.stats.values() for r in reports]
+    times, starts = module_times(reports), module_starts(reports)
     if not times:
         return
     terminalreporter.section("time per test file (setup + call + teardown)")
     for path, seconds in sorted(times.items(), key=lambda kv: -kv[1]):
-        started = LAUNCHES_PER_FILE.get(path, 0)
+        started = starts.get(path, 0)
         terminalreporter.write_line(f"{seconds:8.1f} s  {path}" + (f"  ({started} server starts)" if started else ""))
-    terminalreporter.write_line(f"{sum(times.values()):8.1f} s  total ({sum(times.values()) / 60:.1f} min)")
-    from vradix.testing.harness.server import CpuServer
+    workers = terminalreporter.config.getoption("numprocesses", None)
+    summed = f", summed over {workers} workers" if workers else ""
+    terminalreporter.write_line(f"{sum(times.values()):8.1f} s  total ({sum(times.values()) / 60:.1f} min{summed})")
     pool = terminalreporter.config.stash.get(POOL_KEY, None)
-    reused = f", {pool.summary()['reuses']} leases served by a running pooled server" if pool is not None else ""
-    terminalreporter.write_line(f"CPU server processes launched: {CpuServer.launches}{reused}")
+    reuses = WORKER_POOL_REUSES[0] + (pool.summary()["reuses"] if pool is not None else 0)
+    terminalreporter.write_line(f"CPU server processes launched: {sum(starts.values())}, "
+                                f"{reuses} leases served by a running pooled server")
+

@@ -137,6 +137,15 @@ def test_module_times_sum_every_phase_per_file():
     assert module_times(reports) == {"test/e2e/test_x.py": 33.0, "test/test_y.py": 0.5}
 
 
+
+def test_module_starts_sum_the_server_starts_each_report_carries_per_file():
+    from vradix.testing.harness.suite import module_starts
+    reports = [SimpleNamespace(nodeid="test/e2e/test_x.py::test_a@servers", when=w, user_properties=props)
+               for w, props in (("setup", [("server_starts", 2)]), ("call", []), ("teardown", [("server_starts", 1)]))]
+    reports.append(SimpleNamespace(nodeid="test/test_y.py::test_b", when="call", user_properties=[("other", 5)]))
+    reports.append(SimpleNamespace(nodeid="test/test_y.py", message="a warning"))
+    assert module_starts(reports) == {"test/e2e/test_x.py": 3}
+
 def test_a_prestarted_server_is_handed_out_unreset_and_a_once_lease_stops_it(pool):
     pool.prestart(("/a", {"vradix": False}), ("/b", {}), ("/c", {}), at_once=2)
     assert pool.summary() == {"starts": 3, "reuses": 0, "parked": 3}  # unused ones do not count against max_parked
@@ -163,3 +172,13 @@ def test_a_held_server_runs_only_for_the_tests_that_request_its_fixture():
         assert not stopped(server, want=False) and "pair" not in HELD  # continued on exit, so it can be stopped
     finally:
         server.stop()
+
+
+def test_a_launch_waits_for_memory_and_gives_up_waiting_after_its_limit(monkeypatch):
+    """`wait_for_memory` returns once enough memory is available, and after `limit` seconds when it never is."""
+    from vradix.testing.harness import server
+    readings = iter([1.0, 1.0, 8.0])
+    monkeypatch.setattr(server, "available_gib", lambda: next(readings))
+    assert server.wait_for_memory(4.0, limit=30, poll=0.01) < 5  # the third reading has it
+    monkeypatch.setattr(server, "available_gib", lambda: 1.0)
+    assert 0.05 <= server.wait_for_memory(4.0, limit=0.05, poll=0.01) < 5

@@ -40,8 +40,10 @@ from vradix.testing.cpu_aids.import_time_ops import define_unavailable_ops
 #: the folder to put on PYTHONPATH so a server process loads these aids as a plugin
 PLUGIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hybrid_plugin")
 #: server flags a hybrid model needs on the CPU engine: `extra_buffer` (the default) is refused off GPU platforms, and
-#: `no_buffer` requires page size 1 and no overlap schedule (`arg_groups/mamba_hook.py`)
-HYBRID_CPU_FLAGS = [("--mamba-radix-cache-strategy", "no_buffer"), ("--disable-overlap-schedule",), ("--page-size", "1")]
+#: `no_buffer` requires page size 1 and no overlap schedule (`arg_groups/mamba_hook.py`); 32 recurrent-state slots,
+#: because SGLang otherwise sizes the state pool from the host's free memory (a tiny hybrid's scheduler held 9.7 GB)
+HYBRID_CPU_FLAGS = [("--mamba-radix-cache-strategy", "no_buffer"), ("--disable-overlap-schedule",), ("--page-size", "1"),
+                    ("--max-mamba-cache-size", "32")]
 #: sgl_kernel CPU ops the GDN/KDA backends look up at import on the CPU engine
 IMPORT_TIME_OPS = ("fused_gdn_gating_cpu", "fused_sigmoid_gating_delta_rule_update_cpu", "fused_rmsnorm_gated_cpu")
 #: SGLang's marker for a padded batch entry in a state-index tensor

@@ -40,12 +40,10 @@ from typing import Callable, Dict, Iterator, List, Tuple
 
 import requests
 
-from vradix.testing.harness.server import CpuServer, start_servers
+from vradix.testing.harness.server import GIB_PER_START, CpuServer, available_gib, start_servers
 
 #: `CpuServer` arguments that bound waits and do not change the process a configuration launches
 DEADLINE_ARGS = ("startup_timeout", "timeout")
-#: memory a starting tiny-model CPU server takes (its three processes import torch and SGLang)
-GIB_PER_START = 2.0
 #: the label a leased server serves under (a fresh server's)
 FRESH_LABEL = "default"
 
@@ -59,18 +57,6 @@ def configuration(model_path: str, kw: dict) -> Tuple:
             return tuple(frozen(v) for v in value)
         return value
     return (model_path, frozen({k: v for k, v in kw.items() if k not in DEADLINE_ARGS}))
-
-
-def available_gib() -> float:
-    """MemAvailable of this machine in GiB (inf where /proc/meminfo is not there)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / (1 << 20)
-    except OSError:
-        pass
-    return float("inf")
 
 
 def signal_group(server: CpuServer, sig: int) -> bool:

@@ -96,6 +96,35 @@ class ServerDied(RuntimeError):
     pass
 
 
+#: memory a starting tiny-model CPU server takes (its three processes import torch and SGLang)
+GIB_PER_START = 2.0
+#: memory a launch leaves free beside its own start; and how long it waits for that much at most
+START_HEADROOM_GIB = 2.0
+START_MEMORY_WAIT_S = 120.0
+
+
+def available_gib() -> float:
+    """MemAvailable of this machine in GiB (inf where /proc/meminfo is not there)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / (1 << 20)
+    except OSError:
+        pass
+    return float("inf")
+
+
+def wait_for_memory(gib: float, limit: float = START_MEMORY_WAIT_S, poll: float = 0.5) -> float:
+    """Block until the machine has `gib` GiB available, or `limit` seconds passed (then go on: a start that may be
+    short of memory beats a suite that waits forever). Returns the seconds waited. With two test workers, a start
+    waits for the other worker's servers to stop rather than push the machine into its OOM killer."""
+    t0 = time.monotonic()
+    while available_gib() < gib and time.monotonic() - t0 < limit:
+        time.sleep(poll)
+    return time.monotonic() - t0
+
+
 class CpuServer(LoggedProcess, ServerClient):
     stop_grace = 20.0  # a scheduler mid-batch on a loaded CPU takes a while to drain
     #: server processes launched by this test process so far (start-up dominates a CPU suite's time)
@@ -157,6 +186,7 @@ class CpuServer(LoggedProcess, ServerClient):
         self.log = tempfile.NamedTemporaryFile("w+", prefix="sglang-", suffix=".log", delete=False)
         cmd = [self.python, "-m", self.launcher, "--model-path", model_path, "--port", str(self.port), *args,
                *(str(x) for item in self.launch_ports.items() for x in item)]
+        wait_for_memory(GIB_PER_START + START_HEADROOM_GIB)
         CpuServer.launches += 1
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 

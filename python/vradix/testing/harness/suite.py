@@ -4,11 +4,14 @@
   with `ast` (nothing is imported or run): the functions a test file defines, and whether a test runs only in
   `make test-long` (marked `long` on the function or by the module's `pytestmark`). A node id names its file by
   basename, found anywhere under test/ (the folders mirror the packages);
-- `module_times`: where the suite's time goes, per test file (test/conftest.py prints it after a run).
+- `module_times`, `module_starts`: where the suite's time goes, per test file (test/conftest.py prints it after a
+  run);
+- `worker_group`: which of `make test`'s two xdist workers runs a test file whole (the server files in two groups).
 """
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 from typing import Optional
 
@@ -61,3 +64,45 @@ def module_times(reports) -> dict:
             path = r.nodeid.split("::", 1)[0]
             times[path] = times.get(path, 0.0) + r.duration
     return times
+
+
+def module_starts(reports) -> dict:
+    """{test file: CPU server processes launched while its tests ran}, from the `server_starts` each setup, call and
+    teardown report carries (test/conftest.py's `pytest_runtest_makereport`)."""
+    starts = {}
+    for r in reports:
+        started = sum(v for k, v in getattr(r, "user_properties", ()) if k == "server_starts")
+        if started and getattr(r, "when", None) in ("setup", "call", "teardown"):
+            path = r.nodeid.split("::", 1)[0]
+            starts[path] = starts.get(path, 0) + started
+    return starts
+
+
+#: the two xdist groups of the files that start CPU servers, one per worker of `make test`
+SERVER_GROUPS = ("servers", "servers-side")
+#: the server files the second worker runs; the others run on the first. A server start is one core's work for
+#: about 20 s (imports, in the launcher, then in the scheduler), so two workers nearly halve the wall time of the
+#: starts. The HiCache, P/D and Ray modules, which hold the most memory at once (Ray's memory monitor kills its actor
+#: near the machine's limit), stay on the first; the split balances the two workers' time
+SIDE_SERVER_FILES = ("test_e2e_identity.py", "test_e2e_l3.py", "test_e2e_multimodal.py", "test_e2e_provenance.py",
+                     "test_e2e_staleness.py", "test_e2e_streaming_session.py", "test_e2e_tp.py", "test_wheels.py",
+                     "test_hybrid_cpu.py")
+#: what a test file that starts CPU servers says in its source
+SERVER_SIGNS = ("pytest.mark.e2e", "server_pool", "CpuServer(")
+
+
+@functools.lru_cache(maxsize=None)
+def starts_servers(file: str) -> bool:
+    """Whether the test file `file` (a node id's file part) starts CPU servers: an E2E mark, the server pool or a
+    `CpuServer` in its source."""
+    path = find_test_file(file)
+    return path is not None and any(sign in path.read_text() for sign in SERVER_SIGNS)
+
+
+def worker_group(node_id: str) -> str:
+    """The xdist group of a test (test/conftest.py's scheduler): its file, or, for a file that starts servers, one
+    of `SERVER_GROUPS`."""
+    file = node_id.split("::", 1)[0]
+    if not starts_servers(file):
+        return file
+    return SERVER_GROUPS[1] if pathlib.Path(file).name in SIDE_SERVER_FILES else SERVER_GROUPS[0]
