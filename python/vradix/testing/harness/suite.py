@@ -55,27 +55,27 @@ def is_long_test(node_id: str) -> bool:
     return path is not None and name in long_tests_in(path)
 
 
-def module_times(reports) -> dict:
-    """{test file: seconds} summed over the setup, call and teardown of every test in it (a module's fixture start-up
-    is part of its first test's setup)."""
-    times = {}
+def per_file(reports, value) -> dict:
+    """{test file: the sum of `value(report)` over the setup, call and teardown reports of its tests}."""
+    sums = {}
     for r in reports:
         if getattr(r, "when", None) in ("setup", "call", "teardown"):
             path = r.nodeid.split("::", 1)[0]
-            times[path] = times.get(path, 0.0) + r.duration
-    return times
+            sums[path] = sums.get(path, 0) + value(r)
+    return sums
+
+
+def module_times(reports) -> dict:
+    """{test file: seconds} summed over the setup, call and teardown of every test in it (a module's fixture start-up
+    is part of its first test's setup)."""
+    return per_file(reports, lambda r: r.duration)
 
 
 def module_starts(reports) -> dict:
-    """{test file: CPU server processes launched while its tests ran}, from the `server_starts` each setup, call and
-    teardown report carries (test/conftest.py's `pytest_runtest_makereport`)."""
-    starts = {}
-    for r in reports:
-        started = sum(v for k, v in getattr(r, "user_properties", ()) if k == "server_starts")
-        if started and getattr(r, "when", None) in ("setup", "call", "teardown"):
-            path = r.nodeid.split("::", 1)[0]
-            starts[path] = starts.get(path, 0) + started
-    return starts
+    """{test file: CPU server processes launched while its tests ran}, for the files that launched any, from the
+    `server_starts` each setup, call and teardown report carries (test/conftest.py's `pytest_runtest_makereport`)."""
+    starts = per_file(reports, lambda r: sum(v for k, v in r.user_properties if k == "server_starts"))
+    return {path: n for path, n in starts.items() if n}
 
 
 #: the two xdist groups of the files that start CPU servers, one per worker of `make test`
