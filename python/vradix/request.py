@@ -5,13 +5,16 @@ Invariants:
   vradix's is stored on the `Req`;
 - `epoch` is the epoch whose namespace the request matches and inserts in (`req.extra_key` is built from it and
   `user_key`);
-- `kv_history` is the provenance of the request's KV (see `vradix.core.provenance`): its first entry starts at position 0
-  and is the last bind's (`bound`, which `epoch` is read from) unless a crossing before any position was computed
+- `kv_history` is the provenance of the request's KV (`bind_entry`, `record_bind`, `record_crossing` write it;
+  `vradix.core.provenance` reports it): its first entry starts at position 0 and is the last bind's (`bound`, which `epoch` is read from) unless a crossing before any position was computed
   replaced it; both are derived from `bound` and `crossings`, never stored twice;
 - `crossed` is True while the request holds KV across a bump; then `skip_insert_before` is what
   `req.skip_radix_cache_insert` was before vradix forced it on;
 A request that reaches a prefix match without a `ReqState` was never admitted by vradix: `require` raises
 `UnstampedRequestError` rather than guessing an epoch (fail closed).
+
+What a request holds (`holds_kv`, `holds_backup`, `retracted_with_backup`, `backed_up_len`) is read from SGLang's
+`Req` only, never from vradix's record: a publication decides from it which requests cross it and which are re-bound.
 """
 from __future__ import annotations
 
@@ -168,3 +171,49 @@ def attach(req, user_key: Optional[str], bound: HistoryEntry) -> ReqState:
     st = ReqState(user_key=user_key, bound=bound)
     req._vradix = st
     return st
+
+
+def holds_kv(req) -> bool:
+    """Whether the request owns a KV row or a tree lock (then its namespace must not change)."""
+    return req.kv.holds_kv or getattr(req, "lock", None) is not None
+
+
+def holds_backup(req) -> bool:
+    """Whether the request holds a retraction backup (taken by `backup_kv_cache`, cleared by the restore or by
+    `discard_kv_cache_backup`; `vradix.core.retraction`). Inside `release_req` it is the only mark of a retraction:
+    `reset_for_retract` (which sets `is_retracted`) runs after the release."""
+    return getattr(getattr(req, "kv", None), "retraction_backup", None) is not None
+
+
+def retracted_with_backup(req) -> bool:
+    """Whether the request waits for `resume_retracted_reqs` with its KV in a backup (`retracted_queue`; SGLang
+    clears `is_retracted` when it resumes it)."""
+    return bool(getattr(req, "is_retracted", False)) and holds_backup(req)
+
+
+def backed_up_len(req) -> int:
+    """How many positions the backup holds: `Req.offload_kv_cache` copies `[0, seqlen - 1)` (the last output token's
+    KV is not computed yet), and `resume_retracted_reqs` restores exactly that many (`_pre_alloc_fill_len`)."""
+    return len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
+
+
+def bind_entry(state) -> HistoryEntry:
+    """The history entry of a request bound to `state`'s (an `EpochState`) current epoch now."""
+    return HistoryEntry(0, state.epoch, state.label, state.weight_id)
+
+
+def record_bind(st: ReqState, state) -> None:
+    """The request (holding no KV) is bound to `state`'s current epoch: all its KV will be computed or matched
+    under it (a re-bound request has received no P/D KV yet)."""
+    st.bind(bind_entry(state))
+
+
+def record_crossing(req, st: ReqState, state) -> None:
+    """The request holds KV across a bump to `state.epoch`: KV computed from now on is computed under its weights.
+    Positions `[0, committed)` keep the KV they were computed with; a request retracted with a backup keeps its
+    backed-up positions (a retraction reset both lengths to 0)."""
+    committed = max(req.kv.kv_committed_len, getattr(req, "prefix_len", 0) or 0)
+    if retracted_with_backup(req):
+        committed = max(committed, backed_up_len(req))
+    # an entry no position was computed under since it started is replaced (`ReqState.kv_history`)
+    st.cross(HistoryEntry(committed, state.epoch, state.label, state.weight_id))

@@ -31,7 +31,7 @@ def mm_cache(monkeypatch):
 
 @pytest.fixture
 def engine():
-    return Engine()
+    return Engine(multimodal=True)
 
 
 def publish_from_disk(engine):

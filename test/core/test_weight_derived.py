@@ -75,7 +75,7 @@ def mm_cache(monkeypatch):
 
 
 def test_a_publication_recomputes_vision_position_grids():
-    engine, tower = Engine(), vision_tower()
+    engine, tower = Engine(multimodal=True), vision_tower()
     serve(engine.scheduler, tower)
     old = grids(tower)
     load_new_weights(tower, seed=3)
@@ -95,6 +95,23 @@ def test_grid_memos_are_found_only_on_sglangs_own_classes():
     assert weight_derived.clear_position_grids(tower) == 2 and weight_derived.clear_position_grids(tower) == 0
     assert tower.paddle.cache_position_count == {}
 
+
+
+def test_the_derived_caches_step_is_read_from_the_served_model():
+    """A publication drops the weight-derived caches on an engine whose model can fill one: a multimodal model, one
+    with a position-grid memo, or one whose config vradix cannot read; a text-only model fills none."""
+    def scheduler(config, model=None):
+        s = types.SimpleNamespace(model_config=config)
+        serve(s, model)
+        return s
+
+    text = types.SimpleNamespace(is_multimodal=False)
+    assert not weight_derived.present(scheduler(text, torch.nn.Linear(2, 2)))
+    assert weight_derived.present(scheduler(types.SimpleNamespace(is_multimodal=True)))
+    assert weight_derived.present(scheduler(None))
+    assert weight_derived.present(scheduler(text, vision_tower()))
+    assert Engine(multimodal=True).scheduler._vradix_steps.derived_caches
+    assert not Engine().scheduler._vradix_steps.derived_caches
 
 # ---- no radix cache ------------------------------------------------------------------------------------------------
 
@@ -223,7 +240,7 @@ def direct_bucket(engine, load_format="direct"):
 
 
 def test_a_direct_tensor_update_of_an_mla_model_is_refused_before_loading():
-    engine = Engine()
+    engine = Engine(multimodal=True)
     serving_runners(engine, model_shell("sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM"))
     open_session(engine)
     original, req = direct_bucket(engine)
@@ -234,7 +251,7 @@ def test_a_direct_tensor_update_of_an_mla_model_is_refused_before_loading():
 
 
 def test_direct_updates_of_other_models_and_default_updates_of_mla_models_run():
-    engine = Engine()
+    engine = Engine(multimodal=True)
     serving_runners(engine, model_shell("sglang.srt.models.llama.LlamaForCausalLM"))
     open_session(engine)
     original, req = direct_bucket(engine)
@@ -251,7 +268,7 @@ def test_a_direct_update_while_a_weight_loader_buffer_is_built_is_refused():
     Refused while the buffer is built; the same model without it, and a default-format update, run."""
     sink = bare("sglang.srt.models.inkling_common.dense_mlp:InklingDenseMLP")
     sink.register_buffer("_w2_lin", None, persistent=False)
-    engine = Engine()
+    engine = Engine(multimodal=True)
     serving_runners(engine, serving(sink))
     open_session(engine)
 
@@ -299,7 +316,7 @@ def runner_updater(model):
 
 
 def ipc_engine(model):
-    engine = Engine()
+    engine = Engine(multimodal=True)
     engine.updater.tp_worker.weight_update_runners = lambda: [("target", runner_updater(model))]
     engine.updater.draft_worker = None
     engine.updater.tp_cpu_group = None
@@ -386,7 +403,7 @@ def real_updater_engine(model, monkeypatch, captured=True):
     """An engine whose updater runs SGLang's real update and begin bodies (hooked) on SGLang's real model-runner
     WeightUpdater over `model`; one rank, so its barriers wait for nothing."""
     monkeypatch.setattr(torch.distributed, "barrier", lambda group=None: None)
-    engine = Engine()
+    engine = Engine(multimodal=True)
     runner = graphs(runner_updater(model), captured)
     engine.updater.tp_worker.weight_update_runners = lambda: [("target", runner)]
     engine.updater.tp_worker.deserialize_own_rank = lambda tensors: tensors
@@ -412,7 +429,7 @@ UPDATE_PATHS = {
 def test_a_copy_no_update_rebuilds_refuses_every_update_path_before_loading(source):
     """HunYuan-V3's fp32 norm copies, in SGLang's real HYV3Attention, without CUDA graphs: each update path is
     refused before SGLang's body runs, its label is not applied and the epoch does not move."""
-    engine = Engine()
+    engine = Engine(multimodal=True)
     runner = graphs(types.SimpleNamespace(model=serving(hunyuan_fp32_norms())), captured=False)
     engine.updater.tp_worker.weight_update_runners = lambda: [("target", runner)]
     engine.updater._session = "open"  # tensor and distributed buckets run inside a session
@@ -474,7 +491,7 @@ def test_a_session_a_p2p_write_would_leave_stale_is_refused_at_begin(held, monke
 
 def test_a_copy_only_a_session_leaves_stale_does_not_refuse_a_disk_update():
     """A disk update runs `load_state_dict`, whose post-hook repacks Dots3's vision experts: not refused."""
-    engine = Engine()
+    engine = Engine(multimodal=True)
     serving_runners(engine, serving(dots_vision_fp8_pack()))
     epoch, pubs, _ = engine.counters()
     out = publication.publish_update_from_disk(succeeding_update(engine), engine.updater, disk_request("B1"))

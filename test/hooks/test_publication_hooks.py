@@ -88,18 +88,21 @@ def test_load_format_refused_before_loading_does_not_bump(engine, load_format):
     assert engine.touched == 0 and engine.counters() == before
 
 
-def slow_drain(monkeypatch, seconds=0.02):
-    """Every drain finds one in-flight batch that takes `seconds` to finish."""
+def slow_drain(engine, monkeypatch, seconds=0.02):
+    """The engine runs the overlap scheduler, and every drain finds one in-flight batch that takes `seconds` to
+    finish."""
     import time
 
     def drain(scheduler):
         time.sleep(seconds)
         return 1
     monkeypatch.setattr(publication_glue.overlap, "drain_inflight_batch", drain)
+    engine.scheduler.enable_overlap = True
+    publication_glue.install_steps(engine.scheduler)
 
 
 def test_a_publication_reports_its_pause_drain_plus_bump(engine, monkeypatch):
-    slow_drain(monkeypatch)
+    slow_drain(engine, monkeypatch)
     publication.publish_update_from_disk(succeeding_update(engine), engine.updater, disk_request("B1"))
     last = engine.state.last_publication
     assert last.drain_ms >= 20 and last.bump_ms >= last.latency_ms + last.identity_ms > 0
@@ -112,14 +115,14 @@ def test_a_publication_reports_its_pause_drain_plus_bump(engine, monkeypatch):
 
 
 def test_a_refused_update_leaves_no_drain_to_the_next_publication(engine, monkeypatch):
-    slow_drain(monkeypatch)
+    slow_drain(engine, monkeypatch)
     publication.publish_update_from_disk(succeeding_update(engine), engine.updater,
                                          disk_request("B1", load_format="bogus"))
     assert engine.state.drain_ms_pending == 0 and engine.state.last_publication is None
 
 
 def test_a_session_pause_counts_every_drain_of_the_session(engine, monkeypatch):
-    slow_drain(monkeypatch)
+    slow_drain(engine, monkeypatch)
     open_session(engine)
     for i in range(2):
         original, req = tensor_bucket(engine, f"B{i}")

@@ -27,7 +27,7 @@ from vradix.hooks import publication
 from vradix.hooks.startup import attach_to_scheduler
 from vradix.scheduler import census
 from vradix.scheduler import publication as publication_glue
-from vradix.scheduler.requests import live_requests
+from vradix.scheduler.publication import live_requests
 from vradix.testing.harness.cache_fixture import build_cache
 from vradix.testing.harness.engine import (Engine, StubScheduler, TinyModel, checkpoint, disk_request,
                                            fingerprint_engine, loading_update)

@@ -1,7 +1,7 @@
 """SGLang 0.5.23's scheduler event loops, and which of them an engine with vradix runs.
 
 `Scheduler._dispatch_event_loop_once` runs one loop per scheduler. A publication treats the requests
-`vradix.scheduler.requests.live_requests` reads (crossing or re-bound) after the overlap drain settled the forward in
+`vradix.scheduler.publication.live_requests` reads (crossing or re-bound) after the overlap drain settled the forward in
 flight (`vradix.core.overlap`). A loop is served when every request holding KV it keeps is where `live_requests`
 reads (SGLang's `collect_inflight_reqs`, the waiting queue, the chunked request, the P/D queues) and no forward of
 it straddles the weight change; the census test mode checks the first at every bump (`vradix.scheduler.census`).

@@ -15,7 +15,7 @@ Invariants:
 from __future__ import annotations
 
 from vradix import namespace, request, settings
-from vradix.core import lora, provenance, retraction, staleness
+from vradix.core import lora, staleness
 from vradix.core.state import EpochState
 
 
@@ -28,7 +28,7 @@ def stamp(state: EpochState, req) -> None:
     salt = getattr(req, "cache_salt", None)
     if salt:
         namespace.check_user_key(salt)
-    st = request.attach(req, user_key, provenance.bind_entry(state))
+    st = request.attach(req, user_key, request.bind_entry(state))
     lora_id = getattr(req, "lora_id", None)
     if lora_id is not None:
         st.set_adapter(lora.adapter_identity_of(state, lora_id))
@@ -41,21 +41,16 @@ def stamp_refused(state: EpochState, req) -> None:
     request keeps its adapter tag: SGLang still prefills it (with the adapter) before the abort lands, so its KV must
     stay out of the base model's namespace."""
     req.extra_key = None
-    st = request.attach(req, None, provenance.bind_entry(state))
+    st = request.attach(req, None, request.bind_entry(state))
     st.set_adapter(lora.adapter_identity_of(state, getattr(req, "lora_id", None)))
     _bind(state, req, st)
-
-
-def holds_kv(req) -> bool:
-    """Whether the request owns a KV row or a tree lock (then its namespace must not change)."""
-    return req.kv.holds_kv or getattr(req, "lock", None) is not None
 
 
 def rebind_if_unheld(state: EpochState, req) -> bool:
     """Re-bind a request that holds no KV, on the device or in a retraction backup, to the current epoch; True if it
     changed epoch. Raises `UnstampedRequestError` for a request vradix never admitted."""
     st = request.require(req)
-    if st.epoch == state.epoch or holds_kv(req) or retraction.retracted_with_backup(req):
+    if st.epoch == state.epoch or request.holds_kv(req) or request.retracted_with_backup(req):
         return False
     _bind(state, req, st)
     return True
@@ -75,13 +70,13 @@ def choose_for_match(state: EpochState, cache, req, token_ids=None) -> None:
     """Before a match: a bounded request that holds no KV adopts one window epoch's namespace
     (`staleness.choose_namespace`); its provenance then starts with that epoch."""
     st = request.require(req)
-    if not staleness.is_bounded(st) or holds_kv(req) or retraction.retracted_with_backup(req):
+    if not staleness.is_bounded(st) or request.holds_kv(req) or request.retracted_with_backup(req):
         return
     staleness.choose_namespace(state, cache, req, token_ids)
 
 
 def _bind(state: EpochState, req, st: request.ReqState) -> None:
-    provenance.record_bind(st, state)
+    request.record_bind(st, state)
     if settings.value("VRADIX_FAULT_NO_NAMESPACE"):
         return  # test-only fault: the namespace is lost, so only the KV page ledger's guard stands between
     req.extra_key = namespace.stamped(state.prefix_of_epoch(state.epoch), st.user_key, st.adapter)

@@ -22,15 +22,16 @@
    and every host copy nothing pins is evicted after it.
 Between 1 and 5 nothing can be inserted under the new epoch, so "evictable" is exactly "unlocked and stale".
 Nothing in 1-5 is proportional to the cached size on the deferred path: 2 and 3 walk the live and queued requests,
-and `tokens_pinned` reads the crossing requests' paths.
+and `stale_tokens_pinned` reads the crossing requests' paths.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Iterable, Optional
 
 from vradix import identity as weight_identity, request
-from vradix.core import (admission, host_tier, provenance, reclaim, deferred_reclaim, retraction, sessions,
+from vradix.core import (admission, host_tier, reclaim, deferred_reclaim, sessions,
                          staleness)
 from vradix.core.state import Bump, EpochState
 
@@ -72,10 +73,11 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
     state.advance(identity, label, is_publication)
     sweep_released_crossing(state)
     live_reqs, queued_reqs = list(live_reqs), list(queued_reqs)
-    slots_released = sessions.settle_at_bump(state, cache, live_reqs, queued_reqs)
+    slots_released = (sessions.settle_at_bump(state, cache, live_reqs, queued_reqs) if state.streaming_sessions
+                      else 0)
     holders, mid_prefill = mark_holders(state, live_reqs)
     rebound = sum(admission.rebind_if_unheld(state, req) for req in queued_reqs)
-    with host_tier.counting_freed(cache) as host:
+    with counting_host_freed(state, cache) as host:
         freed, deferred = reclaim_stale(state, cache, holders)
     state.freed.count(freed)
     state.freed.count_host(host.tokens)
@@ -83,10 +85,15 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
                weight_id=identity.weight_id, session_slots_released=slots_released,
                crossing_mid_prefill=mid_prefill, requeued_rebound=rebound, tokens_freed=freed,
                tokens_deferred=deferred, host_tokens_freed=host.tokens, crossing_requests=len(state.crossing),
-               tokens_pinned=reclaim.stale_tokens_pinned(cache, holder_nodes(state)),
+               tokens_pinned=stale_tokens_pinned(state, cache),
                latency_ms=(time.perf_counter() - t0) * 1e3)
     state.record_bump(inv, is_publication)
     return inv
+
+
+def counting_host_freed(state: EpochState, cache):
+    """`host_tier.counting_freed` on a cache with a HiCache host tier; without one, a count that stays None."""
+    return host_tier.counting_freed(cache) if state.host_tier else contextlib.nullcontext(host_tier.HostFreed())
 
 
 def mark_holders(state: EpochState, live_reqs: list) -> tuple[int, int]:
@@ -94,14 +101,14 @@ def mark_holders(state: EpochState, live_reqs: list) -> tuple[int, int]:
     holders, how many of them were mid-prefill)."""
     holders = mid_prefill = 0
     for req in live_reqs:
-        if admission.holds_kv(req):
+        if request.holds_kv(req):
             holders += 1
             mark_crossing(state, req)
             mid_prefill += req.kv.kv_committed_len < len(req.origin_input_ids)
-        elif retraction.holds_backup(req):
+        elif request.holds_backup(req):
             # a `host_pool` backup or a host-staged destination lives in the host pool the tree's reset would clear
             holders += 1
-            if retraction.retracted_with_backup(req):
+            if request.retracted_with_backup(req):
                 mark_crossing(state, req)  # its KV is off the device: it pins no slot and no node
     return holders, mid_prefill
 
@@ -109,11 +116,12 @@ def mark_holders(state: EpochState, live_reqs: list) -> tuple[int, int]:
 def reclaim_stale(state: EpochState, cache, holders: int) -> tuple[int, int]:
     """Steps 4 and 5 (inside the host tier's freed-token count): drop the whole tree, defer the stale KV, or free it
     in one batch. Returns (stale tokens freed, stale tokens deferred)."""
-    host_tier.settle_transfers(cache)
+    if state.host_tier:
+        host_tier.settle_transfers(cache)
     # the reset drops session slots without freeing their rows: only once every slot was released above
     # a staleness window keeps the older epochs' KV: never drop the whole tree then
-    if (holders == 0 and not sessions.slots_of(cache) and cache.protected_size() == 0 and reclaim.resettable(cache)
-            and state.staleness.window == 0):
+    if (holders == 0 and not (state.streaming_sessions and sessions.slots_of(cache)) and cache.protected_size() == 0
+            and reclaim.resettable(cache) and state.staleness.window == 0):
         freed = reclaim.free_all_by_reset(cache)
         deferred_reclaim.cancel(state)
         return freed, 0
@@ -126,10 +134,10 @@ def reclaim_stale(state: EpochState, cache, holders: int) -> tuple[int, int]:
 
 def mark_crossing(state: EpochState, req) -> None:
     """A request that holds KV across a bump: keep its KV, never insert it, free its stale locks at release.
-    Its KV history gets the new epoch from its committed position on (`provenance.record_crossing`).
+    Its KV history gets the new epoch from its committed position on (`request.record_crossing`).
     `state.crossing` is keyed by object identity: two live requests may share a user-supplied rid."""
     st = request.require(req)
-    provenance.record_crossing(req, st, state)
+    request.record_crossing(req, st, state)
     if st.mark_crossed(req.skip_radix_cache_insert):
         req.skip_radix_cache_insert = True
     if getattr(req, "lock", None) is not None:
@@ -149,6 +157,18 @@ def holder_nodes(state: EpochState) -> list:
     return [r.lock.node for r in state.crossing.values() if getattr(r, "lock", None) is not None]
 
 
+def stale_tokens_pinned(state: EpochState, cache) -> int:
+    """Tokens of the distinct stale nodes on the paths the crossing requests lock (`holder_nodes`)."""
+    nodes = [n for n in holder_nodes(state) if n is not None and not cache.is_root(n)]
+    if not nodes:
+        return 0
+    seen = {}
+    for path in cache.tree_core.collect_path_info(nodes):
+        for info in path:
+            seen[info.node_id] = info.path_end - info.path_start
+    return sum(seen.values())
+
+
 def on_release(state: EpochState, cache, req, released_node) -> int:
     """After `release_kv_cache`: free the stale path the request just unlocked; reset a retracted crossing request.
 
@@ -161,11 +181,11 @@ def on_release(state: EpochState, cache, req, released_node) -> int:
     st = request.of(req)
     in_window = state.staleness.window > 0 and st is not None and st.epoch >= staleness.window_floor(state)
     if state.release_crossing(req) and not in_window:
-        with host_tier.counting_freed(cache) as host:
+        with counting_host_freed(state, cache) as host:
             freed = reclaim.free_released_path(cache, released_node)
         state.freed.count_at_release(freed)
         state.freed.count_host(host.tokens)
-    if st is not None and st.crossed and not req.finished() and not retraction.holds_backup(req):
+    if st is not None and st.crossed and not req.finished() and not request.holds_backup(req):
         req.skip_radix_cache_insert = st.skip_insert_before
         st.end_crossing()
     return freed

@@ -1,10 +1,10 @@
 """Data-path step 5 (report) — provenance: under which weights each position's KV was computed, per request.
 
 Every request's `request.ReqState` carries `kv_history`, a list of `request.HistoryEntry(start, epoch, label,
-weight_id)`:
-- `record_bind` starts it at admission and at every re-bind: a request that holds no KV will compute (or match) all
+weight_id)`, written by the request's record (`vradix.request`):
+- `request.record_bind` starts it at admission and at every re-bind: a request that holds no KV will compute (or match) all
   of its KV under the epoch it is bound to, so its history is one entry from position 0.
-- `record_crossing` appends one entry each time the request crosses a publication while holding KV: positions
+- `request.record_crossing` appends one entry each time the request crosses a publication while holding KV: positions
   `[0, committed)` keep the KV they were computed with, positions from `committed` on are computed under the new
   epoch. Several crossings append several entries.
 
@@ -27,30 +27,8 @@ from __future__ import annotations
 from typing import List, Optional
 
 from vradix import request
-from vradix.core import retraction
-from vradix.request import HistoryEntry, ReqState
 
 PROVENANCE_KEY = "vradix_provenance"  # the customized_info key that carries it from scheduler to tokenizer manager
-
-
-def bind_entry(state) -> HistoryEntry:
-    """The history entry of a request bound to `state`'s current epoch now."""
-    return HistoryEntry(0, state.epoch, state.label, state.weight_id)
-
-
-def record_bind(st: ReqState, state) -> None:
-    """The request (holding no KV) is bound to `state`'s current epoch: all its KV will be computed or matched
-    under it (a re-bound request has received no P/D KV yet)."""
-    st.bind(bind_entry(state))
-
-
-def record_crossing(req, st: ReqState, state) -> None:
-    """The request holds KV across a bump to `state.epoch`: KV computed from now on is computed under its weights."""
-    committed = max(req.kv.kv_committed_len, getattr(req, "prefix_len", 0) or 0)
-    if retraction.retracted_with_backup(req):
-        committed = max(committed, retraction.backed_up_len(req))  # a retraction reset both lengths to 0
-    # an entry no position was computed under since it started is replaced (`ReqState.kv_history`)
-    st.cross(HistoryEntry(committed, state.epoch, state.label, state.weight_id))
 
 
 def kv_weight_versions(req) -> List[dict]:

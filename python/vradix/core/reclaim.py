@@ -167,15 +167,3 @@ def free_stale_leaf(cache, node_id, tracker) -> bool:
         cache._accumulate_tracker(tracker, result.tracker)
         return result.is_dropped
     return cache._evict_device_leaf(node_id, tracker) is None
-
-
-def stale_tokens_pinned(cache, holder_nodes) -> int:
-    """Tokens of the distinct stale nodes on the paths of the given lock nodes."""
-    nodes = [n for n in holder_nodes if n is not None and not cache.is_root(n)]
-    if not nodes:
-        return 0
-    seen = {}
-    for path in cache.tree_core.collect_path_info(nodes):
-        for info in path:
-            seen[info.node_id] = info.path_end - info.path_start
-    return sum(seen.values())

@@ -6,7 +6,8 @@ in `DecodePreallocQueue.retracted_queue`; `resume_retracted_reqs` later gives it
 into it (`restore_kv_cache`), without a re-match. Between the two the request holds no row and no lock, yet its KV
 still exists and is still its own: the positions `[0, seqlen - 1)` it had computed (or matched) under its epoch.
 
-Invariants (kept by `vradix.core.admission`, `vradix.core.epochs`, `vradix.core.provenance`):
+Invariants (kept by `vradix.core.admission`, `vradix.core.epochs` and `vradix.request`, which reads what a
+request holds: `holds_backup`, `retracted_with_backup`, `backed_up_len`):
 - a request holding a backup is never re-bound (its KV was computed under its bound epoch);
 - a publication while it holds a backup makes it a *crossing* request (it keeps its KV to finish and never inserts
   it), and a retraction of a crossing request that keeps a backup leaves it crossing;
@@ -24,25 +25,6 @@ that holds nothing.
 from __future__ import annotations
 
 import torch
-
-
-def holds_backup(req) -> bool:
-    """Whether the request holds a backup (taken by `backup_kv_cache`, cleared by the restore or by
-    `discard_kv_cache_backup`). Inside `release_req` it is the only mark of a retraction: `reset_for_retract` (which
-    sets `is_retracted`) runs after the release."""
-    return getattr(getattr(req, "kv", None), "retraction_backup", None) is not None
-
-
-def retracted_with_backup(req) -> bool:
-    """Whether the request waits for `resume_retracted_reqs` with its KV in a backup (`retracted_queue`; SGLang
-    clears `is_retracted` when it resumes it)."""
-    return bool(getattr(req, "is_retracted", False)) and holds_backup(req)
-
-
-def backed_up_len(req) -> int:
-    """How many positions the backup holds: `Req.offload_kv_cache` copies `[0, seqlen - 1)` (the last output token's
-    KV is not computed yet), and `resume_retracted_reqs` restores exactly that many (`_pre_alloc_fill_len`)."""
-    return len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
 
 
 def kept_positions(req_to_token, req) -> "torch.Tensor":

@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional
 
 from vradix import identity, namespace
 from vradix.core.prefix_hits import PrefixHits
-from vradix.core import dedup
+from vradix.core import dedup, host_tier
 from vradix.core import staleness
 from vradix.core.staleness import StalenessRecord
 from vradix.core.deferred_reclaim import DeferredReclaim
@@ -321,6 +321,12 @@ class EpochState:
     #: drain time (ms) the publication under way has spent so far, taken by its bump (`Bump.drain_ms`);
     #: written only by `vradix.scheduler.publication`
     drain_ms_pending: float = 0.0
+    #: what the cache has, read once by `attach` (neither changes while the engine runs): a HiCache host tier, whose
+    #: stale copies the bump frees (`vradix.core.host_tier`); streaming-session slots a bump settles
+    #: (`vradix.core.sessions`; False only when the engine was started without `--enable-streaming-session`, so no
+    #: slot can ever exist)
+    host_tier: bool = False
+    streaming_sessions: bool = True
 
     @property
     def last(self) -> Optional[Bump]:
@@ -441,17 +447,19 @@ class WeightSession:
 
 def attach(tree_cache, with_ledger: bool = True, weight_identity: Optional[identity.WeightIdentity] = None,
            identity_mode: str = "nonce", scope: Optional[str] = None, staleness_window: int = 0,
-           label: Optional[str] = None) -> EpochState:
+           label: Optional[str] = None, streaming_sessions: bool = True) -> EpochState:
     """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0 under `weight_identity` (a fresh nonce when
     None) and `label`, with a KV page ledger on its allocator unless `with_ledger` is False; on a P/D role every
     namespace starts with its `scope` (`vradix.pd.layout`); `staleness_window` epochs older than the current one
-    keep their KV for bounded requests (`vradix.core.staleness`). Invariant: a window above 0 has a ledger (its
-    responses' spans are read from it): `staleness.StalenessError` otherwise. Raises `settings.SettingsError` for an
+    keep their KV for bounded requests (`vradix.core.staleness`); `streaming_sessions` is False only for an
+    engine started without `--enable-streaming-session` (no session slot can exist). Invariant: a window above 0
+    has a ledger (its responses' spans are read from it): `staleness.StalenessError` otherwise. Raises `settings.SettingsError` for an
     invalid VRADIX_VERIFY / VRADIX_AUDIT / VRADIX_VERIFY_SAMPLE_EVERY / VRADIX_PREFILL_DEDUP setting."""
     staleness.check_ledger(staleness_window, [] if with_ledger else ["a path the KV page ledger cannot observe"])
     state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardRecord(GuardConfig.from_env()),
                        identity_mode=identity_mode, dedup=DedupRecord(enabled=dedup.enabled_from_env()), scope=scope,
-                       staleness=StalenessRecord(window=staleness_window), label=label)
+                       staleness=StalenessRecord(window=staleness_window), label=label,
+                       host_tier=host_tier.enabled(tree_cache), streaming_sessions=streaming_sessions)
     state.bind_identity(0, weight_identity or identity.nonce())
     if with_ledger:
         state.ledger = kv_ledger.attach(tree_cache.token_to_kv_pool_allocator)

@@ -13,7 +13,10 @@ publication must drop it for the next request to recompute it from the new weigh
 
 `clear_at_publication` runs from the scheduler thread of each rank at every publication (an epoch bump, or on an
 engine without a radix cache, `scheduler.publication.publish_without_tree`), after the weights changed and before the next
-forward pass. Invariant: after it, no cached embedding or position grid predates the current weights.
+forward pass. On a radix cache it is a step of the engines whose model can fill a weight-derived cache (`present`, read
+once at startup): a text-only model never runs the encoder routine that fills the multimodal embedding cache, nor a
+vision tower with a grid memo. Invariant: after it, no cached embedding or position grid predates the current
+weights.
 """
 from __future__ import annotations
 
@@ -66,6 +69,15 @@ def served_model(scheduler):
     """The model the scheduler's target worker serves, or None (a scheduler stand-in without one)."""
     runner = getattr(getattr(scheduler, "tp_worker", None), "model_runner", None)
     return getattr(runner, "model", None)
+
+
+def present(scheduler) -> bool:
+    """Whether the scheduler's model can fill a weight-derived cache: a multimodal model (only its forward fills the
+    multimodal embedding cache), or one with a position-grid memo. True when the model config is unknown."""
+    config = getattr(scheduler, "model_config", None)
+    if config is None or getattr(config, "is_multimodal", True):
+        return True
+    return bool(position_grid_memos(served_model(scheduler)))
 
 
 def clear_at_publication(scheduler) -> Cleared:

@@ -47,7 +47,7 @@ def answer_cache_inspection(original, controller, recv_req, *args, **kwargs):
 
 
 def inspect_scheduler(scheduler, rid: str) -> dict:
-    from vradix.scheduler.requests import live_requests
+    from vradix.scheduler.publication import live_requests
 
     state = state_of(scheduler.tree_cache)
     if state is None:

@@ -8,11 +8,10 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from vradix import collectives
+from vradix import collectives, identity
 from vradix.closed_world import post_load
 from vradix.core import overlap
-from vradix.core.state import state_of_scheduler
-from vradix.scheduler.identity_proof import refuse_reused_declaration
+from vradix.core.state import EpochState, state_of_scheduler
 from vradix.scheduler.publication import Publication, discard_drain, opened
 
 logger = logging.getLogger("vradix")
@@ -116,6 +115,22 @@ def publish_update_from_tensor(original, updater, recv_req, *args, **kwargs):
 def publish_update_from_ipc(original, updater, recv_req, *args, **kwargs):
     """AROUND SchedulerWeightUpdaterManager.update_weights_from_ipc: one publication (`publish_update`)."""
     return publish_update(FROM_IPC, original, updater, recv_req, *args, **kwargs)
+
+
+def refuse_reused_declaration(state: EpochState, label, output_type):
+    """In `declared` mode, a publication naming a declared identity an earlier publication of this engine already
+    used is refused before any weight changes: returns the failed response, or None."""
+    if state.identity_mode != "declared" or not identity.is_declaration(label) or label == state.label:
+        return None
+    try:
+        identity.check_declared(label)
+    except identity.InvalidIdentityError as e:
+        return output_type(success=False, message=f"vradix refused the update: {e}")
+    if state.declared_before(label):
+        return output_type(success=False, message=(
+            f"vradix refused the update: declared weight identity {label!r} was already used by an earlier "
+            "publication of this engine; declare a new identity (for example run id + step)"))
+    return None
 
 
 def first_refusal(refusals, updater, recv_req):

@@ -9,7 +9,7 @@ from vradix.closed_world import epd, loops
 from vradix.ledger import host as host_ledger
 from vradix.observability import metrics
 from vradix.core import deferred_reclaim, published, staleness
-from vradix.scheduler import census
+from vradix.scheduler import census, publication
 from vradix.collectives import tp_rank_and_size
 from vradix.scheduler.identity_proof import published_identity
 from vradix.scheduler.publication import current_label
@@ -35,6 +35,7 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
     if not cache.supports_prefix_sharing():
         refuse_treeless_decode(scheduler)
         attach_treeless(cache)
+        publication.install_steps(scheduler)
         logger.info("vradix %s active without a radix cache: no prefix tree to version; every publication drops the "
                     "weight-derived caches (multimodal embedding cache, vision position-embedding grids)",
                     __version__)
@@ -56,12 +57,14 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
     mode = engine_identity_mode(scheduler.server_args)
     scope = role_scope(scheduler)
     state = attach(cache, with_ledger=not unobserved, weight_identity=startup_identity(scheduler, mode),
-                   identity_mode=mode, scope=scope, staleness_window=window, label=current_label())
+                   identity_mode=mode, scope=scope, staleness_window=window, label=current_label(),
+                   streaming_sessions=bool(getattr(scheduler.server_args, "enable_streaming_session", True)))
     if state.ledger is not None and getattr(scheduler, "enable_hierarchical_cache", False):
         host_ledger.attach(cache, state.ledger)
     state.guard.narrow_to_ranks(getattr(scheduler, "tp_size", 1), getattr(scheduler, "pp_size", 1))
     metrics.attach(scheduler)
     metrics.export_metrics(scheduler)
+    publication.install_steps(scheduler)
     logger.info("vradix %s active: epoch-namespaced radix cache (%s, tree core %s), epoch %d, weight_id %s (%s)%s; "
                 "KV page ledger %s (verify=%s, audit=%s)", __version__, type(cache).__name__, state.tree_core,
                 state.epoch, state.weight_id, mode, f", role-local scope {scope}" if scope else "",

@@ -32,8 +32,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from vradix import namespace
-from vradix.core import admission
+from vradix import namespace, request
 from vradix.core.state import EpochState
 
 
@@ -51,7 +50,7 @@ def end_queued_attempts(cache, queued: Iterable) -> int:
 
     revoked = 0
     for req in queued:
-        if admission.holds_kv(req):
+        if request.holds_kv(req):
             continue
         handle = req.cache_request_handle
         revoked += handle in getattr(cache, "ongoing_prefetch", ())
@@ -82,7 +81,7 @@ def reissue(scheduler, state: EpochState, queued: Iterable) -> int:
         return 0
     issued = 0
     for req in queued:
-        if admission.holds_kv(req) or req.finished():
+        if request.holds_kv(req) or req.finished():
             continue
         scheduler._prefetch_kvcache(req)
         issued += 1

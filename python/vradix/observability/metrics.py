@@ -149,9 +149,9 @@ def refresh() -> None:
 
 
 def state_block(scheduler) -> dict:
-    from vradix.core import epochs, reclaim
+    from vradix.core import epochs
     from vradix.observability import server_info
 
     cache = scheduler.tree_cache
     state = state_of(cache)
-    return server_info.engine_block(state, reclaim.stale_tokens_pinned(cache, epochs.holder_nodes(state)))
+    return server_info.engine_block(state, epochs.stale_tokens_pinned(state, cache))

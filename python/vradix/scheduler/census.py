@@ -8,7 +8,7 @@ escaped vradix, so a test that drives a path vradix misses fails instead of pass
    (`holds_kv`: a `req_to_token` row, a tree lock, or a retraction backup it resumes from) must be treated by the
    bump: marked crossing (`ReqState.crossed`) or finished. A queued request that holds nothing is re-bound or bound
    at its next match, so it is not checked. A held, untreated request fails the census; the message names the path
-   the walk reached it by and whether `scheduler.requests.live_requests` (what the bump treats) had it.
+   the walk reached it by and whether `scheduler.publication.live_requests` (what the bump treats) had it.
 2. Weights, before every forward (`check_weights`, BEFORE `Scheduler.run_batch`). The served model's parameters
    (`sample_params`: each one's name, storage pointer, shape, dtype and `SAMPLES_PER_PARAM` fixed elements, one
    device-to-host copy for all of them) must equal what was recorded at the engine's start or at the last
@@ -39,7 +39,6 @@ from typing import Iterator, List, Optional, Tuple
 import torch
 
 from vradix import request, settings
-from vradix.core import admission, retraction
 
 logger = logging.getLogger("vradix")
 
@@ -158,7 +157,7 @@ def outside(found: dict, live_ids: set) -> str:
 def holds_kv(req) -> bool:
     """Whether the request holds KV of its own: a row or a tree lock on the device, or a retraction backup it will
     resume from."""
-    return admission.holds_kv(req) or retraction.retracted_with_backup(req)
+    return request.holds_kv(req) or request.retracted_with_backup(req)
 
 
 def treated(req) -> bool:

@@ -3,7 +3,6 @@
 that records what an update call publishes (`tapping_publication`)."""
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Optional
 
@@ -57,11 +56,9 @@ def published_identity(scheduler, previous: Optional[identity.WeightIdentity] = 
     return identity.proven(hex_, basis=f"published ({outcome})")
 
 
-def tapping_publication(scheduler, state: EpochState):
-    """The context an update call runs in: in `fingerprint` mode, every tensor that reaches the scheduler's model's
-    `load_weights` is recorded for the publication's identity (`vradix.core.published.tapping`); otherwise nothing."""
-    if state.identity_mode != "fingerprint":
-        return contextlib.nullcontext()
+def tapping_publication(scheduler):
+    """The context an update call runs in on a `fingerprint`-mode engine: every tensor that reaches the scheduler's
+    model's `load_weights` is recorded for the publication's identity (`vradix.core.published.tapping`)."""
     runner = scheduler.tp_worker.model_runner
     rank, world = collectives.tp_rank_and_size()
     return published.tapping(runner.model, rank, world, model_device(runner.model))
@@ -94,19 +91,3 @@ def engine_salt(scheduler) -> str:
     dtype = getattr(config, "dtype", None) or getattr(first_parameter(runner.model), "dtype", None)
     quant = getattr(getattr(scheduler, "server_args", None), "quantization", None)
     return f"{arch}|{dtype}|{quant}"
-
-
-def refuse_reused_declaration(state: EpochState, label, output_type):
-    """In `declared` mode, a publication naming a declared identity an earlier publication of this engine already
-    used is refused before any weight changes: returns the failed response, or None."""
-    if state.identity_mode != "declared" or not identity.is_declaration(label) or label == state.label:
-        return None
-    try:
-        identity.check_declared(label)
-    except identity.InvalidIdentityError as e:
-        return output_type(success=False, message=f"vradix refused the update: {e}")
-    if state.declared_before(label):
-        return output_type(success=False, message=(
-            f"vradix refused the update: declared weight identity {label!r} was already used by an earlier "
-            "publication of this engine; declare a new identity (for example run id + step)"))
-    return None

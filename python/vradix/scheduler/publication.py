@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 from vradix.core import deferred_reclaim, epochs, host_tier, lora, mm_embeddings, overlap, weight_derived
@@ -27,9 +28,44 @@ from vradix.ledger import guard
 from vradix.observability import metrics
 from vradix.pd import revocation
 from vradix.scheduler import census, identity_proof
-from vradix.scheduler.requests import disagg_requests, live_requests
 
 logger = logging.getLogger("vradix")
+
+
+@dataclass(frozen=True)
+class EngineSteps:
+    """The publication steps an engine has beyond the bump itself, read once from the live scheduler at startup
+    (`install_steps`, after vradix attached its state and metrics): none of these changes while the engine runs, and
+    a step an engine lacks is never entered."""
+
+    #: the overlap scheduler runs: the batch in flight drains before the weights change (`overlap`)
+    overlap_drain: bool
+    #: queued requests are looked up in an external KV store: their prefetches are revoked and re-issued under the
+    #: new namespace (`vradix.l3.prefetch`)
+    storage_lookups: bool
+    #: the model can fill a weight-derived cache, dropped at every publication (`weight_derived.present`)
+    derived_caches: bool
+    #: `--enable-metrics`: the bump's values are exported (`vradix.observability.metrics`)
+    metrics: bool
+
+    @classmethod
+    def of_scheduler(cls, scheduler) -> "EngineSteps":
+        return cls(overlap_drain=bool(getattr(scheduler, "enable_overlap", False)),
+                   storage_lookups=prefetch.storage_lookups(scheduler),
+                   derived_caches=weight_derived.present(scheduler),
+                   metrics=metrics.metrics_of(scheduler) is not None)
+
+
+def install_steps(scheduler) -> EngineSteps:
+    """Read the engine's publication steps (`EngineSteps`) once; called where vradix attaches to a scheduler."""
+    scheduler._vradix_steps = EngineSteps.of_scheduler(scheduler)
+    return scheduler._vradix_steps
+
+
+def steps_of(scheduler) -> EngineSteps:
+    """The engine's publication steps (read now for a scheduler vradix attached to without `install_steps`)."""
+    steps = getattr(scheduler, "_vradix_steps", None)
+    return steps if steps is not None else install_steps(scheduler)
 
 
 def opened(scheduler) -> Optional["Publication"]:
@@ -89,8 +125,8 @@ class Publication:
         """SGLang's change runs inside: the publication is the engine's open one, and (fingerprint mode) the tensors
         it loads are recorded. A session's publication stays open after one of its calls."""
         self.holder.open_publication(self)
-        tap = (identity_proof.tapping_publication(self.scheduler, self.state) if self.state is not None
-               else contextlib.nullcontext())
+        tap = (identity_proof.tapping_publication(self.scheduler)
+               if self.state is not None and self.state.identity_mode == "fingerprint" else contextlib.nullcontext())
         try:
             with tap:
                 yield self
@@ -254,10 +290,12 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     live = live_requests(scheduler)
     queued = [*scheduler.waiting_queue, *disagg_requests(scheduler)]
     t0 = time.perf_counter()
-    ident = (identity_proof.publication_identity(scheduler, state, label, weights_changed) if is_publication
-             else None)
+    # nonce mode: the bump draws the fresh nonce itself
+    ident = (identity_proof.publication_identity(scheduler, state, label, weights_changed)
+             if is_publication and state.identity_mode != "nonce" else None)
     identity_ms = (time.perf_counter() - t0) * 1e3
-    lookups = prefetch.storage_lookups(scheduler)
+    steps = steps_of(scheduler)
+    lookups = steps.storage_lookups
     revoked = prefetch.end_queued_attempts(scheduler.tree_cache, queued) if lookups else 0
     inv = epochs.bump(state, scheduler.tree_cache, live, queued,
                       reason=reason, label=label, is_publication=is_publication, identity=ident)
@@ -268,7 +306,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
         if queue is not None:
             inv.count_revoked(revocation.revoke_unfulfilled(queue, inv.weight_id, inv.epoch_after))
     # multimodal embeddings (keyed by content only) and vision position grids the old weights computed
-    cleared = weight_derived.clear_at_publication(scheduler)
+    cleared = weight_derived.clear_at_publication(scheduler) if steps.derived_caches else weight_derived.Cleared()
     inv.count_cleared(cleared.mm_embeddings, cleared.position_grids)
     if lookups:
         reissued = prefetch.reissue(scheduler, state, queued)
@@ -282,9 +320,15 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
         census.record_weights(scheduler, f"the publication to epoch {inv.epoch_after} ({reason})")
     census.check_requests(scheduler, live, inv.epoch_after)
     inv.took_bump((time.perf_counter() - t_bump) * 1e3)
-    metrics.export_metrics(scheduler, bump_seconds=inv.latency_ms / 1e3,
-                           pause_seconds=inv.pause_ms / 1e3 if is_publication else None)
+    export_metrics(scheduler, bump_seconds=inv.latency_ms / 1e3,
+                   pause_seconds=inv.pause_ms / 1e3 if is_publication else None)
     return inv
+
+
+def export_metrics(scheduler, **observed) -> None:
+    """Export the engine's values after a publication step (`metrics.export_metrics`), on an engine with metrics."""
+    if steps_of(scheduler).metrics:
+        metrics.export_metrics(scheduler, **observed)
 
 
 def record_idle_reset(scheduler, reason: str, tokens_freed: int, host_tokens_freed) -> Bump:
@@ -292,7 +336,7 @@ def record_idle_reset(scheduler, reason: str, tokens_freed: int, host_tokens_fre
     embeddings, as every flush does."""
     inv = epochs.record_reset(state_of_scheduler(scheduler), reason, tokens_freed, host_tokens_freed,
                               mm_embeddings.clear_all())
-    metrics.export_metrics(scheduler)
+    export_metrics(scheduler)
     return inv
 
 
@@ -305,7 +349,7 @@ def unload_adapter(scheduler, recv_req) -> int:
     state.lora.count_freed(freed)
     logger.info("vradix: adapter %r (lora_id %s) unloaded: freed %d of its cached tokens; other namespaces untouched",
                 recv_req.lora_name, recv_req.lora_id, freed)
-    metrics.export_metrics(scheduler)
+    export_metrics(scheduler)
     return freed
 
 
@@ -314,7 +358,7 @@ def drain_for_publication(scheduler) -> int:
     took to the drain of the publication under way (`EpochState.drain_ms_pending`), which its bump records
     (`Bump.drain_ms`). Returns the number of batches drained."""
     t0 = time.perf_counter()
-    drained = overlap.drain_inflight_batch(scheduler)
+    drained = overlap.drain_inflight_batch(scheduler) if steps_of(scheduler).overlap_drain else 0
     state = state_of_scheduler(scheduler)
     if state is not None:
         state.add_drain((time.perf_counter() - t0) * 1e3)
@@ -339,6 +383,44 @@ def publish_without_tree(scheduler, reason: str, *, is_publication: bool = True)
     logger.info("vradix: %s without a radix cache: %d multimodal embedding(s), %d position grid(s) cleared", reason,
                 cleared.mm_embeddings, cleared.position_grids)
     return treeless.last
+
+
+def live_requests(scheduler) -> set:
+    """The requests one scheduler holds, wherever SGLang keeps them: batches, the waiting queue, the chunked request,
+    HiSparse staging and the P/D roles' own queues (`disagg_requests`). A publication treats every one of them
+    (crossing or re-bound)."""
+    reqs = {*scheduler.collect_inflight_reqs(), *scheduler.waiting_queue}
+    if scheduler.chunked_req is not None:
+        reqs.add(scheduler.chunked_req)
+    coordinator = getattr(scheduler, "hisparse_coordinator", None)
+    if coordinator is not None:
+        reqs.update(act.req for act in coordinator.ack_staging_queue)
+    reqs.update(disagg_requests(scheduler))
+    return reqs
+
+
+def disagg_requests(scheduler) -> list:
+    """A P/D role's requests outside SGLang's waiting queue and batches.
+
+    Decode: those waiting for a KV allocation (holding nothing yet: the bump re-binds them, so they match and promise
+    prefill a prefix in the new namespace) and those in the transfer queue (holding their preallocated row and
+    matched prefix: they cross the bump, keep their KV and never insert it; a publication then revokes the promises
+    among them prefill has not fulfilled, `vradix.pd.revocation.revoke_unfulfilled`).
+    Prefill: those waiting for decode's bootstrap (nothing matched yet: re-bound) and those whose KV prefill computed
+    and is still sending (`disagg_prefill_inflight_queue`: they cross the bump, so at release their old-weights KV
+    is freed instead of inserted)."""
+    reqs = []
+    prealloc = getattr(scheduler, "disagg_decode_prealloc_queue", None)
+    if prealloc is not None:
+        reqs += [d.req for d in (*prealloc.queue, *prealloc.pending_reqs)] + list(prealloc.retracted_queue)
+    transfer = getattr(scheduler, "disagg_decode_transfer_queue", None)
+    if transfer is not None:
+        reqs += [d.req for d in transfer.queue]
+    bootstrap = getattr(scheduler, "disagg_prefill_bootstrap_queue", None)
+    if bootstrap is not None:
+        reqs += list(bootstrap.queue)
+    reqs += list(getattr(scheduler, "disagg_prefill_inflight_queue", None) or ())
+    return reqs
 
 
 def current_label():

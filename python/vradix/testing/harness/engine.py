@@ -32,6 +32,7 @@ from vradix.core.admission import stamp
 from vradix.core.state import attach
 from vradix.hooks import publication
 from vradix.scheduler import identity_proof
+from vradix.scheduler.publication import install_steps
 from vradix.testing.harness.cache_fixture import SchedulerView, build_cache
 
 
@@ -39,25 +40,29 @@ class StubScheduler(SchedulerView):
     """The fixture's scheduler view, plus what the publication hooks and SGLang's flush / relabel bodies read (see
     module doc)."""
 
-    def __init__(self, fx, live):
+    def __init__(self, fx, live, multimodal: bool = False):
         super().__init__(fx, running=live)
         self.hisparse_coordinator, self.enable_overlap = None, False
+        self.model_config = types.SimpleNamespace(is_multimodal=multimodal)
         self.flush_cache = types.MethodType(Scheduler.flush_cache, self)
         self.record_weight_version_change = types.MethodType(Scheduler.record_weight_version_change, self)
 
 
 class Engine:
     """A Rust-core cache (1024 tokens, page size 1) with vradix attached and one running request holding KV, its
-    `StubScheduler` and a real updater (see module doc); `touched` counts the update bodies that touched weights."""
+    `StubScheduler` and a real updater (see module doc); `touched` counts the update bodies that touched weights. It
+    plays a plain engine: a text-only model (`multimodal` for one that fills the multimodal embedding cache), no
+    overlap scheduler, no streaming sessions, no metrics."""
 
-    def __init__(self):
+    def __init__(self, multimodal: bool = False):
         self.fx = build_cache("rust", 1, kv_tokens=1024)
-        self.state = attach(self.fx.cache)
+        self.state = attach(self.fx.cache, streaming_sessions=False)  # started without --enable-streaming-session
         req = self.fx.make_req(list(range(10, 40)))
         stamp(self.state, req)
         self.fx.admit(req)
         self.fx.prefill(req)  # a running request holding KV: a flush now would be a lock-aware bump
-        self.scheduler = StubScheduler(self.fx, [req])
+        self.scheduler = StubScheduler(self.fx, [req], multimodal)
+        install_steps(self.scheduler)  # as vradix's startup does, once the scheduler is built
         self.updater = updater_for(self.scheduler)
         self.touched = 0
 
