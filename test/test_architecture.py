@@ -3,7 +3,7 @@
 Every `import`/`from ... import` of a vradix module inside `python/vradix` is read with `ast`, including imports
 inside functions (a lazy import is still a dependency). A package may import only the layers below it; `settings`
 (standard library only) is below everything and imports no vradix module; the root vocabulary (`request`,
-`namespace`, `identity`, `predicate`) is above it and the kernels; `testing` may import anything and nothing of the
+`identity`, `predicate`) is above it and the kernels; `testing` may import anything and nothing of the
 product imports it (the demo is a tool). A new module must be given a layer here."""
 import ast
 import pathlib
@@ -32,7 +32,7 @@ ALLOWED = {
     "testing": {"settings", "vocabulary", "kernels", "ledger", "core", "closed_world", "l3", "pd", "observability",
                 "scheduler", "hooks", "plugin", "tools"},
 }
-ROOT_MODULES = {"__init__": "vocabulary", "request": "vocabulary", "namespace": "vocabulary", "identity": "vocabulary",
+ROOT_MODULES = {"__init__": "vocabulary", "request": "vocabulary", "identity": "vocabulary",
                 "settings": "settings", "predicate": "vocabulary", "plugin": "plugin", "client": "tools",
                 "publish": "tools", "inspector": "tools", "cli": "tools", "demo": "demo", "_C": "kernels",
                 "collectives": "vocabulary"}

@@ -11,7 +11,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.utils import get_storage_hash_str
 from sglang.srt.server_args import prepare_server_args
 
-from vradix import identity, namespace, settings
+from vradix import identity, settings
 from vradix.core.admission import stamp
 from vradix.core.epochs import bump
 from vradix.core.state import attach
@@ -47,7 +47,7 @@ def test_stock_keys_carry_no_weight_identity_so_different_weights_collide():
     assert len(keys[0]) == len(TOKENS) // 16 and len(set(keys[0])) == len(keys[0])
     assert keys[0] == keys[1]
     other_tokens = get_storage_hash_str(RadixKey([t + 1 for t in TOKENS]), None, page_size=16)
-    namespaced = get_storage_hash_str(RadixKey(TOKENS, extra_key=namespace.namespace("nonce:00")), None, page_size=16)
+    namespaced = get_storage_hash_str(RadixKey(TOKENS, extra_key=identity.namespace("nonce:00")), None, page_size=16)
     assert not set(keys[0]) & set(other_tokens) and not set(keys[0]) & set(namespaced)
 
 
@@ -129,5 +129,5 @@ def test_the_weight_id_is_read_back_from_any_stamped_key():
     fx, state = engine(identity.declared("step-1"))
     bump(state, fx.cache, [], [], reason="flush", is_publication=False)  # same weights, suffixed namespace
     for e in range(2):
-        assert namespace.weight_id_of(state.prefix_of_epoch(e) + "tenant") == "declared:step-1"
-    assert namespace.weight_id_of("tenant") is None and namespace.weight_id_of(None) is None
+        assert identity.weight_id_of(state.prefix_of_epoch(e) + "tenant") == "declared:step-1"
+    assert identity.weight_id_of("tenant") is None and identity.weight_id_of(None) is None

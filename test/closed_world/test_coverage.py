@@ -188,11 +188,11 @@ def test_storage_keys_of_two_weight_identities_never_collide():
     from sglang.srt.mem_cache.radix_cache import RadixKey
     from sglang.srt.mem_cache.utils import get_storage_hash_str
 
-    from vradix import namespace
+    from vradix import identity
     tokens = list(range(100, 164))
 
     def keys(weight_id):
-        return get_storage_hash_str(RadixKey(tokens, namespace.stamped(namespace.namespace(weight_id), None)),
+        return get_storage_hash_str(RadixKey(tokens, identity.stamped(identity.namespace(weight_id), None)),
                                     page_size=16)
 
     a, b = keys("fp:aaaa"), keys("fp:bbbb")

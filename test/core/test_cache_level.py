@@ -4,9 +4,9 @@ hooks installed by `load_plugins()`."""
 import pytest
 import torch
 
-from vradix import namespace
+from vradix import identity
 from vradix.core.admission import stamp
-from vradix.namespace import ReservedNamespaceError
+from vradix.identity import ReservedNamespaceError
 from vradix.testing.harness.cache_fixture import seq
 from vradix.testing.harness.cache_steps import bump, check, new_req, run_to_end
 
@@ -171,12 +171,12 @@ def test_user_extra_key_and_lora_isolation_unchanged(env):
     r = new_req(fx, state, P, extra_key="tenantA", lora_id="adapter-1")
     # epoch prefix, then the adapter's content tag (a process-local nonce here: no adapter was loaded for this
     # lora_id), and the LoRA id stays the suffix
-    tag = namespace.adapter_tag(state.lora.adapter_ids["adapter-1"])
+    tag = identity.adapter_tag(state.lora.adapter_ids["adapter-1"])
     assert r.extra_key == state.prefix_of_epoch(state.epoch) + tag + "tenantAadapter-1"
     check(fx)
 
 
-@pytest.mark.parametrize("forged", [namespace.namespace("nonce:00"), namespace.namespace("fp:ab", 7), "x\x1evradix:e1\x1f", "\x1e"])
+@pytest.mark.parametrize("forged", [identity.namespace("nonce:00"), identity.namespace("fp:ab", 7), "x\x1evradix:e1\x1f", "\x1e"])
 def test_reserved_marker_in_user_key_is_rejected(env, forged):
     fx, state = env
     req = fx.make_req(seq(1, 8), extra_key=forged)

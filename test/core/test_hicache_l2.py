@@ -266,7 +266,7 @@ def test_the_kits_python_inspector_sees_no_stale_host_node(core_ps, monkeypatch)
     from sglang.test.kits.unified_radix_cache.config import CacheConfig
     from sglang.test.kits.unified_radix_cache import fixtures
 
-    from vradix import namespace
+    from vradix import identity
     from vradix.testing.harness.hicache_fixture import init_host_tier
 
     core, ps = core_ps
@@ -284,7 +284,7 @@ def test_the_kits_python_inspector_sees_no_stale_host_node(core_ps, monkeypatch)
         return sum(len(v) for v in values if v is not None)
 
     def insert(tokens, epoch):
-        key = RadixKey(array("q", tokens), extra_key=namespace.stamped(state.prefix_of_epoch(epoch), None))
+        key = RadixKey(array("q", tokens), extra_key=identity.stamped(state.prefix_of_epoch(epoch), None))
         result = cache.insert(InsertParams(key=key, value=allocator.alloc(len(tokens))))
         cache.writing_check(write_back=True)  # write-through backed it up at the insert; take the ack
         return result.last_device_node

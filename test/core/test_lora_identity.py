@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 from sglang.srt.lora.lora_registry import LoRARef
 from sglang.srt.runtime_context import get_parallel
 
-from vradix import identity, namespace, request
+from vradix import identity, request
 from vradix.core import lora, reclaim
 from vradix.hooks import pd as pd_hooks
 from vradix.hooks.admission import stamp_request
-from vradix.namespace import ReservedNamespaceError
+from vradix.identity import ReservedNamespaceError
 from vradix.pd import handshake
 from vradix.core.state import attach
 from vradix.testing.harness.cache_fixture import build_cache
@@ -78,7 +78,7 @@ def test_a_retrained_adapter_at_the_same_path_never_reads_the_old_adapters_l3_pa
         store_pages(fx, PROMPT, stock_key)  # a stock boot 1
         state, sched = boot(fx, path, lora_id)
         first = admitted(fx, sched, tokens, lora_id)
-        assert first.extra_key.endswith(lora_id) and namespace.weight_id_of(first.extra_key) == BASE.weight_id
+        assert first.extra_key.endswith(lora_id) and identity.weight_id_of(first.extra_key) == BASE.weight_id
         store_pages(fx, PROMPT, first.extra_key)  # boot 1 with vradix
         reclaim.free_all_by_reset(fx.cache)  # the pages are in L3 only
 
@@ -94,7 +94,7 @@ def test_a_retrained_adapter_at_the_same_path_never_reads_the_old_adapters_l3_pa
         assert backend_hits(fx.cache, PROMPT, stock_key) == len(PROMPT)  # the bug: stock reads old-X pages
         state, sched = boot(fx, path, lora_id)  # restart with the retrained X
         retrained = admitted(fx, sched, tokens, lora_id)
-        assert namespace.weight_id_of(retrained.extra_key) == BASE.weight_id and retrained.extra_key.endswith(lora_id)
+        assert identity.weight_id_of(retrained.extra_key) == BASE.weight_id and retrained.extra_key.endswith(lora_id)
         assert backend_hits(fx.cache, PROMPT, retrained.extra_key) == 0, "the retrained X reads old-X pages"
         assert request.of(retrained).adapter != request.of(same).adapter
 
@@ -120,7 +120,7 @@ def test_the_adapter_tag_is_the_adapters_content_and_no_user_key_can_forge_it(tm
     assert ids[one] == ids[two] == lora.content_identity(loras[one])
     assert len({ids[one], ids[rescaled], ids[retrained]}) == 3
     assert ids[unknown].startswith("lora-nonce:")
-    tag = namespace.adapter_tag(ids[one])
+    tag = identity.adapter_tag(ids[one])
     assert reqs[one].extra_key == state.prefix_of_epoch(0) + tag + one
     forged = fx.make_req([5, 6, 7], extra_key=tag + one)  # a base request spelling adapter one's key
     with pytest.raises(ReservedNamespaceError):
@@ -135,14 +135,14 @@ def test_a_lora_request_refused_for_a_forged_key_stays_out_of_the_base_namespace
     fx = build_cache("rust", 1, kv_tokens=256)
     state = attach(fx.cache, weight_identity=BASE, identity_mode="fingerprint")
     sched = lora_scheduler(fx, {"X-1": load_lora_adapter(path, "X-1")})
-    req = fx.make_req([5, 6, 7], extra_key=namespace.namespace("fp:forged"), lora_id="X-1")
+    req = fx.make_req([5, 6, 7], extra_key=identity.namespace("fp:forged"), lora_id="X-1")
     with get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):  # what SGLang's abort reads
         stamp_request(None, sched, req)
     assert req.to_finish is not None and state.forged_keys_rejected == 1  # SGLang aborts it after one token
     base = fx.make_req([5, 6, 7])
     stamp_request(None, sched, base)
     assert req.extra_key != base.extra_key, "the refused LoRA request was bound to the base model's namespace"
-    assert namespace.adapter_tag(state.lora.adapter_ids["X-1"]) in req.extra_key
+    assert identity.adapter_tag(state.lora.adapter_ids["X-1"]) in req.extra_key
 
 
 # ---- P/D: an adapter reloaded on one role before the other -------------------------------------------------------

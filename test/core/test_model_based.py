@@ -39,7 +39,7 @@ from sglang.srt.mem_cache import common
 from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from vradix import namespace, request
+from vradix import identity, request
 from vradix.core import deferred_reclaim, staleness
 from vradix.core.admission import stamp
 from vradix.scheduler.publication import bump_scheduler
@@ -653,7 +653,7 @@ class HiCacheMachine(VersionedCacheMachine):
         """Back a cached prefix of the current epoch up to host, parent first (SGLang's backup chain)."""
         cache = self.fx.cache
         prefix = self.state.prefix_of_epoch(self.state.epoch)
-        key = RadixKey(array("q", PREFIXES[p]), extra_key=namespace.stamped(prefix, USER_KEYS[k]))
+        key = RadixKey(array("q", PREFIXES[p]), extra_key=identity.stamped(prefix, USER_KEYS[k]))
         node = cache.match_prefix(MatchPrefixParams(key=key)).last_device_node
         if not cache.is_root(node):  # the call an insert's write-through makes (its backup locks the node until the ack)
             cache._execute_and_commit_kv_backup(cache.tree_core.build_backup_kv_action(node))

@@ -18,7 +18,7 @@ import pytest
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.utils import get_storage_hash_str
 
-from vradix import namespace
+from vradix import identity
 from vradix.l3 import manifest
 from vradix.testing.harness.server import CpuServer
 
@@ -34,7 +34,7 @@ def pages(store) -> set:
 
 def prompt_files(store, weight_id) -> set:
     """The page files of PROMPT under `weight_id`'s namespace (page size 1), whether or not they exist yet."""
-    keys = get_storage_hash_str(RadixKey(array("q", PROMPT), extra_key=namespace.namespace(weight_id)), None,
+    keys = get_storage_hash_str(RadixKey(array("q", PROMPT), extra_key=identity.namespace(weight_id)), None,
                                 page_size=1)
     suffixes = {n[64:] for n in pages(store)}
     assert len(suffixes) == 1, f"one model/rank suffix expected, got {suffixes}"

@@ -5,11 +5,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vradix import identity, namespace
+from vradix import identity
 from vradix.core.admission import stamp
-from vradix.namespace import ReservedNamespaceError
 from vradix.core.epochs import MAX_LABEL_CHARS, InvalidLabelError, check_label
 from vradix.core.state import attach
+from vradix.identity import ReservedNamespaceError
 from vradix.testing.harness.cache_fixture import build_cache
 
 
@@ -33,7 +33,7 @@ def test_reserved_marker_is_refused_in_every_user_key(field):
     fx = build_cache("rust", 1, kv_tokens=64, max_reqs=2)
     state = attach(fx.cache)
     req = fx.make_req([1, 2, 3])
-    setattr(req, field, namespace.namespace(state.weight_id))
+    setattr(req, field, identity.namespace(state.weight_id))
     with pytest.raises(ReservedNamespaceError, match="reserved vradix epoch marker"):
         stamp(state, req)
 
@@ -51,9 +51,9 @@ def test_namespace_encoding_is_injective(w1, e1, u1, w2, e2, u2):
     """No accepted user key or declared identity makes two different (weight_id, epoch suffix, user key) triples
     share a namespace string, and the prefix read back from a stamped key is the namespace it was stamped with."""
     for u in (u1, u2):
-        namespace.check_user_key(u)
-    p1, p2 = namespace.namespace(w1, e1), namespace.namespace(w2, e2)
-    k1, k2 = namespace.stamped(p1, u1), namespace.stamped(p2, u2)
-    assert namespace.prefix_of(k1) == p1
+        identity.check_user_key(u)
+    p1, p2 = identity.namespace(w1, e1), identity.namespace(w2, e2)
+    k1, k2 = identity.stamped(p1, u1), identity.stamped(p2, u2)
+    assert identity.prefix_of(k1) == p1
     if (w1, e1, u1 or "") != (w2, e2, u2 or ""):
         assert k1 != k2

@@ -20,7 +20,7 @@ from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from vradix import identity, namespace
+from vradix import identity
 from vradix.core import admission, epochs, reclaim
 from vradix.scheduler import publication
 from vradix.l3 import gc, manifest
@@ -132,7 +132,7 @@ def test_a_queued_request_is_looked_up_again_under_the_identity_it_is_rebound_to
     with file_store_cache(tmp_path, tree_core) as fx:
         cache = fx.cache
         state = attach(cache, with_ledger=False, identity_mode="declared")
-        old_ns, b_ns = state.prefix_of_epoch(0), namespace.namespace("declared:B")
+        old_ns, b_ns = state.prefix_of_epoch(0), identity.namespace("declared:B")
         store_pages(fx, PROMPT, old_ns)
         store_pages(fx, PROMPT, b_ns)
         reclaim.free_all_by_reset(cache)
@@ -196,7 +196,7 @@ def test_each_pd_role_reads_only_its_own_l3_objects(tmp_path):
         for name, scope in (("decode", role_scope("decode")), ("non-P/D", None), ("prefill", role_scope("prefill"))):
             reader = attach(cache, with_ledger=False, weight_identity=ident, identity_mode="declared", scope=scope)
             q = queued_request(fx, reader)
-            assert namespace.weight_id_of(q.extra_key) == ident.weight_id
+            assert identity.weight_id_of(q.extra_key) == ident.weight_id
             found[name] = backend_hits(cache, PROMPT, q.extra_key)
         assert found == {"decode": 0, "non-P/D": 0, "prefill": len(PROMPT)}
         op = start_prefetch(StorageScheduler(fx, waiting=[q]), q)  # the same role: SGLang's own lookup hits
@@ -212,7 +212,7 @@ def test_a_decode_role_leaves_storage_lookups_to_its_pre_allocation_at_a_publica
     with file_store_cache(tmp_path) as fx:
         cache = fx.cache
         state = attach(cache, with_ledger=False, identity_mode="declared", scope=scope)
-        b_ns = namespace.namespace("declared:B", scope=scope)
+        b_ns = identity.namespace("declared:B", scope=scope)
         store_pages(fx, PROMPT, b_ns)
         reclaim.free_all_by_reset(cache)
         q = queued_request(fx, state)
@@ -238,7 +238,7 @@ def test_each_stored_page_is_attributed_to_its_identity_and_gc_deletes_only_dead
         cache = fx.cache
         state = attach(cache, with_ledger=False)
         a_id, a_ns = state.weight_id, state.prefix_of_epoch(0)
-        b_ns = namespace.namespace("declared:B")
+        b_ns = identity.namespace("declared:B")
         store_pages(fx, PROMPT, a_ns)  # this engine's identity
         store_pages(fx, PROMPT[:16] + [1, 2, 3], b_ns)  # another identity's namespace
         store_pages(fx, list(range(300, 310)), None)  # no vradix namespace: never attributed

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vradix import identity, namespace
+from vradix import identity
 from vradix.core import provenance
 from vradix.pd import bootstrap, handshake, layout, restore_policy, revocation
 from vradix.pd.layout import IncompatibleLayoutError, KvLayout
@@ -162,10 +162,10 @@ def test_scope_names_role_and_layout():
     assert layout.scope_of(DECODE) == "decode.tp4.dcp4.ps64.float8_e4m3fn.mla"
     ns = layout.l3_namespace(DECODE, "declared:run1-step5")
     assert ns == "\x1evradix:decode.tp4.dcp4.ps64.float8_e4m3fn.mla\x1cdeclared:run1-step5\x1f"
-    assert namespace.prefix_of(ns + "user") == ns
-    assert namespace.weight_id_of(ns + "user") == "declared:run1-step5"
-    assert namespace.weight_id_of(layout.l3_namespace(DECODE, "fp:ab", 3)) == "fp:ab"
-    assert layout.scope_in(ns) == layout.scope_of(DECODE) and layout.scope_in(namespace.namespace("fp:ab")) is None
+    assert identity.prefix_of(ns + "user") == ns
+    assert identity.weight_id_of(ns + "user") == "declared:run1-step5"
+    assert identity.weight_id_of(layout.l3_namespace(DECODE, "fp:ab", 3)) == "fp:ab"
+    assert layout.scope_in(ns) == layout.scope_of(DECODE) and layout.scope_in(identity.namespace("fp:ab")) is None
 
 
 def test_layout_from_real_server_args(models, monkeypatch):

@@ -238,7 +238,7 @@ def test_a_publication_frees_the_stale_recurrent_states_of_a_hybrid_tree(monkeyp
     from sglang.test.kits.unified_radix_cache import fixtures
     from sglang.test.kits.unified_radix_cache.config import CacheConfig
 
-    from vradix import namespace
+    from vradix import identity
     from vradix.core import epochs
     from vradix.core.state import attach
     from vradix.testing.harness.cache_fixture import seq
@@ -255,7 +255,7 @@ def test_a_publication_frees_the_stale_recurrent_states_of_a_hybrid_tree(monkeyp
         req = Req(rid=f"r{len(tokens)}", origin_input_text="", origin_input_ids=array("q"),
                   sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
         req_pool.alloc([req])
-        key = RadixKey(array("q", tokens), extra_key=namespace.stamped(state.prefix_of_epoch(epoch), None))
+        key = RadixKey(array("q", tokens), extra_key=identity.stamped(state.prefix_of_epoch(epoch), None))
         return cache.insert(InsertParams(key=key, value=allocator.alloc(len(tokens)),
                                          mamba_value=req.kv.mamba_pool_idx.unsqueeze(0))).last_device_node
 

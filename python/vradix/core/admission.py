@@ -14,7 +14,7 @@ Invariants:
 """
 from __future__ import annotations
 
-from vradix import namespace, request, settings
+from vradix import identity, request, settings
 from vradix.core import lora, staleness
 from vradix.core.state import EpochState
 
@@ -24,10 +24,10 @@ def stamp(state: EpochState, req) -> None:
     `staleness.StalenessError` on a bound above the server window."""
     user_key = req.extra_key
     if user_key:
-        namespace.check_user_key(user_key)
+        identity.check_user_key(user_key)
     salt = getattr(req, "cache_salt", None)
     if salt:
-        namespace.check_user_key(salt)
+        identity.check_user_key(salt)
     st = request.attach(req, user_key, request.bind_entry(state))
     lora_id = getattr(req, "lora_id", None)
     if lora_id is not None:
@@ -79,4 +79,4 @@ def _bind(state: EpochState, req, st: request.ReqState) -> None:
     request.record_bind(st, state)
     if settings.value("VRADIX_FAULT_NO_NAMESPACE"):
         return  # test-only fault: the namespace is lost, so only the KV page ledger's guard stands between
-    req.extra_key = namespace.stamped(state.prefix_of_epoch(state.epoch), st.user_key, st.adapter)
+    req.extra_key = identity.stamped(state.prefix_of_epoch(state.epoch), st.user_key, st.adapter)

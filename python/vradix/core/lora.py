@@ -18,7 +18,7 @@ uuid4 in each process (so two P/D roles never agree on it), and a `--lora-paths`
 same after a restart even when the file at that path was retrained. So vradix identifies an adapter by its content
 (`content_identity`: a digest of every tensor SGLang loaded for it, and of its config), computed in the scheduler
 once per `lora_id`, and every key that leaves the process carries it: the namespace tag of each LoRA request
-(`namespace.adapter_tag`, which seeds its L3 page hashes) and the P/D handshake (`vradix.pd.handshake`).
+(`identity.adapter_tag`, which seeds its L3 page hashes) and the P/D handshake (`vradix.pd.handshake`).
 
 Invariants:
 - `EpochState.lora.adapter_ids[lora_id]` is the content identity of the adapter loaded as `lora_id` in this process,

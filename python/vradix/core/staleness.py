@@ -34,7 +34,7 @@ from typing import Dict, List, Optional
 
 from sglang.srt.managers.utils import is_health_check_generate_req
 
-from vradix import namespace, request, settings
+from vradix import identity, request, settings
 
 #: the `custom_params` key a request names its bound with
 PARAM = "vradix_max_staleness"
@@ -221,12 +221,12 @@ def choose_namespace(state, cache, req, token_ids=None) -> int:
         chosen = epochs[0]
     else:
         lengths = {e: probe_length(cache, req, token_ids,
-                                   namespace.stamped(state.prefix_of_epoch(e), st.user_key, st.adapter))
+                                   identity.stamped(state.prefix_of_epoch(e), st.user_key, st.adapter))
                    for e in epochs}
         chosen = pick(lengths, state.epoch)
     st.adopt(request.HistoryEntry(0, chosen, state.label_of(chosen), state.identities[chosen].identity.weight_id),
              admitted_epoch=state.epoch)
-    req.extra_key = namespace.stamped(state.prefix_of_epoch(chosen), st.user_key, st.adapter)
+    req.extra_key = identity.stamped(state.prefix_of_epoch(chosen), st.user_key, st.adapter)
     return chosen
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional
 
-from vradix import identity, namespace
+from vradix import identity
 from vradix.core.prefix_hits import PrefixHits
 from vradix.core import dedup, host_tier
 from vradix.core import staleness
@@ -402,7 +402,7 @@ class EpochState:
         """Record `ident` as epoch `epoch`'s identity and return its namespace prefix: the bare `weight_id` the
         first time this process serves it, else disambiguated by the epoch (one namespace per epoch)."""
         reused = any(e.identity.weight_id == ident.weight_id for e in self.identities.values())
-        prefix = namespace.namespace(ident.weight_id, epoch if reused else None, self.scope)
+        prefix = identity.namespace(ident.weight_id, epoch if reused else None, self.scope)
         self.identities[epoch] = EpochIdentity(ident, prefix)
         self._epoch_by_prefix[prefix] = epoch
         return prefix
@@ -416,7 +416,7 @@ class EpochState:
 
     def epoch_of(self, extra_key: Optional[str]) -> Optional[int]:
         """The epoch whose namespace `extra_key` was stamped with, or None (unstamped, or another engine's)."""
-        return self._epoch_by_prefix.get(namespace.prefix_of(extra_key))
+        return self._epoch_by_prefix.get(identity.prefix_of(extra_key))
 
     def label_of(self, epoch: Optional[int]) -> Optional[str]:
         """The label epoch `epoch` was published under (the current label for the current epoch)."""

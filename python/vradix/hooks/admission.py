@@ -6,7 +6,7 @@ from vradix import request
 from vradix.core import admission, lora, sessions, staleness
 from vradix.ledger import guard, host as host_ledger
 from vradix.ledger.device import ledger_of
-from vradix.namespace import ReservedNamespaceError
+from vradix.identity import ReservedNamespaceError
 from vradix.core.state import state_of
 
 

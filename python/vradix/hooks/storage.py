@@ -3,7 +3,7 @@ attributed to the weight identity whose KV it holds, including the pages a P/D d
 (`--disaggregation-decode-enable-offload-kvcache`), and a request that crossed a publication offloads none of its KV."""
 from __future__ import annotations
 
-from vradix import namespace, request
+from vradix import identity, request
 from vradix.l3 import prefetch
 from vradix.l3 import manifest
 from vradix.core.state import state_of
@@ -34,7 +34,7 @@ def record_storage_backup(cache, node_id, *args, **kwargs):
     if writer is None or not cache.tree_core.is_backuped(node_id):
         return
     extra_key, _ = cache.tree_core.prefetch_anchor_info(node_id)
-    weight_id = namespace.weight_id_of(extra_key)
+    weight_id = identity.weight_id_of(extra_key)
     if weight_id is not None:
         record_pages(state, writer, weight_id, cache.tree_core.get_hash_values(node_id))
 
@@ -59,7 +59,7 @@ def record_decode_offload(manager, req, host_indices, incremental_tokens, start_
     prior hash, under the weight_id of the request's namespace, to this process's manifest in the `file` store."""
     state = state_of(manager.tree_cache)
     backend = getattr(manager.cache_controller, "storage_backend", None)
-    weight_id = namespace.weight_id_of(req.extra_key)
+    weight_id = identity.weight_id_of(req.extra_key)
     writer = manifest.writer_for(backend) if state is not None and backend is not None else None
     if writer is not None and weight_id is not None:
         record_pages(state, writer, weight_id, manager._compute_prefix_hash(req, incremental_tokens, prior_hash))

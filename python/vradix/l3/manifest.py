@@ -6,7 +6,7 @@ engine has its own, so writers sharing a store never interleave), one line per b
     v1 <TAB> <weight_id> <TAB> <page hash> <SPACE> <page hash> ... <NEWLINE>
 
 SGLang's `HiCacheFile` stores a page as `<hash>[.<pool>]<model/rank suffix>.bin`. The hash chain is seeded with the
-node's `extra_key`, which starts with its namespace, built from the weight_id (`vradix.namespace`): a page hash
+node's `extra_key`, which starts with its namespace, built from the weight_id (`vradix.identity`): a page hash
 belongs to exactly one identity.
 
 Invariants:

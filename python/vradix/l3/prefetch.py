@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from vradix import namespace, request
+from vradix import identity, request
 from vradix.core.state import EpochState
 
 
@@ -68,7 +68,7 @@ def may_be_stored(state: EpochState) -> bool:
     identities build equal keys across processes) and this process uses it for the first time (no epoch suffix)."""
     current = state.identities[state.epoch]
     return (current.identity.source != "nonce"
-            and current.prefix == namespace.namespace(current.identity.weight_id, scope=state.scope))
+            and current.prefix == identity.namespace(current.identity.weight_id, scope=state.scope))
 
 
 def reissue(scheduler, state: EpochState, queued: Iterable) -> int:

@@ -10,7 +10,7 @@ BF16 pages. vradix derives a *scope* from the layout and builds the key prefix f
     scope     = "<role>.tp<tp_size>.dcp<dcp_size>.ps<page_size>.<kv_dtype>[.mla]"    (role: prefill | decode | unified)
     namespace = "\\x1evradix:" + scope + "\\x1c" + weight_id + ["\\x1d" epoch] + "\\x1f"
 
-The namespace seeds the page-hash chain (as the epoch namespace does, `vradix.namespace`), so it separates objects in
+The namespace seeds the page-hash chain (as the epoch namespace does, `vradix.identity`), so it separates objects in
 every storage backend, not only in those that honour `extra_backend_tag`. The per-rank part (which TP/DCP rank holds
 which shard) stays in SGLang's own suffix; the scope holds what must be equal for two ranks' objects to be
 interchangeable.
@@ -28,11 +28,11 @@ import re
 from dataclasses import dataclass, fields
 from typing import Optional
 
-from vradix import namespace
+from vradix import identity
 
 ROLES = ("prefill", "decode", "unified")
 #: separates a scope from the weight_id inside the namespace; a control character, so neither can contain it
-SCOPE_END = namespace.SCOPE_END
+SCOPE_END = identity.SCOPE_END
 _SCOPE_RE = re.compile(r"^(prefill|decode|unified)\.tp(\d+)\.dcp(\d+)\.ps(\d+)\.([a-z0-9_]+)(\.mla)?$")
 
 
@@ -102,16 +102,16 @@ def parse_scope(scope: str) -> KvLayout:
 
 
 def l3_namespace(layout: KvLayout, weight_id: str, epoch: Optional[int] = None) -> str:
-    """The L3 key prefix of `weight_id`'s KV in `layout`'s role-local namespace (`epoch` as in `namespace.namespace`:
+    """The L3 key prefix of `weight_id`'s KV in `layout`'s role-local namespace (`epoch` as in `identity.namespace`:
     only for an identity this process already used)."""
-    return namespace.namespace(weight_id, epoch, scope_of(layout))
+    return identity.namespace(weight_id, epoch, scope_of(layout))
 
 
 def scope_in(prefix: str) -> Optional[str]:
     """The scope of a role-local namespace prefix, or None for a prefix without one."""
-    if not prefix.startswith(namespace.MARKER) or SCOPE_END not in prefix:
+    if not prefix.startswith(identity.MARKER) or SCOPE_END not in prefix:
         return None
-    return prefix[len(namespace.MARKER):prefix.index(SCOPE_END)]
+    return prefix[len(identity.MARKER):prefix.index(SCOPE_END)]
 
 
 def check_layout(layout: KvLayout) -> None:

@@ -3,7 +3,7 @@
 SGLang names an L3 page file `<page hash><_served-model-name_tp-rank_tp-size>.bin`, and the page hash is a SHA-256
 chain over the page's tokens seeded by the request's `extra_key` (`mem_cache.utils.get_storage_hash_str`). Stock
 requests carry no `extra_key`, so two servers with different weights and the same served name compute the same file
-names (sglang #26792). vradix stamps `extra_key` with the epoch's weight identity (`vradix.namespace`), so the chain,
+names (sglang #26792). vradix stamps `extra_key` with the epoch's weight identity (`vradix.identity`), so the chain,
 and so every file name, is the weight identity's.
 
 Invariants the helpers rely on:
@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.utils import get_storage_hash_str
 
-from vradix import namespace
+from vradix import identity as weight_identity
 from vradix.testing.harness.reliability import wait_until
 from vradix.testing.harness.server import CpuServer
 
@@ -60,7 +60,7 @@ def current_namespace(server: CpuServer) -> Optional[str]:
     current weight identity on vradix, role-local on a P/D role (valid while this process has not served that identity before, e.g. at
     startup or right after a publication of new weights)."""
     info = server.vradix_info()
-    return None if info is None else namespace.namespace(info["weight_id"], scope=info.get("l3_scope"))
+    return None if info is None else weight_identity.namespace(info["weight_id"], scope=info.get("l3_scope"))
 
 
 def page_files(store: str, tokens: Sequence[int], extra_key: Optional[str]) -> list:
