@@ -12,6 +12,10 @@ adapter unload) is one `Publication`, which runs the same sequence:
    freed (`core.lora`), or, on an engine without a radix cache, the weight-derived caches dropped
    (`publish_without_tree`);
 3. close (`close_update`, `end_session`, ...): the response says what the publication did.
+
+A step the engine lacks is never entered: what it has (overlap scheduler, external KV lookups, weight-derived caches,
+metrics) is read once at startup (`EngineSteps`), like the cache's host tier and streaming sessions inside the bump
+(`EpochState.host_tier`, `EpochState.streaming_sessions`).
 """
 from __future__ import annotations
 
