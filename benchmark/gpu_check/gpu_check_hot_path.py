@@ -29,7 +29,7 @@ import torch
 from vradix import kernels
 from vradix.ledger import guard
 from vradix.ledger.device import PageLedger
-from vradix.ledger.verdicts import PendingVerdicts
+from vradix.ledger.guard import PendingVerdicts
 from vradix.request import HistoryEntry, ReqState
 
 SPEC_TBPS = {"H200": 4.8, "H100": 3.35, "H20": 4.0, "A100": 2.0, "B200": 8.0}

@@ -70,7 +70,7 @@ def rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, me
     `meta` is an int64 [4, n] device tensor of rows, lengths, lows and highs (one host-to-device copy of the host
     lists); `width` >= every length, known on the host. One gather of the rows' slots and one compare for the whole
     batch, nothing read back: the caller reads the counts where the device is known to have finished
-    (`vradix.ledger.verdicts`)."""
+    (`vradix.ledger.guard.PendingVerdicts`)."""
     rows, lens, lo, hi = meta
     dev = page_epoch.device
     slots = req_to_token[rows.to(req_to_token.device), :width].to(device=dev, dtype=torch.int64)
