@@ -697,8 +697,11 @@ def test_one_update_call_stays_in_few_files(engine):
     """One successful update call (`test_successful_update_bumps_once_although_the_flush_runs`) enters a bounded set
     of vradix files: the publication's sequence lives in `scheduler/publication.py` and its hooks, the flush's
     included, in `hooks/publication.py`; the rest are the steps of the bump itself (`core.epochs.bump` and what it
-    calls, the identity, the ledger's audit, the derived caches, metrics and the census). The bound is the count
-    reached; a new file on this path must be a deliberate choice."""
+    calls, the identity, the ledger's audit, the derived caches, metrics and the census). The ledger's audit and
+    its verdicts enter `ledger/guard.py` and the kernel implementation the ledger bound (`kernels/reference.py` on
+    CPU): no dispatch (`kernels/__init__.py`) and no setting read on the way. The bound is the count reached; a new
+    file on this path must be a deliberate choice."""
     entered = vradix_files_entered(lambda: test_successful_update_bumps_once_although_the_flush_runs(engine))
-    assert {"scheduler/publication.py", "hooks/publication.py"} <= entered
-    assert len(entered) <= 27, sorted(entered)
+    assert {"scheduler/publication.py", "hooks/publication.py", "ledger/guard.py", "kernels/reference.py"} <= entered
+    assert not entered & {"kernels/__init__.py", "settings.py"}, sorted(entered)
+    assert len(entered) <= 24, sorted(entered)

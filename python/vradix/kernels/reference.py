@@ -79,6 +79,18 @@ def rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, me
     return (in_prefix & ((epochs < lo[:, None]) | (epochs > hi[:, None]))).sum(dim=1)
 
 
+def device_rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: list[int],
+                               lens: list[int], lo: list[int], hi: list[int], page_size: int,
+                               kernel=rows_outside_epochs):
+    """`rows_outside_epochs` from host lists, nothing read back: the lists travel to the ledger's device in one
+    non-blocking copy, then `kernel` (this module's, or Triton's in one launch) runs the gather/compare. No rows:
+    an empty host list."""
+    if not rows:
+        return []
+    meta = torch.tensor([rows, lens, lo, hi], dtype=torch.int64).to(page_epoch.device, non_blocking=True)
+    return kernel(page_epoch, req_to_token, meta, max(lens), page_size)
+
+
 def host_rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: list[int],
                              lens: list[int], lo: list[int], hi: list[int], page_size: int) -> list[int]:
     """`rows_outside_epochs` for CPU tensors, as a host list: for a batch of a few prefixes of a few hundred slots,
@@ -108,11 +120,12 @@ def row_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, row: int, l
 
 
 def spans(page_epoch: torch.Tensor, req_to_token: torch.Tensor, row: int, length: int,
-          page_size: int) -> list[tuple[int, int, int]]:
-    """Run-length provenance of one row: [(epoch, start, end)] covering [0, length), end exclusive."""
+          page_size: int, gather=row_epochs) -> list[tuple[int, int, int]]:
+    """Run-length provenance of one row: [(epoch, start, end)] covering [0, length), end exclusive. `gather` reads
+    the row's epochs (this module's `row_epochs`, or the CUDA extension's)."""
     if length <= 0:
         return []
-    return runs_of(row_epochs(page_epoch, req_to_token, row, length, page_size))
+    return runs_of(gather(page_epoch, req_to_token, row, length, page_size))
 
 
 def runs_of(epochs: torch.Tensor) -> list[tuple[int, int, int]]:

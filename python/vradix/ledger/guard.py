@@ -256,12 +256,12 @@ def first_decode_reads(batch, current: int) -> list[PrefixRead]:
 def launch_prefix_check(ledger: PageLedger, stats: GuardStats, req_to_token: torch.Tensor,
                         reads: list[PrefixRead]):
     """One gather/compare over every read of the batch, nothing read back: per read, its count of bad positions (a
-    device tensor, or a host list for a ledger in host memory; `kernels.rows_outside_epochs`)."""
+    device tensor, or a host list for a ledger in host memory; the ledger's `rows_outside_epochs`, `kernels.bind`)."""
     stats.batches_verified += 1
     stats.prefixes_verified += len(reads)
-    return kernels.rows_outside_epochs(ledger.page_epoch, req_to_token, [r.row for r in reads],
-                                       [r.length for r in reads], [r.lo for r in reads], [r.hi for r in reads],
-                                       ledger.page_size)
+    return ledger.kernels.rows_outside_epochs(ledger.page_epoch, req_to_token, [r.row for r in reads],
+                                              [r.length for r in reads], [r.lo for r in reads],
+                                              [r.hi for r in reads], ledger.page_size)
 
 
 def violation_message(ledger: PageLedger, req_to_token: torch.Tensor, read: PrefixRead, bad: int,
@@ -279,10 +279,10 @@ def matched_prefix_violations(ledger: PageLedger, slots: torch.Tensor, expected_
     n = slots.numel()
     table = slots.reshape(1, n)
     dev = ledger.page_epoch.device
-    return kernels.verify(ledger.page_epoch, table, torch.zeros(1, dtype=torch.int64, device=dev),
-                          torch.full((1,), n, dtype=torch.int64, device=dev),
-                          torch.full((1,), expected_epoch, dtype=torch.int32, device=dev), ledger.page_size,
-                          max_prefix_len=n)
+    out = ledger.kernels.verify(ledger.page_epoch, table, torch.zeros(1, dtype=torch.int64, device=dev),
+                                torch.full((1,), n, dtype=torch.int64, device=dev),
+                                torch.full((1,), expected_epoch, dtype=torch.int32, device=dev), ledger.page_size, n)
+    return kernels.Violations(*out.tolist())
 
 
 def record_violation(stats: GuardStats, what: str) -> None:
@@ -351,7 +351,7 @@ def audit(config: GuardConfig, stats: GuardStats, ledger: PageLedger, tree_cache
     detection-only), free them. Returns the count. Never frees a page anything in `pinned_pages` holds."""
     if config.audit == "off":
         return 0
-    leaked = kernels.invalidate(ledger.page_epoch, epoch, pinned_pages(ledger, tree_cache, live))
+    leaked = ledger.kernels.invalidate(ledger.page_epoch, int(epoch), pinned_pages(ledger, tree_cache, live))
     n = int(leaked.numel())
     stats.audits += 1
     stats.leaked_pages_last = n
