@@ -29,7 +29,7 @@ import torch
 from vradix import kernels
 from vradix.ledger import guard
 from vradix.ledger.device import PageLedger
-from vradix.ledger.verdicts import PendingVerdicts
+from vradix.ledger.guard import PendingVerdicts
 from vradix.request import HistoryEntry, ReqState
 
 SPEC_TBPS = {"H200": 4.8, "H100": 3.35, "H20": 4.0, "A100": 2.0, "B200": 8.0}
@@ -44,14 +44,17 @@ def spec_bandwidth() -> float:
 
 class World:
     """A ledger over `pages` KV pages (page size `page_size`) and a request-to-token table on the GPU, filled the
-    way SGLang's pools are: each request's row holds the slots of its prefix, then of its new tokens."""
+    way SGLang's pools are: each request's row holds the slots of its prefix, then of its new tokens. The ledger
+    runs kernel implementation `impl` (`VRADIX_KERNELS` when it is built: a ledger binds its kernels once)."""
 
-    def __init__(self, pages: int, page_size: int, rows: int, width: int, epoch: int = 3, device: str = "cuda"):
+    def __init__(self, pages: int, page_size: int, rows: int, width: int, epoch: int = 3, device: str = "cuda",
+                 impl: str = "auto"):
         self.page_size, self.epoch = page_size, epoch
         per_row = -(-width // page_size)
         pages = max(pages, rows * per_row + 2)  # every row on pages of its own
         allocator = SimpleNamespace(size=(pages - 2) * page_size, page_size=page_size, device=device)
-        self.ledger = PageLedger(allocator)
+        with kernels_forced(impl):
+            self.ledger = PageLedger(allocator)
         self.ledger.page_epoch.fill_(epoch)
         g = torch.Generator().manual_seed(0)
         row_pages = (torch.randperm(pages - 2, generator=g)[: rows * per_row] + 1).reshape(rows, per_row)
@@ -75,7 +78,7 @@ class World:
 
 @contextlib.contextmanager
 def kernels_forced(impl: str):
-    """VRADIX_KERNELS=impl inside the block, restored after it."""
+    """VRADIX_KERNELS=impl inside the block (where a ledger is built, binding its kernels), restored after it."""
     before = os.environ.get("VRADIX_KERNELS")
     os.environ["VRADIX_KERNELS"] = impl
     try:
@@ -105,13 +108,8 @@ def host_counts(world: World, reads) -> list[int]:
                                                       [r.hi for r in reads], world.page_size)
 
 
-def check_no_sync(impl: str, world: World, shape, iterations: int) -> tuple[bool, str]:
+def check_no_sync(world: World, shape, iterations: int) -> tuple[bool, str]:
     """`iterations` iterations under sync debug mode "error", then the verdicts read at their results."""
-    with kernels_forced(impl):
-        return _check_no_sync(world, shape, iterations)
-
-
-def _check_no_sync(world: World, shape, iterations: int) -> tuple[bool, str]:
     n, prefix, new = shape
     batch = world.batch(n, prefix, new)
     stale = int(world.req_to_token[1, prefix // 2]) // world.page_size
@@ -175,9 +173,8 @@ def time_step(fn, repeats: int) -> tuple[float, float]:
     return statistics.median(dev), statistics.median(host)
 
 
-def timings(impl: str, world: World, shape, repeats: int) -> dict:
-    with kernels_forced(impl):
-        return {"impl": impl, **_timings(world, shape, repeats)}
+def timings(world: World, shape, repeats: int) -> dict:
+    return {"impl": world.ledger.kernels.name, **_timings(world, shape, repeats)}
 
 
 def _timings(world: World, shape, repeats: int) -> dict:
@@ -219,18 +216,17 @@ def main() -> int:
     width = max(s[1] + s[2] for s in SHAPES)
     failed, results = 0, []
     for page_size in sorted({args.page_size, 16}):
-        world = World(args.pages, page_size, rows, width)
-        with kernels_forced("torch"):
-            ok, what = check_detector(world)
+        ok, what = check_detector(World(args.pages, page_size, rows, width, impl="torch"))
         failed += not ok
         print(f"[gpu_check_hot_path] {'PASS' if ok else 'FAIL'} control: {what}")
         for impl in impls:
+            world = World(args.pages, page_size, rows, width, impl=impl)
             for shape in SHAPES:
-                ok, what = check_no_sync(impl, world, shape, args.iterations)
+                ok, what = check_no_sync(world, shape, args.iterations)
                 failed += not ok
                 print(f"[gpu_check_hot_path] {'PASS' if ok else 'FAIL'} no sync: {impl} page_size {page_size} "
                       f"batch {shape}: {what}")
-                results.append({"page_size": page_size, **timings(impl, world, shape, args.repeats)})
+                results.append({"page_size": page_size, **timings(world, shape, args.repeats)})
     print("\n| impl | page size | requests x prefix (+new) | backstop device ms | HBM bound ms | backstop host µs "
           "| stamp device ms | stamp host µs |")
     print("|---|---|---|---|---|---|---|---|")

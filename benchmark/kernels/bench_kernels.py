@@ -148,7 +148,7 @@ def guard_overhead(repeats: int) -> list[dict]:
             batch = ForwardWrite(out_cache_loc=torch.empty(0, dtype=torch.int64), forward_mode=ForwardMode.EXTEND,
                                  reqs=reqs[:n], prefix_lens=[plen] * n)
             res[n] = timer(torch.device("cpu"))(lambda: backstop_extend_batch(fx.scheduler_view(), batch), repeats)
-        assert state.guard_stats.violations_caught == 0
+        assert state.guard.stats.violations_caught == 0
         rows.append({"prefix": plen, "backstop_1_req_us": res[1] * 1e6, "backstop_8_reqs_us": res[8] * 1e6})
     return rows
 

@@ -123,7 +123,8 @@ _TABLE = (
             "vradix.core.deferred_reclaim", _positive_int),
     Setting("VRADIX_KERNELS", "auto", "`auto`, `cuda`, `triton`, `torch` (exact)",
             "The ledger and fingerprint kernels' implementation; `auto` picks CUDA, then Triton, for CUDA tensors "
-            "and torch otherwise.",
+            "and torch otherwise. A KV page ledger reads it once, when it is attached (`kernels.bind`; a forced "
+            "implementation the device lacks fails there).",
             "vradix.kernels", _choice(KERNEL_IMPLS, normalise=False)),
     Setting("VRADIX_CENSUS", "", "`1`, `true`, `yes`, `on` (any case) turn it on; anything else leaves it off",
             "Test mode: at every epoch bump, fail when a request the scheduler holds with KV was neither marked "

@@ -174,6 +174,37 @@ def test_invalidate_matches_reference(device, impl, num_pages, pinned):
         assert 0 < want.numel() < num_pages
 
 
+# ---- bind: a ledger's kernels, resolved once ---------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+def test_bind_hands_out_each_implementations_own_functions(device):
+    """What a ledger calls is the chosen implementation's function itself (the audit's `invalidate`, the forward's
+    `stamp`): no wrapper of this package's dispatch stands between them."""
+    pe = torch.zeros(4, dtype=torch.int32, device=device)
+    own = {"torch": reference, "triton": kernels.triton_module(), "cuda": kernels.cuda_ext()}
+    for impl in ["torch"] + impls(device):
+        bound = kernels.bind(pe, impl)
+        assert (bound.name, bound.host) == (impl, False)
+        assert bound.invalidate is own[impl].invalidate and bound.stamp is own[impl].stamp
+        assert bound.verify is own[impl].verify
+
+
+def test_bind_reads_the_setting_once_and_fails_early(monkeypatch):
+    """`auto` on CPU binds the host forms; a binding made is a value that a later `VRADIX_KERNELS` does not reach; a
+    forced implementation the device lacks fails at `bind` (a ledger's attach), not at a first kernel call."""
+    pe = torch.zeros(4, dtype=torch.int32)
+    monkeypatch.delenv("VRADIX_KERNELS", raising=False)
+    auto = kernels.bind(pe)
+    assert (auto.name, auto.host) == ("torch", True)
+    assert auto.stamp is reference.host_stamp and auto.rows_outside_epochs is reference.host_rows_outside_epochs
+    assert auto.invalidate is reference.invalidate
+    monkeypatch.setenv("VRADIX_KERNELS", "torch")
+    assert auto.stamp is reference.host_stamp
+    assert kernels.bind(pe).stamp is reference.stamp  # a new binding sees the new setting: the device forms
+    monkeypatch.setenv("VRADIX_KERNELS", "cuda")
+    with pytest.raises(RuntimeError, match="'cuda' is not available for cpu tensors"):
+        kernels.bind(pe)
+
+
 def test_dispatch_rejects_unknown_and_unavailable():
     pe = torch.zeros(4, dtype=torch.int32)
     with pytest.raises(ValueError, match="unknown kernel implementation"):

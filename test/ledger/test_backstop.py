@@ -131,8 +131,9 @@ def test_one_gather_per_batch_and_detection_only_with_more_than_one_rank(env, mo
     r2t = fx.req_pool.req_to_token
     state.ledger.page_epoch[int(r2t[reqs[0].kv.req_pool_idx, 5]) // fx.page_size] = 9  # shared by the first two
     calls = []
-    real = kernels.rows_outside_epochs
-    monkeypatch.setattr(kernels, "rows_outside_epochs", lambda *a: calls.append(a) or real(*a))
+    real = state.ledger.kernels.rows_outside_epochs  # the ledger's bound kernel, counted
+    monkeypatch.setattr(state.ledger, "kernels",
+                        state.ledger.kernels._replace(rows_outside_epochs=lambda *a: calls.append(a) or real(*a)))
     batch = ForwardWrite(out_cache_loc=torch.empty(0, dtype=torch.int64), forward_mode=ForwardMode.EXTEND,
                          reqs=reqs, prefix_lens=[r.prefix_len for r in reqs])
     state.guard.config = GuardConfig(verify="strict").for_ranks(tp_size=2)

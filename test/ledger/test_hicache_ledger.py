@@ -54,6 +54,7 @@ def hicache_env(core, ps, weight_identity=None, **init_kwargs):
         kit._init_hicache(fx.cache, **init_kwargs)
     assert host_ledger.unobservable_host_pool(fx.cache) is None
     host = host_ledger.attach(fx.cache, state.ledger)
+    assert host.kernels is state.ledger.kernels  # resolved once, for both ledgers of the device
     return kit, fx, state, host
 
 

@@ -36,11 +36,17 @@ class Counted(torch.Tensor):
 
 
 @pytest.fixture
-def counted(env, monkeypatch):
+def device_forms(monkeypatch):
+    """VRADIX_KERNELS=torch before the engine is built: its ledger binds the kernels' device forms."""
+    monkeypatch.setenv("VRADIX_KERNELS", "torch")
+
+
+@pytest.fixture
+def counted(device_forms, env, monkeypatch):
     """`env` with its ledger on the counting stand-in and the device forms of the kernels; `reads()` lists the host
     reads and synchronise calls since the last call."""
     fx, state = env
-    monkeypatch.setenv("VRADIX_KERNELS", "torch")
+    assert state.ledger.kernels.name == "torch" and not state.ledger.kernels.host
     monkeypatch.setattr(Counted, "reads", [])
     state.ledger.page_epoch = state.ledger.page_epoch.as_subclass(Counted)
     for owner, name in ((torch.cuda, "synchronize"), (torch.cuda.Event, "synchronize"),

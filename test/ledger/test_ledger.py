@@ -53,6 +53,72 @@ def test_ledger_follows_writes_frees_and_epochs(env):
     fx.finish(b)
 
 
+def functions_entered(run) -> set:
+    """(vradix file, function) of every Python call `run()` makes into the vradix package (`sys.setprofile`); a
+    setting read is recorded as ("settings.py", the setting's name)."""
+    import pathlib
+    import sys
+
+    import vradix
+
+    root, entered = pathlib.Path(vradix.__file__).parent, set()
+
+    def profile(frame, event, arg):
+        path = frame.f_code.co_filename
+        if event == "call" and path.startswith(str(root)):
+            name = frame.f_code.co_name
+            if path.endswith("settings.py") and name == "value":
+                name = frame.f_locals["name"]
+            entered.add((str(pathlib.Path(path).relative_to(root)), name))
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return entered
+
+
+def test_a_ledger_resolves_its_kernels_once(env, monkeypatch):
+    """The ledger binds its kernels when it is attached (`kernels.bind`; `VRADIX_KERNELS=auto` on CPU: the torch
+    reference's host forms) and keeps them: after `VRADIX_KERNELS` changes, its stamps, frees, backstop check and
+    audit still run the host forms, straight in the implementation's module, with no setting read and no dispatch
+    (`kernels/__init__.py`, `VRADIX_KERNELS`) on the way. A ledger built after the change gets the new choice, and one
+    forced onto an implementation this device lacks fails when it is built, not at its first stamp."""
+    fx, state = env
+    ledger = state.ledger
+    bound = ledger.kernels
+    assert (bound.name, bound.host) == ("torch", True)
+    monkeypatch.setenv("VRADIX_KERNELS", "torch")  # the device forms, for any ledger built from now on
+
+    def serve_and_audit():
+        r, _ = admitted(fx, state, seq(10, 48) + [1])
+        fx.prefill(r)
+        again, hit = admitted(fx, state, seq(10, 48) + [2])
+        assert hit == 48
+        fx.prefill(again)  # the backstop checks the cached prefix (read at the batch's result)
+        for req in (r, again):
+            fx.finish(req)
+        bump(fx, state)  # frees the stale nodes' pages
+        assert audit(fx, state) == 0
+
+    entered = functions_entered(serve_and_audit)
+    assert ledger.kernels is bound and state.guard.stats.batches_verified >= 1
+    kernel_calls = {name for path, name in entered if path == "kernels/reference.py"}
+    assert kernel_calls == {"host_stamp", "host_rows_outside_epochs", "_rows_outside_epochs_host", "invalidate"}, \
+        kernel_calls
+    assert "kernels/__init__.py" not in {path for path, _ in entered}, sorted(entered)
+    assert ("settings.py", "VRADIX_KERNELS") not in entered
+
+    from vradix.ledger.device import PageLedger
+    later = PageLedger(fx.allocator)
+    assert (later.kernels.name, later.kernels.host) == ("torch", False)
+    monkeypatch.setenv("VRADIX_KERNELS", "cuda")
+    with pytest.raises(RuntimeError, match="'cuda' is not available for cpu tensors"):
+        PageLedger(fx.allocator)
+    assert ledger.kernels is bound
+
+
 def test_sample_guard_detects_a_corrupted_row_in_a_batch(env):
     """VRADIX_VERIFY=sample: every Nth extend batch gets the backstop's check, read at its result; a violation is
     recorded, never failed."""

@@ -15,8 +15,7 @@ from vradix.core import dedup, host_tier
 from vradix.core import staleness
 from vradix.core.staleness import StalenessRecord
 from vradix.core.deferred_reclaim import DeferredReclaim
-from vradix.ledger.guard import GuardConfig, GuardStats
-from vradix.ledger.verdicts import PendingVerdicts
+from vradix.ledger.guard import GuardConfig, GuardStats, PendingVerdicts
 from vradix.ledger.device import PageLedger
 from vradix.ledger import device as kv_ledger
 
@@ -121,7 +120,7 @@ class GuardRecord:
     """The KV page ledger's verify guard and audit. `config` changes only at startup: from the settings at `attach`,
     then through `narrow_to_ranks` (`hooks.startup`: detection only on a multi-rank engine); `stats` only by the
     guard's checks and the audit (`vradix.ledger.guard`, run by `hooks.ledger`, `hooks.admission` and
-    `scheduler.publication`); `verdicts` only through its own methods (`vradix.ledger.verdicts`)."""
+    `scheduler.publication`); `verdicts` only through its own methods (`vradix.ledger.guard.PendingVerdicts`)."""
 
     config: GuardConfig = field(default_factory=GuardConfig)
     stats: GuardStats = field(default_factory=GuardStats)

@@ -6,7 +6,6 @@ from http import HTTPStatus
 
 from vradix.ledger import guard
 from vradix.ledger.device import ledger_of
-from vradix.ledger.verdicts import DeviceValues
 from vradix.observability import metrics
 from vradix.core.state import state_of
 
@@ -84,7 +83,7 @@ def backstop_prebuilt_batch(_result, scheduler, batch, *args, **kwargs):
         return
     r2t = scheduler.req_to_token_pool.req_to_token
     # read at once: the batch runs no forward, and failing a request means dropping it before it joins decode
-    counts = DeviceValues(guard.launch_prefix_check(state.ledger, state.guard.stats, r2t, reads)).read()
+    counts = guard.DeviceValues(guard.launch_prefix_check(state.ledger, state.guard.stats, r2t, reads)).read()
     bad = guard.reads_to_fail(state.ledger, state.guard.config, state.guard.stats, r2t, reads, counts, state.epoch)
     if bad:
         fail_prebuilt_reads(scheduler, batch, bad)

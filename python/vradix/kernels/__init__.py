@@ -1,16 +1,27 @@
-"""One dispatch for the KV page-epoch kernels: CUDA extension → Triton → torch reference.
+"""One dispatch for the KV page-epoch kernels: CUDA extension → Triton → torch reference, resolved once per ledger.
 
-`impl_for(tensor)` picks the CUDA extension (`vradix._C`, built by setup.py) for CUDA tensors when it is importable,
-else Triton for CUDA tensors, else the torch reference. CPU tensors always use the torch reference unless a caller
-(the tests, under `TRITON_INTERPRET=1`) asks for `impl="triton"` explicitly. `VRADIX_KERNELS=cuda|triton|torch`
-forces one implementation for every call (an unavailable one is an error, not a silent fallback). The weight
-fingerprint (`vradix.kernels.fingerprint`) dispatches its digest through the same `impl_for`.
+`bind(page_epoch)` resolves the implementation for a ledger's `page_epoch` tensor once, when the ledger is built
+(`vradix.ledger.device.PageLedger`, whose `HostLedger` shares it), reading `VRADIX_KERNELS` then and never again:
+the `Bound` it returns holds the chosen implementation's own functions (`reference`, `triton_impl` or the CUDA
+extension's), so a ledger's stamp, free, check, spans and audit call them directly, with no setting read and no
+dispatch per call, and never enter this module. A ledger's kernels never change: a later change to `VRADIX_KERNELS`
+applies to ledgers built after it.
+
+The choice (`impl_for`): `auto` picks the CUDA extension (`vradix._C`, built by setup.py) for CUDA tensors when it
+is importable, else Triton for CUDA tensors, else the torch reference; for CPU tensors it also picks the host forms
+(`on_host`: numpy views, results read at once). `VRADIX_KERNELS=cuda|triton|torch` forces one implementation (an
+unavailable one is an error, not a silent fallback: `bind` raises it when the ledger is attached, before the engine
+serves). CPU tensors use Triton only when a caller (the tests, under `TRITON_INTERPRET=1`) asks for it.
+
+The module-level functions (`stamp`, `verify`, `rows_outside_epochs`, `spans`, `invalidate`) bind per call, for the
+tests and for callers that name an implementation (`impl=`); the weight fingerprint (`vradix.kernels.fingerprint`)
+dispatches its digest through the same `impl_for`.
 """
 from __future__ import annotations
 
 import functools
 import os
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -58,6 +69,8 @@ def available(impl: str, device: torch.device) -> bool:
 
 
 def impl_for(t: torch.Tensor, impl: Optional[str] = None) -> str:
+    """The implementation `impl` (`VRADIX_KERNELS` when None; `auto` resolved) picks for tensors on `t`'s device.
+    Raises for an unknown one (ValueError) or one unavailable there (RuntimeError)."""
     impl = impl or settings.value("VRADIX_KERNELS")
     if impl != "auto":
         if not available(impl, t.device):
@@ -70,7 +83,7 @@ def impl_for(t: torch.Tensor, impl: Optional[str] = None) -> str:
 
 
 def _module(impl: str):
-    if impl == "torch":  # the common case on every stamp and free: no lookup table or call
+    if impl == "torch":
         return reference
     return {"cuda": cuda_ext, "triton": triton_module}[impl]()
 
@@ -82,27 +95,64 @@ def on_host(*tensors: torch.Tensor, impl: Optional[str] = None) -> bool:
     return (impl or settings.value("VRADIX_KERNELS")) == "auto" and all(t.device.type == "cpu" for t in tensors)
 
 
+class Bound(NamedTuple):
+    """A ledger's kernels, resolved once (`bind`): `name` the implementation, `host` whether the host forms apply,
+    and that implementation's own functions (the CUDA extension's, `triton_impl`'s or `reference`'s; where one has
+    no such step, the reference's host-side part runs around it: the lists' copy of `rows_outside_epochs`, the runs
+    of the CUDA `spans`). Calling one never enters this module or reads a setting. Arguments are passed as the
+    implementations take them: Python ints for epochs, page sizes, rows and lengths (the caller converts).
+
+        stamp(page_epoch, loc, epoch, page_size) -> None
+        verify(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_size, max_prefix_len) -> int64[3]
+        rows_outside_epochs(page_epoch, req_to_token, rows, lens, lo, hi, page_size) -> int64 tensor | host list
+        spans(page_epoch, req_to_token, row, length, page_size) -> [(epoch, start, end)]
+        invalidate(page_epoch, epoch, pinned_mask) -> int64 page ids
+    """
+
+    name: str
+    host: bool
+    stamp: Callable
+    verify: Callable
+    rows_outside_epochs: Callable
+    spans: Callable
+    invalidate: Callable
+
+
+def bind(page_epoch: torch.Tensor, impl: Optional[str] = None) -> Bound:
+    """The kernels for a ledger whose epochs live in `page_epoch`'s device, chosen now (`impl`, else
+    `VRADIX_KERNELS`, read once here) and fixed for the ledger's life. Raises, at bind, for an unknown (ValueError)
+    or unavailable (RuntimeError) implementation."""
+    choice = impl or settings.value("VRADIX_KERNELS")
+    name = impl_for(page_epoch, choice)
+    host = on_host(page_epoch, impl=choice)
+    mod = _module(name)
+    if host:
+        rows_outside = reference.host_rows_outside_epochs
+    elif name in ("cuda", "triton") and available("triton", page_epoch.device):
+        # the CUDA extension has no kernel of its own for this: its pick runs Triton's single launch
+        rows_outside = functools.partial(reference.device_rows_outside_epochs,
+                                         kernel=triton_module().rows_outside_epochs)
+    else:
+        rows_outside = reference.device_rows_outside_epochs
+    spans_of = functools.partial(reference.spans, gather=mod.row_epochs) if name == "cuda" else mod.spans
+    return Bound(name=name, host=host, stamp=reference.host_stamp if host else mod.stamp, verify=mod.verify,
+                 rows_outside_epochs=rows_outside, spans=spans_of, invalidate=mod.invalidate)
+
+
 def stamp(page_epoch: torch.Tensor, loc: torch.Tensor, epoch: int, page_size: int, impl: Optional[str] = None):
     """Mark the pages of the KV slots `loc` as written under `epoch` (or `FREE`). Nothing is read back."""
-    if not loc.numel():
-        return
-    if on_host(page_epoch, loc, impl=impl):
-        reference.host_stamp(page_epoch, loc, int(epoch), int(page_size))
-    else:
-        _module(impl_for(page_epoch, impl)).stamp(page_epoch, loc, int(epoch), int(page_size))
+    if loc.numel():
+        bind(page_epoch, impl).stamp(page_epoch, loc, int(epoch), int(page_size))
 
 
 def verify_async(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_size,
                  max_prefix_len: Optional[int] = None, impl: Optional[str] = None) -> torch.Tensor:
     """`verify` without the host read: an int64 device tensor [count, first_index, first_pos]."""
-    name = impl_for(page_epoch, impl)
+    bound = bind(page_epoch, impl)
     if max_prefix_len is None:  # the grid width; a caller that knows it on the host saves this device sync
         max_prefix_len = int(prefix_lens.max().item()) if rows.numel() else 0
-    if name == "cuda":
-        return cuda_ext().verify(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_size,
-                                 max_prefix_len)
-    return _module(name).verify(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_size,
-                                max_prefix_len=max_prefix_len)
+    return bound.verify(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, int(page_size),
+                        int(max_prefix_len))
 
 
 def verify(page_epoch, req_to_token, rows, prefix_lens, expected_epochs, page_size,
@@ -121,13 +171,7 @@ def rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, ro
     is picked: it has no kernel of its own for this), the torch reference in a handful."""
     if not rows:
         return []
-    if on_host(page_epoch, req_to_token, impl=impl):
-        return reference.host_rows_outside_epochs(page_epoch, req_to_token, rows, lens, lo, hi, int(page_size))
-    meta = torch.tensor([rows, lens, lo, hi], dtype=torch.int64).to(page_epoch.device, non_blocking=True)
-    name = impl_for(page_epoch, impl)
-    if name in ("cuda", "triton") and triton_module() is not None and available("triton", page_epoch.device):
-        return triton_module().rows_outside_epochs(page_epoch, req_to_token, meta, max(lens), int(page_size))
-    return reference.rows_outside_epochs(page_epoch, req_to_token, meta, max(lens), int(page_size))
+    return bind(page_epoch, impl).rows_outside_epochs(page_epoch, req_to_token, rows, lens, lo, hi, int(page_size))
 
 
 def spans(page_epoch, req_to_token, row: int, length: int, page_size: int,
@@ -135,20 +179,14 @@ def spans(page_epoch, req_to_token, row: int, length: int, page_size: int,
     """Run-length provenance [(epoch, start, end)] of the first `length` KV positions of `row`."""
     if length <= 0:
         return []
-    name = impl_for(page_epoch, impl)
-    if name == "cuda":
-        return reference.runs_of(cuda_ext().row_epochs(page_epoch, req_to_token, int(row), int(length), page_size))
-    return _module(name).spans(page_epoch, req_to_token, int(row), int(length), page_size)
+    return bind(page_epoch, impl).spans(page_epoch, req_to_token, int(row), int(length), int(page_size))
 
 
 def invalidate(page_epoch: torch.Tensor, epoch: int, pinned_mask: Optional[torch.Tensor],
                impl: Optional[str] = None) -> torch.Tensor:
     """Ascending ids of pages stamped with an epoch older than `epoch` that `pinned_mask` does not pin."""
-    name = impl_for(page_epoch, impl)
-    if name == "cuda":
-        return cuda_ext().invalidate(page_epoch, int(epoch), pinned_mask)
-    return _module(name).invalidate(page_epoch, int(epoch), pinned_mask)
+    return bind(page_epoch, impl).invalidate(page_epoch, int(epoch), pinned_mask)
 
 
-__all__ = ["FREE", "NO_VIOLATION", "IMPLS", "Violations", "available", "impl_for", "on_host", "stamp", "verify",
-           "verify_async", "rows_outside_epochs", "spans", "invalidate", "cuda_ext"]
+__all__ = ["FREE", "NO_VIOLATION", "IMPLS", "Violations", "Bound", "bind", "available", "impl_for", "on_host", "stamp",
+           "verify", "verify_async", "rows_outside_epochs", "spans", "invalidate", "cuda_ext"]

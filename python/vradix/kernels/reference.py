@@ -70,13 +70,25 @@ def rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, me
     `meta` is an int64 [4, n] device tensor of rows, lengths, lows and highs (one host-to-device copy of the host
     lists); `width` >= every length, known on the host. One gather of the rows' slots and one compare for the whole
     batch, nothing read back: the caller reads the counts where the device is known to have finished
-    (`vradix.ledger.verdicts`)."""
+    (`vradix.ledger.guard.PendingVerdicts`)."""
     rows, lens, lo, hi = meta
     dev = page_epoch.device
     slots = req_to_token[rows.to(req_to_token.device), :width].to(device=dev, dtype=torch.int64)
     in_prefix = torch.arange(width, device=dev)[None, :] < lens[:, None]
     epochs = page_epoch[torch.where(in_prefix, slots, 0) // page_size]
     return (in_prefix & ((epochs < lo[:, None]) | (epochs > hi[:, None]))).sum(dim=1)
+
+
+def device_rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: list[int],
+                               lens: list[int], lo: list[int], hi: list[int], page_size: int,
+                               kernel=rows_outside_epochs):
+    """`rows_outside_epochs` from host lists, nothing read back: the lists travel to the ledger's device in one
+    non-blocking copy, then `kernel` (this module's, or Triton's in one launch) runs the gather/compare. No rows:
+    an empty host list."""
+    if not rows:
+        return []
+    meta = torch.tensor([rows, lens, lo, hi], dtype=torch.int64).to(page_epoch.device, non_blocking=True)
+    return kernel(page_epoch, req_to_token, meta, max(lens), page_size)
 
 
 def host_rows_outside_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, rows: list[int],
@@ -108,11 +120,12 @@ def row_epochs(page_epoch: torch.Tensor, req_to_token: torch.Tensor, row: int, l
 
 
 def spans(page_epoch: torch.Tensor, req_to_token: torch.Tensor, row: int, length: int,
-          page_size: int) -> list[tuple[int, int, int]]:
-    """Run-length provenance of one row: [(epoch, start, end)] covering [0, length), end exclusive."""
+          page_size: int, gather=row_epochs) -> list[tuple[int, int, int]]:
+    """Run-length provenance of one row: [(epoch, start, end)] covering [0, length), end exclusive. `gather` reads
+    the row's epochs (this module's `row_epochs`, or the CUDA extension's)."""
     if length <= 0:
         return []
-    return runs_of(row_epochs(page_epoch, req_to_token, row, length, page_size))
+    return runs_of(gather(page_epoch, req_to_token, row, length, page_size))
 
 
 def runs_of(epochs: torch.Tensor) -> list[tuple[int, int, int]]:

@@ -36,13 +36,17 @@ SUPPORTED_ALLOCATORS = ("TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator")
 
 
 class PageLedger:
-    """`page_epoch` (int32, one entry per page incl. the padding page 0) on the allocator's device."""
+    """`page_epoch` (int32, one entry per page incl. the padding page 0) on the allocator's device, and `kernels`,
+    the kernel implementation for it, resolved once here (`kernels.bind`: `VRADIX_KERNELS` is read now, and an
+    unavailable forced implementation raises now, when the ledger is attached). A ledger's kernels never change;
+    every stamp, free, check, span and audit of this ledger (and of its `HostLedger`) calls them directly."""
 
     def __init__(self, allocator):
         self.allocator = allocator
         self.page_size = int(allocator.page_size)
         self.device = torch.device(allocator.device)
         self.page_epoch = torch.full((self.num_pages_of(allocator),), FREE, dtype=torch.int32, device=self.device)
+        self.kernels: kernels.Bound = kernels.bind(self.page_epoch)
 
     @staticmethod
     def num_pages_of(allocator) -> int:
@@ -51,15 +55,15 @@ class PageLedger:
     def stamp_written(self, loc: Optional[torch.Tensor], epoch: int) -> None:
         """The forward pass about to run under `epoch` writes the KV slots `loc`."""
         if loc is not None and loc.numel():
-            kernels.stamp(self.page_epoch, loc, epoch, self.page_size)
+            self.kernels.stamp(self.page_epoch, loc, int(epoch), self.page_size)
 
     def mark_freed_slots(self, loc: torch.Tensor) -> None:
         if loc.numel():
-            kernels.stamp(self.page_epoch, loc, FREE, self.page_size)
+            self.kernels.stamp(self.page_epoch, loc, FREE, self.page_size)
 
     def mark_freed_pages(self, page_ids: torch.Tensor) -> None:
         if page_ids.numel():
-            kernels.stamp(self.page_epoch, page_ids, FREE, 1)
+            self.kernels.stamp(self.page_epoch, page_ids, FREE, 1)
 
     def mark_all_free(self) -> None:
         n = self.num_pages_of(self.allocator)
@@ -91,4 +95,5 @@ def kv_spans(ledger: PageLedger, req_to_token: torch.Tensor, req) -> list[tuple[
     kv = req.kv
     if not kv.holds_kv or kv.kv_allocated_len <= 0:
         return []
-    return kernels.spans(ledger.page_epoch, req_to_token, kv.req_pool_idx, kv.kv_allocated_len, ledger.page_size)
+    return ledger.kernels.spans(ledger.page_epoch, req_to_token, int(kv.req_pool_idx), int(kv.kv_allocated_len),
+                                ledger.page_size)

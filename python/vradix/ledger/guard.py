@@ -1,4 +1,4 @@
-"""Run-time checks on the KV page ledger: the prefix verify guard and the post-publication audit.
+"""Run-time checks on the KV page ledger: the prefix verify guard, its verdicts and the post-publication audit.
 
 Verify guard (`VRADIX_VERIFY=off|sample|strict`, default `strict`):
 * strict — the backstop at the last point before the forward (`Scheduler.run_batch`, BEFORE): for an extend batch,
@@ -8,7 +8,7 @@ Verify guard (`VRADIX_VERIFY=off|sample|strict`, default `strict`):
   crossing request, an epoch from its bound one to the current one (its own KV, computed across the bumps it
   crossed; `allowed_epochs`). One gather/compare over the whole batch, launched on the device before the forward
   (`kernels.rows_outside_epochs`) and read on the host at the batch's result, where SGLang waits for that forward
-  anyway (`vradix.ledger.verdicts`): no device synchronisation is added to a scheduler iteration. A violating
+  anyway (the verdicts, below): no device synchronisation is added to a scheduler iteration. A violating
   request fails with a clear error (vradix, the epochs, the count of bad positions) through SGLang's own "forward
   ran on KV that must not be used" path: its output is discarded, it finishes aborted, and it inserts nothing
   (`hooks.ledger.fail_stale_reads`). `violations_caught` counts it.
@@ -23,12 +23,36 @@ Audit (`VRADIX_AUDIT=off|report|repair`, default `report`), after every publicat
 epoch that no live request's row references are stale pages nobody owns any more (the bump already freed every
 unlocked stale node, and a locked one is in its holder's row) — leaks. They are counted in `leaked_pages_*`; in
 `repair` mode they are also returned to the allocator.
+
+Verdicts (`DeviceValues`, `Verdict`, `PendingVerdicts`, below): the guard's check results, ledger checks launched
+on the device before a forward and read where SGLang already waits for that forward.
+
+A strict backstop check (and a sampled one) is a gather/compare the device runs in stream order before the batch's
+forward. Reading its result at once would make the host wait for everything queued before it: a device
+synchronisation per extend batch, which serialises SGLang's overlap scheduler. Nothing needs the verdict before the
+forward runs: a violating request's output is discarded after its forward, and nothing it computed reaches the tree
+before its result is processed (`process_batch_result`), where SGLang waits for that batch anyway. So each check is
+a `Verdict`, launched with its batch and read:
+
+* at the batch's result (`PendingVerdicts.read_through`, BEFORE `Scheduler.process_batch_result`): the verdicts
+  of that batch and of every batch launched before it. The verdict was queued before the batch's forward, so by the
+  time SGLang waits for that forward's output nothing of the verdict is left to wait for;
+* at a chunked request's checkpoint (`read_if_ready`): the one insert SGLang makes before the result is processed
+  (the overlap loop stashes a chunk while scheduling the next batch). A verdict the device already reports complete
+  is read there (no wait); otherwise the checkpoint is held, nothing inserted, and the next checkpoint or the final
+  insert covers it (`hooks.ledger.hold_stash_until_verdict`);
+* at a publication (`read_all`), which drains in-flight batches and may synchronise.
+
+Invariant: between a check's launch and its batch's result, the host reads nothing the check computed unless the
+device reported it complete (`DeviceValues.ready`). On a ledger in host memory (a CPU engine, `kernels.on_host`) the
+check's result is a host list from the start: complete, read without a device.
 """
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -85,6 +109,101 @@ class GuardStats:
     _prefill_batches_seen: int = 0
 
 
+# ---- verdicts: checks launched on the device, read where SGLang already waits -----------------------------------
+@dataclass
+class DeviceValues:
+    """A small integer result of a check: a host list (already complete), or a device tensor with, on CUDA, its
+    non-blocking copy into pinned host memory and the event recorded after that copy."""
+
+    values: Union[list, torch.Tensor]
+    host: Optional[torch.Tensor] = None
+    done: Optional["torch.cuda.Event"] = None
+
+    @classmethod
+    def launch(cls, values: Union[list, torch.Tensor]) -> "DeviceValues":
+        """Start bringing `values` to the host without waiting for them."""
+        if isinstance(values, list) or values.device.type != "cuda":
+            return cls(values)
+        host = torch.empty(values.shape, dtype=values.dtype, device="cpu", pin_memory=True)
+        host.copy_(values, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return cls(values, host, done)
+
+    def ready(self) -> bool:
+        """Complete without waiting: a host list, or a copy whose event the device reports done. A device tensor
+        without an event (the device forms run on CPU, `VRADIX_KERNELS=torch`) is never assumed complete."""
+        return isinstance(self.values, list) or (self.done is not None and self.done.query())
+
+    def read(self) -> list:
+        """The values on the host. Waits only for what was queued before the check's copy."""
+        if isinstance(self.values, list):
+            return self.values
+        if self.done is not None:
+            self.done.synchronize()
+            return self.host.tolist()
+        return self.values.tolist()
+
+
+@dataclass
+class Verdict:
+    """One launched check: its batch (`batch_key`: the batch's `out_cache_loc`, the one field the copy SGLang
+    queues for result processing shares with the batch that ran), the requests it is about, its values, and what
+    reading them does (`settle`: fail or record the violations, with the values read on the host)."""
+
+    batch_key: object
+    reqs: tuple
+    values: DeviceValues
+    settle: Callable[[list], None]
+
+    def names(self, req) -> bool:
+        return any(r is req for r in self.reqs)
+
+
+class PendingVerdicts:
+    """The verdicts launched and not yet read, oldest first (the guard's own record; written only through these
+    methods, by `hooks.ledger` and the publication). Each verdict is read exactly once."""
+
+    def __init__(self):
+        self._queue: deque[Verdict] = deque()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def launch(self, batch_key, reqs, values: Union[list, torch.Tensor], settle: Callable[[list], None]) -> None:
+        self._queue.append(Verdict(batch_key, tuple(reqs), DeviceValues.launch(values), settle))
+
+    def awaits(self, req) -> bool:
+        """Whether a verdict about `req` has not been read yet."""
+        return any(v.names(req) for v in self._queue)
+
+    def read_through(self, batch_key) -> int:
+        """At a batch's result: read that batch's verdict and every one launched before it (results are processed
+        in launch order). Nothing when no verdict is that batch's. Returns how many were read."""
+        through = next((i for i, v in enumerate(self._queue) if v.batch_key is batch_key), -1)
+        for _ in range(through + 1):
+            self._read_oldest()
+        return through + 1
+
+    def read_if_ready(self, req) -> bool:
+        """Read, oldest first, every verdict the device already reports complete, up to the last one about `req`.
+        True when none about `req` is left unread."""
+        while self._queue and self._queue[0].values.ready() and self.awaits(req):
+            self._read_oldest()
+        return not self.awaits(req)
+
+    def read_all(self) -> int:
+        """At a publication (which drains the device): read every verdict. Returns how many were read."""
+        n = len(self._queue)
+        while self._queue:
+            self._read_oldest()
+        return n
+
+    def _read_oldest(self) -> None:
+        verdict = self._queue.popleft()
+        verdict.settle(verdict.values.read())
+
+
 # ---- strict: the forward backstop -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PrefixRead:
@@ -137,12 +256,12 @@ def first_decode_reads(batch, current: int) -> list[PrefixRead]:
 def launch_prefix_check(ledger: PageLedger, stats: GuardStats, req_to_token: torch.Tensor,
                         reads: list[PrefixRead]):
     """One gather/compare over every read of the batch, nothing read back: per read, its count of bad positions (a
-    device tensor, or a host list for a ledger in host memory; `kernels.rows_outside_epochs`)."""
+    device tensor, or a host list for a ledger in host memory; the ledger's `rows_outside_epochs`, `kernels.bind`)."""
     stats.batches_verified += 1
     stats.prefixes_verified += len(reads)
-    return kernels.rows_outside_epochs(ledger.page_epoch, req_to_token, [r.row for r in reads],
-                                       [r.length for r in reads], [r.lo for r in reads], [r.hi for r in reads],
-                                       ledger.page_size)
+    return ledger.kernels.rows_outside_epochs(ledger.page_epoch, req_to_token, [r.row for r in reads],
+                                              [r.length for r in reads], [r.lo for r in reads],
+                                              [r.hi for r in reads], ledger.page_size)
 
 
 def violation_message(ledger: PageLedger, req_to_token: torch.Tensor, read: PrefixRead, bad: int,
@@ -160,10 +279,10 @@ def matched_prefix_violations(ledger: PageLedger, slots: torch.Tensor, expected_
     n = slots.numel()
     table = slots.reshape(1, n)
     dev = ledger.page_epoch.device
-    return kernels.verify(ledger.page_epoch, table, torch.zeros(1, dtype=torch.int64, device=dev),
-                          torch.full((1,), n, dtype=torch.int64, device=dev),
-                          torch.full((1,), expected_epoch, dtype=torch.int32, device=dev), ledger.page_size,
-                          max_prefix_len=n)
+    out = ledger.kernels.verify(ledger.page_epoch, table, torch.zeros(1, dtype=torch.int64, device=dev),
+                                torch.full((1,), n, dtype=torch.int64, device=dev),
+                                torch.full((1,), expected_epoch, dtype=torch.int32, device=dev), ledger.page_size, n)
+    return kernels.Violations(*out.tolist())
 
 
 def record_violation(stats: GuardStats, what: str) -> None:
@@ -232,7 +351,7 @@ def audit(config: GuardConfig, stats: GuardStats, ledger: PageLedger, tree_cache
     detection-only), free them. Returns the count. Never frees a page anything in `pinned_pages` holds."""
     if config.audit == "off":
         return 0
-    leaked = kernels.invalidate(ledger.page_epoch, epoch, pinned_pages(ledger, tree_cache, live))
+    leaked = ledger.kernels.invalidate(ledger.page_epoch, int(epoch), pinned_pages(ledger, tree_cache, live))
     n = int(leaked.numel())
     stats.audits += 1
     stats.leaked_pages_last = n

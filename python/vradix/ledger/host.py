@@ -36,13 +36,15 @@ from vradix.ledger.device import PageLedger, ledger_of
 
 class HostLedger:
     """`page_epoch` (int32) over the host KV pool's slots, at the device ledger's page granularity, on the device
-    ledger's device (so a carry is device work ordered on the scheduler's stream, with no host sync)."""
+    ledger's device (so a carry is device work ordered on the scheduler's stream, with no host sync), with the
+    device ledger's kernels (`PageLedger.kernels`, resolved once, for the same device)."""
 
     def __init__(self, host_pool, device_ledger: PageLedger):
         self.host_pool = host_pool
         self.page_size = device_ledger.page_size
         self.device = device_ledger.device
         self.page_epoch = torch.full((self.num_pages_of(host_pool),), FREE, dtype=torch.int32, device=self.device)
+        self.kernels: kernels.Bound = device_ledger.kernels
 
     def num_pages_of(self, host_pool) -> int:
         return int(host_pool.logical_size) // self.page_size + 1
@@ -50,10 +52,11 @@ class HostLedger:
     def stamp_fetched(self, slots: torch.Tensor, epoch: Optional[int]) -> None:
         """`slots` now hold KV fetched from storage under the namespace of `epoch` (None: of no epoch of this
         engine)."""
-        kernels.stamp(self.page_epoch, slots.to(self.device), FREE if epoch is None else epoch, self.page_size)
+        self.kernels.stamp(self.page_epoch, slots.to(self.device), FREE if epoch is None else int(epoch),
+                           self.page_size)
 
     def mark_freed_slots(self, slots: torch.Tensor) -> None:
-        kernels.stamp(self.page_epoch, slots.to(self.device), FREE, self.page_size)
+        self.kernels.stamp(self.page_epoch, slots.to(self.device), FREE, self.page_size)
 
     def mark_all_free(self) -> None:
         self.page_epoch.fill_(FREE)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from vradix import __version__, kernels
+from vradix import __version__
 from vradix.core.state import EpochState, TreelessState
 
 
@@ -63,7 +63,7 @@ def ledger_block(state: EpochState) -> dict:
     g, st = state.guard.config, state.guard.stats
     return {
         "enabled": state.ledger is not None,
-        "kernels": kernels.impl_for(state.ledger.page_epoch) if state.ledger is not None else None,
+        "kernels": state.ledger.kernels.name if state.ledger is not None else None,
         "verify_mode": g.verify,
         "audit_mode": g.audit,
         "prefixes_verified": st.prefixes_verified,
