@@ -52,11 +52,13 @@ class HostLedger:
     def stamp_fetched(self, slots: torch.Tensor, epoch: Optional[int]) -> None:
         """`slots` now hold KV fetched from storage under the namespace of `epoch` (None: of no epoch of this
         engine)."""
-        self.kernels.stamp(self.page_epoch, slots.to(self.device), FREE if epoch is None else int(epoch),
-                           self.page_size)
+        if slots.numel():  # an implementation's own stamp may not take an empty launch
+            self.kernels.stamp(self.page_epoch, slots.to(self.device), FREE if epoch is None else int(epoch),
+                               self.page_size)
 
     def mark_freed_slots(self, slots: torch.Tensor) -> None:
-        self.kernels.stamp(self.page_epoch, slots.to(self.device), FREE, self.page_size)
+        if slots.numel():
+            self.kernels.stamp(self.page_epoch, slots.to(self.device), FREE, self.page_size)
 
     def mark_all_free(self) -> None:
         self.page_epoch.fill_(FREE)
