@@ -19,6 +19,7 @@ from vradix.hooks import launcher, publication
 from vradix.scheduler import publication as publication_glue
 from vradix.core.state import attach
 from vradix.testing.harness.cache_fixture import build_cache
+from vradix.testing.harness.trace import files_entered
 from vradix.testing.harness.engine import (Engine, StubScheduler, checkpoint, disk_request, end_session,
                                            fingerprint_engine, loading_update, open_session, succeeding_update,
                                            tensor_bucket)
@@ -671,31 +672,6 @@ def test_an_adapter_unload_inside_a_session_is_its_own_publication(engine):
     assert end_session(engine).success and engine.state.epoch == epoch + 1
 
 
-def vradix_files_entered(run) -> set:
-    """The files of the `vradix` package (its `testing` stand-ins aside) that `run()` enters, traced with
-    `sys.setprofile`."""
-    import pathlib
-    import sys
-
-    import vradix
-
-    root = pathlib.Path(vradix.__file__).parent
-    product, stand_ins = str(root), str(root / "testing")
-    entered = set()
-
-    def profile(frame, event, arg):
-        path = frame.f_code.co_filename
-        if event == "call" and path.startswith(product) and not path.startswith(stand_ins):
-            entered.add(str(pathlib.Path(path).relative_to(root)))
-
-    sys.setprofile(profile)
-    try:
-        run()
-    finally:
-        sys.setprofile(None)
-    return entered
-
-
 def test_one_update_call_stays_in_few_files(engine):
     """One successful update call (`test_successful_update_bumps_once_although_the_flush_runs`) on a plain engine
     enters at most ten vradix files: the entry hooks (the flush's included) in `hooks/publication.py`, the sequence in
@@ -704,7 +680,7 @@ def test_one_update_call_stays_in_few_files(engine):
     ledger's verdicts and audit in `ledger/guard.py` with the kernel implementation the ledger bound
     (`kernels/reference.py` on CPU: no dispatch and no setting read on the way), and the census. The steps the engine
     lacks (overlap drain, host tier, L3, streaming sessions, weight-derived caches, metrics) are never entered."""
-    entered = vradix_files_entered(lambda: test_successful_update_bumps_once_although_the_flush_runs(engine))
+    entered = files_entered(lambda: test_successful_update_bumps_once_although_the_flush_runs(engine))
     assert {"scheduler/publication.py", "hooks/publication.py", "ledger/guard.py", "kernels/reference.py"} <= entered
     assert not entered & {"kernels/__init__.py", "settings.py"}, sorted(entered)
     assert len(entered) <= 10, sorted(entered)

@@ -11,6 +11,7 @@ from vradix.ledger.guard import GuardConfig
 from vradix.settings import SettingsError
 from vradix.kernels import FREE
 from vradix.testing.harness.cache_fixture import seq
+from vradix.testing.harness.trace import functions_entered
 
 
 
@@ -51,32 +52,6 @@ def test_ledger_follows_writes_frees_and_epochs(env):
     fx.prefill(b)
     assert set(pe[row_pages(fx, b, 65)].tolist()) == {1}
     fx.finish(b)
-
-
-def functions_entered(run) -> set:
-    """(vradix file, function) of every Python call `run()` makes into the vradix package (`sys.setprofile`); a
-    setting read is recorded as ("settings.py", the setting's name)."""
-    import pathlib
-    import sys
-
-    import vradix
-
-    root, entered = pathlib.Path(vradix.__file__).parent, set()
-
-    def profile(frame, event, arg):
-        path = frame.f_code.co_filename
-        if event == "call" and path.startswith(str(root)):
-            name = frame.f_code.co_name
-            if path.endswith("settings.py") and name == "value":
-                name = frame.f_locals["name"]
-            entered.add((str(pathlib.Path(path).relative_to(root)), name))
-
-    sys.setprofile(profile)
-    try:
-        run()
-    finally:
-        sys.setprofile(None)
-    return entered
 
 
 def test_a_ledger_resolves_its_kernels_once(env, monkeypatch):
