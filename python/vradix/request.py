@@ -6,15 +6,17 @@ Invariants:
 - `epoch` is the epoch whose namespace the request matches and inserts in (`req.extra_key` is built from it and
   `user_key`);
 - `kv_history` is the provenance of the request's KV (`bind_entry`, `record_bind`, `record_crossing` write it;
-  `vradix.core.provenance` reports it): its first entry starts at position 0 and is the last bind's (`bound`, which `epoch` is read from) unless a crossing before any position was computed
-  replaced it; both are derived from `bound` and `crossings`, never stored twice;
+  `vradix.core.provenance` reports it): its first entry starts at position 0 and is the last bind's (`bound`,
+  which `epoch` is read from) unless a crossing before any position was computed replaced it; both are derived
+  from `bound` and `crossings`, never stored twice;
 - `crossed` is True while the request holds KV across a bump; then `skip_insert_before` is what
   `req.skip_radix_cache_insert` was before vradix forced it on;
 A request that reaches a prefix match without a `ReqState` was never admitted by vradix: `require` raises
 `UnstampedRequestError` rather than guessing an epoch (fail closed).
 
-What a request holds (`holds_kv`, `holds_backup`, `retracted_with_backup`, `backed_up_len`) is read from SGLang's
-`Req` only, never from vradix's record: a publication decides from it which requests cross it and which are re-bound.
+What a request holds (`holds_kv`, `holds_backup`, `retracted_with_backup`, `holds_own_kv`, `backed_up_len`) is
+read from SGLang's `Req` only, never from vradix's record: a publication decides from it which requests cross it and
+which are re-bound.
 """
 from __future__ import annotations
 
@@ -195,6 +197,13 @@ def backed_up_len(req) -> int:
     """How many positions the backup holds: `Req.offload_kv_cache` copies `[0, seqlen - 1)` (the last output token's
     KV is not computed yet), and `resume_retracted_reqs` restores exactly that many (`_pre_alloc_fill_len`)."""
     return len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
+
+
+def holds_own_kv(req) -> bool:
+    """Whether the request holds KV of its own: a row or a tree lock on the device (`holds_kv`), or a retraction
+    backup it will resume from (`retracted_with_backup`). Such a request is never re-bound: its KV was computed under
+    its bound epoch."""
+    return holds_kv(req) or retracted_with_backup(req)
 
 
 def bind_entry(state) -> HistoryEntry:

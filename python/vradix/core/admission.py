@@ -50,7 +50,7 @@ def rebind_if_unheld(state: EpochState, req) -> bool:
     """Re-bind a request that holds no KV, on the device or in a retraction backup, to the current epoch; True if it
     changed epoch. Raises `UnstampedRequestError` for a request vradix never admitted."""
     st = request.require(req)
-    if st.epoch == state.epoch or request.holds_kv(req) or request.retracted_with_backup(req):
+    if st.epoch == state.epoch or request.holds_own_kv(req):
         return False
     _bind(state, req, st)
     return True
@@ -70,7 +70,7 @@ def choose_for_match(state: EpochState, cache, req, token_ids=None) -> None:
     """Before a match: a bounded request that holds no KV adopts one window epoch's namespace
     (`staleness.choose_namespace`); its provenance then starts with that epoch."""
     st = request.require(req)
-    if not staleness.is_bounded(st) or request.holds_kv(req) or request.retracted_with_backup(req):
+    if not staleness.is_bounded(st) or request.holds_own_kv(req):
         return
     staleness.choose_namespace(state, cache, req, token_ids)
 

@@ -2,11 +2,11 @@
 
 Every request's `request.ReqState` carries `kv_history`, a list of `request.HistoryEntry(start, epoch, label,
 weight_id)`, written by the request's record (`vradix.request`):
-- `request.record_bind` starts it at admission and at every re-bind: a request that holds no KV will compute (or match) all
-  of its KV under the epoch it is bound to, so its history is one entry from position 0.
-- `request.record_crossing` appends one entry each time the request crosses a publication while holding KV: positions
-  `[0, committed)` keep the KV they were computed with, positions from `committed` on are computed under the new
-  epoch. Several crossings append several entries.
+- `request.record_bind` starts it at admission and at every re-bind: a request that holds no KV will compute (or
+  match) all of its KV under the epoch it is bound to, so its history is one entry from position 0.
+- `request.record_crossing` appends one entry each time the request crosses a publication while holding KV:
+  positions `[0, committed)` keep the KV they were computed with, positions from `committed` on are computed under
+  the new epoch. Several crossings append several entries.
 
 Invariants: start positions are non-decreasing; the first entry starts at 0 and names the epoch of the namespace the
 request matched its prefix in (so it is also the provenance of its cached prefix). A retracted request gives back

@@ -452,8 +452,9 @@ def attach(tree_cache, with_ledger: bool = True, weight_identity: Optional[ident
     namespace starts with its `scope` (`vradix.pd.layout`); `staleness_window` epochs older than the current one
     keep their KV for bounded requests (`vradix.core.staleness`); `streaming_sessions` is False only for an
     engine started without `--enable-streaming-session` (no session slot can exist). Invariant: a window above 0
-    has a ledger (its responses' spans are read from it): `staleness.StalenessError` otherwise. Raises `settings.SettingsError` for an
-    invalid VRADIX_VERIFY / VRADIX_AUDIT / VRADIX_VERIFY_SAMPLE_EVERY / VRADIX_PREFILL_DEDUP setting."""
+    has a ledger (its responses' spans are read from it): `staleness.StalenessError` otherwise. Raises
+    `settings.SettingsError` for an invalid VRADIX_VERIFY / VRADIX_AUDIT / VRADIX_VERIFY_SAMPLE_EVERY /
+    VRADIX_PREFILL_DEDUP setting."""
     staleness.check_ledger(staleness_window, [] if with_ledger else ["a path the KV page ledger cannot observe"])
     state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardRecord(GuardConfig.from_env()),
                        identity_mode=identity_mode, dedup=DedupRecord(enabled=dedup.enabled_from_env()), scope=scope,

@@ -5,9 +5,9 @@ escaped vradix, so a test that drives a path vradix misses fails instead of pass
    and the P/D promise revocation). Every SGLang `Req` reachable from the scheduler (`find_requests`: its attributes,
    and theirs, through lists, tuples, deques, sets, dicts, dataclasses and SGLang's and vradix's own objects, breadth
    first to `MAX_DEPTH`, reading `__dict__` and `__slots__` only, never calling a method or a property) that holds KV
-   (`holds_kv`: a `req_to_token` row, a tree lock, or a retraction backup it resumes from) must be treated by the
-   bump: marked crossing (`ReqState.crossed`) or finished. A queued request that holds nothing is re-bound or bound
-   at its next match, so it is not checked. A held, untreated request fails the census; the message names the path
+   (`request.holds_own_kv`: a `req_to_token` row, a tree lock, or a retraction backup it resumes from) must be
+   treated by the bump: marked crossing (`ReqState.crossed`) or finished. A queued request that holds nothing is
+   re-bound or bound at its next match, so it is not checked. A held, untreated request fails the census; the message names the path
    the walk reached it by and whether `scheduler.publication.live_requests` (what the bump treats) had it.
 2. Weights, before every forward (`check_weights`, BEFORE `Scheduler.run_batch`). The served model's parameters
    (`sample_params`: each one's name, storage pointer, shape, dtype and `SAMPLES_PER_PARAM` fixed elements, one
@@ -131,7 +131,7 @@ def check_requests(scheduler, live, epoch: int) -> None:
     census.bumps_checked += 1
     census.requests_seen += len(found)
     live_ids = {id(r) for r in live}
-    bad = [(path, req) for path, req in found.values() if holds_kv(req) and not treated(req)]
+    bad = [(path, req) for path, req in found.values() if request.holds_own_kv(req) and not treated(req)]
     census.bumps_ms += (time.perf_counter() - t0) * 1e3
     logger.info("vradix census: bump to epoch %d: %d request(s) reachable, %d in live_requests, %d untreated "
                 "holder(s) (%d objects walked%s, %.1f ms); outside live_requests: %s", epoch, len(found),
@@ -150,14 +150,8 @@ def outside(found: dict, live_ids: set) -> str:
     for path, req in found.values():
         if id(req) not in live_ids:
             where = re.sub(r"\[[^\]]*\]", "[]", path)
-            counts[where, holds_kv(req)] += 1
+            counts[where, request.holds_own_kv(req)] += 1
     return ", ".join(f"{where} x{n}{' holding KV' if held else ''}" for (where, held), n in sorted(counts.items()))
-
-
-def holds_kv(req) -> bool:
-    """Whether the request holds KV of its own: a row or a tree lock on the device, or a retraction backup it will
-    resume from."""
-    return request.holds_kv(req) or request.retracted_with_backup(req)
 
 
 def treated(req) -> bool:
