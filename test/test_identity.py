@@ -4,6 +4,7 @@ so are HiCache storage keys (SGLang's own `get_storage_hash_str` over a stamped 
 Restarts and separate engines are separate `attach` calls on separate real caches: a restarted engine starts at epoch
 0 again, so an epoch number alone cannot tell two engines' KV apart; the weight identity does."""
 import os
+import types
 
 import pytest
 
@@ -92,6 +93,46 @@ def test_a_publication_without_an_identity_gets_a_fresh_nonce():
     for _ in range(5):
         seen.add(bump(state, fx.cache, [], [], reason="publication").weight_id)
     assert len(seen) == 6 and all(w.startswith("nonce:") for w in seen)
+
+
+def ranks_of_one_launch(n, instance_id="4f2a9c0d1e7b", detokenizer="ipc:///tmp/launch-a"):
+    """`n` scheduler ranks of one engine, each attached as vradix's startup attaches it: its own real cache, its nonces
+    seeded from the launch arguments SGLang hands every rank (`PortArgs.instance_id`, the detokenizer address)."""
+    port_args = types.SimpleNamespace(instance_id=instance_id, detokenizer_ipc_name=detokenizer)
+    out = []
+    for _ in range(n):
+        fx = build_cache("rust", 1, kv_tokens=256, max_reqs=4)
+        nonces = identity.EngineNonces(identity.launch_seed(port_args))
+        out.append((fx, attach(fx.cache, identity_mode="nonce", nonces=nonces)))
+    return out
+
+
+def test_every_rank_of_one_engine_reports_one_nonce_identity_at_startup_and_after_each_publication():
+    """The ranks of a TP / DP engine are separate processes; each draws its nonces from the engine's launch seed, so
+    they report one `weight_id` (the publish client fails a publication whose ranks disagree), and no collective runs
+    at the publication."""
+    ranks = ranks_of_one_launch(2)
+    assert len({s.weight_id for _, s in ranks}) == 1
+    seen = {ranks[0][1].weight_id}
+    for _ in range(3):
+        ids = {bump(s, fx.cache, [], [], reason="publication").weight_id for fx, s in ranks}
+        assert len(ids) == 1, ids
+        seen |= ids
+    flushed = {bump(s, fx.cache, [], [], reason="flush", is_publication=False).weight_id for fx, s in ranks}
+    assert flushed == {ranks[0][1].weight_id} and len(seen) == 4  # a flush keeps the weights; every epoch its own
+
+
+def test_two_launches_never_share_a_nonce_identity():
+    (_, a), = ranks_of_one_launch(1)
+    (_, b), = ranks_of_one_launch(1, instance_id="0b3c5d7e9f11")
+    (_, c), = ranks_of_one_launch(1, detokenizer="ipc:///tmp/launch-b")
+    assert len({a.weight_id, b.weight_id, c.weight_id}) == 3
+    assert all(w.startswith("nonce:") and len(w) == len("nonce:") + 32 for w in (a.weight_id, b.weight_id))
+
+
+def test_without_launch_arguments_each_engine_draws_its_own_seed():
+    seeds = {identity.launch_seed(None) for _ in range(3)} | {identity.launch_seed(types.SimpleNamespace())}
+    assert len(seeds) == 4
 
 
 @pytest.mark.parametrize("text,why", [("", "empty"), ("   ", "empty"), ("x" * 129, "129 characters"),

@@ -8,7 +8,9 @@ therefore built from a `weight_id`, never from the bare epoch. One identity is c
 
 - `auto` (default): `fingerprint` on a P/D role (prefill and decode must compute equal identities for equal weights),
   `nonce` on every other engine (`resolve_mode`). A stock P/D launch therefore needs no vradix flag.
-- `nonce`: a fresh random 128-bit nonce per epoch. Safe everywhere; no reuse across restarts or engines.
+- `nonce`: a 128-bit nonce per epoch, derived from the engine's launch seed and the epoch number
+  (`EngineNonces`): every rank of one engine (TP, DP, DP attention) reports the same `weight_id`, and no other launch
+  shares it. Safe everywhere; no reuse across restarts or engines.
 - `fingerprint` (proven): a content fingerprint of what was published into the model, the named unsharded tensors
   that reach its `load_weights` (`vradix.core.published`), at startup and after every weight change. Equal weights
   give equal ids on any TP layout, so P/D roles of different TP sizes agree and L3 pages are reused across restarts
@@ -57,6 +59,7 @@ Invariants of the namespace:
 """
 from __future__ import annotations
 
+import hashlib
 import secrets
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
@@ -96,9 +99,41 @@ def mode_from_env(environ: Optional[Mapping[str, str]] = None) -> str:
 
 
 def nonce(random_hex: Optional[str] = None) -> WeightIdentity:
-    """A fresh identity no other epoch, process or engine can hold: 128 random bits, drawn here or given (the ranks
-    of one engine derive one from all their draws, `vradix.core.published.merge`)."""
+    """An identity no other epoch, process or engine can hold: 128 random bits, drawn here or given (an engine's
+    ranks derive theirs from its launch seed, `EngineNonces`)."""
     return WeightIdentity(f"nonce:{random_hex or secrets.token_hex(16)}", "nonce")
+
+
+@dataclass(frozen=True)
+class EngineNonces:
+    """The nonce identities of one engine. `seed` is unique to one launch and equal on every rank of it (TP, PP, DP
+    and DP-attention ranks: `launch_seed`); the nonce of epoch `e` is a hash of (seed, e).
+
+    Invariants: every rank of one engine that reaches epoch `e` gets the same nonce for it, with no collective at
+    the publication; two epochs of one engine never share a nonce; two launches share none (their seeds differ)."""
+
+    seed: str
+
+    def for_epoch(self, epoch: int) -> WeightIdentity:
+        """The nonce identity of `epoch` (the epoch a publication or the engine's start binds)."""
+        digest = hashlib.sha256(f"vradix-nonce\x1f{self.seed}\x1f{epoch}".encode()).hexdigest()[:32]
+        return nonce(digest)
+
+    @classmethod
+    def fresh(cls) -> "EngineNonces":
+        """The nonces of an engine of one process (a test engine, a scheduler built without launch arguments)."""
+        return cls(secrets.token_hex(16))
+
+
+def launch_seed(port_args, group=None) -> str:
+    """The seed every rank of one engine shares: SGLang's per-launch `PortArgs.instance_id` (drawn once by the
+    launcher and handed to every DP rank's scheduler) with the launch's detokenizer address, taken from the group's
+    first rank (`group`: the TP CPU group, so TP ranks started by another node's launcher agree too). Without launch
+    arguments, rank 0's random draw."""
+    instance = getattr(port_args, "instance_id", "") or ""
+    local = (f"{instance}\x1f{getattr(port_args, 'detokenizer_ipc_name', '')}" if instance
+             else secrets.token_hex(16))
+    return collectives.gather(local, group)[0]
 
 
 def proven(fingerprint: str, basis: str = "") -> WeightIdentity:
@@ -142,8 +177,6 @@ def fingerprint_model(model, tp_group=None) -> str:
     """The content fingerprint of a loaded model (every parameter and buffer). With tensor parallelism each rank
     holds a shard: the ranks' fingerprints are gathered over `tp_group` (a CPU process group) and hashed together, so
     every rank of one engine gets the same identity."""
-    import hashlib
-
     from vradix.kernels.fingerprint import fingerprint_module
 
     local = fingerprint_module(model)

@@ -128,11 +128,3 @@ def test_a_load_that_raises_taints_the_publication():
         model.load_weights(broken())
     merged = published.merge([published.of(model).take().share()], {stream(n=1)[0][0]})
     assert published.identity_of(merged, "s", None, None) == (published.Outcome.TAINTED, None)
-
-
-def test_every_rank_derives_one_nonce_from_all_draws():
-    shares = [tap_once(stream(n=2)) for _ in range(2)]
-    names = {n for n, _ in stream(n=2)}
-    first = published.merge(shares, names).nonce
-    assert len(first) == 32 and published.merge(list(shares), names).nonce == first  # each rank, the same
-    assert published.merge([tap_once(stream(n=2)) for _ in range(2)], names).nonce != first  # fresh draws

@@ -3,8 +3,10 @@
 every publication path and changes nothing; in `fingerprint` mode equal weights get equal identities, across two
 servers and across publications. The publish client's fleet view on the same servers: one publication gives two
 fingerprint engines one `weight_id`; a publication that loads other weights on one of them fails with both left
-paused; a fleet mixing declared and fingerprint engines is refused before anything is touched. The L3 consequences
-are in `test_e2e_hicache.py`."""
+paused; a fleet mixing declared and fingerprint engines is refused before anything is touched. Engines of several
+ranks in the default identity mode (no vradix flag: `nonce`), a TP = 2 and a DP = 2 engine: every rank reports one
+`weight_id` at startup and after `vradix publish`, which verifies both, and the outputs equal a fresh server on the new
+weights. The L3 consequences are in `test_e2e_hicache.py`."""
 import json
 import subprocess
 import sys
@@ -13,7 +15,8 @@ import pytest
 import requests
 
 from vradix.client import PublishError, publish
-from vradix.testing.harness.scenario import PROBE
+from vradix.testing.harness.scenario import PROBE, PREFIX
+from vradix.testing.harness.server import fresh_stock_outputs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -33,6 +36,28 @@ def prestarted(models, server_pool):
     waits parked in the pool (taking no CPU) until its tests lease it."""
     server_pool.prestart((models[0], dict(extra_args=DECLARED_FLAGS)),
                          *[(models[0], dict(extra_args=FINGERPRINT_FLAGS))] * 2)
+
+
+#: the default identity mode's engines of several ranks (no vradix flag): TP = 2 and DP = 2 (each DP rank's OpenMP
+#: threads on a core of its own)
+MULTI_RANK = {"tp2": dict(tp_size=2), "dp2": dict(extra_args=["--dp-size", "2"],
+                                                 env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})}
+
+
+@pytest.fixture(scope="module")
+def multi_rank(models, server_pool):
+    """{name: server} of `MULTI_RANK`, started together and used once."""
+    server_pool.prestart(*[(models[0], kw) for kw in MULTI_RANK.values()])
+    with server_pool.lease(models[0], once=True, **MULTI_RANK["tp2"]) as tp2, \
+            server_pool.lease(models[0], once=True, **MULTI_RANK["dp2"]) as dp2:
+        yield {"tp2": tp2, "dp2": dp2}
+
+
+def rank_blocks(server) -> list:
+    """Every scheduler rank's vradix block: each DP rank's, and each TP rank's within it."""
+    info = server.get("/get_server_info").json()
+    return [rank for state in info["internal_states"] for rank in (state["vradix"].get("tp_ranks")
+                                                                   or [state["vradix"]])]
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +175,30 @@ def test_a_fleet_mixing_declared_and_fingerprint_engines_is_refused_before_anyth
     assert [identity_of(x) for x in (s, f)] == before
     for x in (s, f):
         assert x.generate(PROBE, 1)["meta_info"]["completion_tokens"] == 1
+
+
+def test_every_rank_of_a_default_mode_tp2_and_dp2_engine_reports_one_weight_id_and_publish_verifies_them(
+        multi_rank, models, server_pool):
+    """Nonce identities (the default mode off P/D) are derived from the engine's launch, so the two ranks of a TP = 2
+    and of a DP = 2 engine report one `weight_id`, at startup and after `vradix publish` (which fails a publication
+    whose ranks disagree). A prefix cached under A is not reused under B: outputs equal a fresh stock server on B."""
+    prompts = [PROBE, PREFIX + [7, 8, 9]]
+    oracle = fresh_stock_outputs({"B": models[1]}, lambda s: [s.generate(p, 4)["output_ids"] for p in prompts],
+                                 pool=server_pool)["B"]
+    before = {}
+    for name, s in multi_rank.items():
+        blocks = rank_blocks(s)
+        assert len(blocks) == 2, (name, blocks)
+        ids = {b["weight_id"] for b in blocks}
+        assert len(ids) == 1 and ids.pop().startswith("nonce:"), (name, blocks)
+        before[name] = blocks[0]["weight_id"]
+        for p in prompts:  # caches the prefixes under A (on every DP rank the router picks)
+            s.generate(p, 4)
+    result = publish([s.url for s in multi_rank.values()], models[1], "multi-rank-b")
+    assert [e.verified for e in result] == [True, True], [e.evidence() for e in result]
+    for name, s in multi_rank.items():
+        blocks = rank_blocks(s)
+        ids = {b["weight_id"] for b in blocks}
+        assert len(ids) == 1 and before[name] not in ids and {b["epoch"] for b in blocks} == {1}, (name, blocks)
+        for _ in range(2):  # both DP ranks serve (round robin)
+            assert [s.generate(p, 4)["output_ids"] for p in prompts] == oracle, name

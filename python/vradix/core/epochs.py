@@ -63,11 +63,11 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
          label: Optional[str] = None, is_publication: bool = True,
          identity: Optional[weight_identity.WeightIdentity] = None) -> Bump:
     """Advance the epoch and invalidate everything older, lock-aware. See the module docstring for the steps.
-    `identity` is the new weights' identity: None means a fresh nonce for a publication, and the current identity
-    for a lock-aware flush (same weights)."""
+    `identity` is the new weights' identity: None means the engine's nonce of the new epoch for a publication
+    (`state.nonces`), and the current identity for a lock-aware flush (same weights)."""
     t0 = time.perf_counter()
     if identity is None:
-        identity = (weight_identity.nonce() if is_publication
+        identity = (state.nonces.for_epoch(state.epoch + 1) if is_publication
                     else state.identities[state.epoch].identity)
     epoch_before, label = state.epoch, label if label is not None else state.label
     state.advance(identity, label, is_publication)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import secrets
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -88,7 +87,7 @@ class Pending:
     def share(self) -> dict:
         """This rank's part of the exchange (picklable)."""
         return {"records": self.records(), "names": names_digest(self.names), "count": len(self.names),
-                "tainted": self.tainted, "nonce": secrets.token_hex(16)}
+                "tainted": self.tainted}
 
 
 @dataclass
@@ -192,28 +191,25 @@ def names_digest(names: Iterable[str]) -> str:
 @dataclass(frozen=True)
 class Merged:
     """The ranks' shares of one publication, combined: every owned record, the names (when all ranks agree),
-    whether any rank's load raised, and a nonce every rank derives equally from the ranks' random draws (the
-    identity of a tainted publication: one per engine, not one per rank)."""
+    and whether any rank's load raised (a tainted publication gets the engine's nonce of its epoch)."""
 
     records: Dict[str, bytes]
     names: Optional[frozenset]
     tainted: bool
-    nonce: str = ""
 
 
 def merge(shares: List[dict], names: Iterable[str]) -> Merged:
     """Combine the ranks' `Pending.share()`s; `names` are this rank's (all ranks saw the same ones, or `names` is
     None). A name owned by no rank that saw it makes the names inconsistent too."""
     tainted = any(s["tainted"] for s in shares)
-    nonce = hashlib.sha256("|".join(s["nonce"] for s in shares).encode()).hexdigest()[:32]
     records: Dict[str, bytes] = {}
     for s in shares:
         records.update(s["records"])
     agreed = len({(s["names"], s["count"]) for s in shares}) == 1
     names = frozenset(names)
     if not agreed or set(records) != names:
-        return Merged(records, None, tainted, nonce)
-    return Merged(records, names, tainted, nonce)
+        return Merged(records, None, tainted)
+    return Merged(records, names, tainted)
 
 
 def fingerprint_of(records: Dict[str, bytes], salt: str) -> str:

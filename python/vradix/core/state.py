@@ -297,6 +297,8 @@ class EpochState:
     #: a P/D role's scope (role + KV layout, `vradix.pd.layout.scope_of`), the start of every namespace it stamps, so
     #: its L3 objects are role-local; None on a non-P/D engine
     scope: Optional[str] = None
+    #: the nonce identities of this engine, equal on all its ranks (`vradix.identity.EngineNonces`; set by `attach`)
+    nonces: identity.EngineNonces = field(default_factory=identity.EngineNonces.fresh)
     #: epoch -> its identity and namespace prefix, for every epoch this engine has served (one entry per bump)
     identities: Dict[int, EpochIdentity] = field(default_factory=dict)
     _epoch_by_prefix: Dict[str, int] = field(default_factory=dict)
@@ -446,9 +448,10 @@ class WeightSession:
 
 def attach(tree_cache, with_ledger: bool = True, weight_identity: Optional[identity.WeightIdentity] = None,
            identity_mode: str = "nonce", scope: Optional[str] = None, staleness_window: int = 0,
-           label: Optional[str] = None, streaming_sessions: bool = True) -> EpochState:
-    """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0 under `weight_identity` (a fresh nonce when
-    None) and `label`, with a KV page ledger on its allocator unless `with_ledger` is False; on a P/D role every
+           label: Optional[str] = None, streaming_sessions: bool = True,
+           nonces: Optional[identity.EngineNonces] = None) -> EpochState:
+    """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0 under `weight_identity` (epoch 0's nonce of
+    `nonces`, the engine's launch-wide nonces, when None; a fresh set of nonces when that is None too) and `label`, with a KV page ledger on its allocator unless `with_ledger` is False; on a P/D role every
     namespace starts with its `scope` (`vradix.pd.layout`); `staleness_window` epochs older than the current one
     keep their KV for bounded requests (`vradix.core.staleness`); `streaming_sessions` is False only for an
     engine started without `--enable-streaming-session` (no session slot can exist). Invariant: a window above 0
@@ -459,8 +462,9 @@ def attach(tree_cache, with_ledger: bool = True, weight_identity: Optional[ident
     state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardRecord(GuardConfig.from_env()),
                        identity_mode=identity_mode, dedup=DedupRecord(enabled=dedup.enabled_from_env()), scope=scope,
                        staleness=StalenessRecord(window=staleness_window), label=label,
-                       host_tier=host_tier.enabled(tree_cache), streaming_sessions=streaming_sessions)
-    state.bind_identity(0, weight_identity or identity.nonce())
+                       host_tier=host_tier.enabled(tree_cache), streaming_sessions=streaming_sessions,
+                       nonces=nonces or identity.EngineNonces.fresh())
+    state.bind_identity(0, weight_identity or state.nonces.for_epoch(0))
     if with_ledger:
         state.ledger = kv_ledger.attach(tree_cache.token_to_kv_pool_allocator)
     tree_cache._vradix = state

@@ -10,7 +10,7 @@ from vradix.ledger import host as host_ledger
 from vradix.observability import metrics
 from vradix.core import deferred_reclaim, published, staleness
 from vradix.scheduler import census, publication
-from vradix.collectives import tp_rank_and_size
+from vradix.collectives import tp_cpu_group, tp_rank_and_size
 from vradix.scheduler.identity_proof import published_identity
 from vradix.scheduler.publication import current_label
 from vradix.pd import layout
@@ -25,9 +25,10 @@ def refuse_encoder_server(encoder, server_args, *args, **kwargs):
     epd.check(server_args)
 
 
-def attach_to_scheduler(_result, scheduler, *args, **kwargs):
-    """AFTER Scheduler.__init__: version the tree cache, or say loudly why vradix is a no-op / refuses. A scheduler
-    that selected an event loop a publication cannot treat does not start (`closed_world.loops`)."""
+def attach_to_scheduler(_result, scheduler, server_args=None, port_args=None, *args, **kwargs):
+    """AFTER Scheduler.__init__(server_args, port_args, ...): version the tree cache, or say loudly why vradix is a
+    no-op / refuses. A scheduler that selected an event loop a publication cannot treat does not start
+    (`closed_world.loops`). The engine's nonces come from its launch (`port_args`), so all its ranks agree."""
     loops.check(scheduler)
     cache = scheduler.tree_cache
     if census.attach(scheduler) is not None:
@@ -56,9 +57,11 @@ def attach_to_scheduler(_result, scheduler, *args, **kwargs):
     staleness.check_cache(cache, window, deferred_reclaim.supported(cache))
     mode = engine_identity_mode(scheduler.server_args)
     scope = role_scope(scheduler)
-    state = attach(cache, with_ledger=not unobserved, weight_identity=startup_identity(scheduler, mode),
+    nonces = identity.EngineNonces(identity.launch_seed(port_args, tp_cpu_group(scheduler)))
+    state = attach(cache, with_ledger=not unobserved, weight_identity=startup_identity(scheduler, mode, nonces),
                    identity_mode=mode, scope=scope, staleness_window=window, label=current_label(),
-                   streaming_sessions=bool(getattr(scheduler.server_args, "enable_streaming_session", True)))
+                   streaming_sessions=bool(getattr(scheduler.server_args, "enable_streaming_session", True)),
+                   nonces=nonces)
     if state.ledger is not None and getattr(scheduler, "enable_hierarchical_cache", False):
         host_ledger.attach(cache, state.ledger)
     state.guard.narrow_to_ranks(getattr(scheduler, "tp_size", 1), getattr(scheduler, "pp_size", 1))
@@ -123,15 +126,15 @@ def startup_taps(model) -> bool:
         return identity.mode_from_env() in ("fingerprint", "auto")
 
 
-def startup_identity(scheduler, mode: str) -> identity.WeightIdentity:
+def startup_identity(scheduler, mode: str, nonces: identity.EngineNonces) -> identity.WeightIdentity:
     """The identity of the weights the engine started with: proven from the tensors it loaded, declared by an
-    explicit `--weight-version` (not SGLang's default), or a fresh nonce."""
+    explicit `--weight-version` (not SGLang's default), or the engine's nonce of epoch 0 (`nonces`)."""
     if mode == "fingerprint":
-        return published_identity(scheduler)
+        return published_identity(scheduler, nonces.for_epoch(0))
     label = current_label()
     if mode == "declared" and identity.is_declaration(label):
         return identity.declared(label)
-    return identity.nonce()
+    return nonces.for_epoch(0)
 
 
 def decode_host_staging(scheduler) -> bool:

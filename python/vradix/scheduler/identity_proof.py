@@ -16,22 +16,24 @@ logger = logging.getLogger("vradix")
 def publication_identity(scheduler, state: EpochState, label, weights_changed: bool = True) -> identity.WeightIdentity:
     """The identity of the weights a publication just installed, by the engine's mode: proven from what was published
     (`published_identity`; a label-only publication keeps the weights and so their identity), the declared label
-    (when the publication set a new one), or a fresh nonce."""
+    (when the publication set a new one), or the engine's nonce of the new epoch (`state.nonces`)."""
+    fresh = state.nonces.for_epoch(state.epoch + 1)
     if state.identity_mode == "fingerprint":
         current = state.identities[state.epoch].identity
-        return published_identity(scheduler, current) if weights_changed else current
+        return published_identity(scheduler, fresh, current) if weights_changed else current
     if state.identity_mode == "declared" and identity.is_declaration(label) and label != state.label:
         if not state.declared_before(label):
             return identity.declared(label)
         logger.error("vradix: declared identity %r was already used by an earlier publication of this engine; "
                      "this epoch gets a fresh nonce instead", label)
-    return identity.nonce()
+    return fresh
 
 
-def published_identity(scheduler, previous: Optional[identity.WeightIdentity] = None) -> identity.WeightIdentity:
+def published_identity(scheduler, nonce: identity.WeightIdentity,
+                       previous: Optional[identity.WeightIdentity] = None) -> identity.WeightIdentity:
     """The proven identity of what was published into the scheduler's model since the last identity point (the
     engine's start when `previous` is None), the same on every rank and every TP layout (`vradix.core.published`):
-    one all-gather over the TP group. A tainted publication gets a nonce; one no tap saw, or one the ranks saw
+    one all-gather over the TP group. A tainted publication gets `nonce` (the engine's nonce of its epoch); one no tap saw, or one the ranks saw
     differently, the layout-dependent fingerprint of the loaded shards (`loaded_shards_identity`)."""
     model = scheduler.tp_worker.model_runner.model
     record = published.of(model)
@@ -43,7 +45,7 @@ def published_identity(scheduler, previous: Optional[identity.WeightIdentity] = 
     if outcome == published.Outcome.TAINTED:
         logger.error("vradix: a weight load raised on some rank, so the weights are partly written: this epoch gets "
                      "a fresh nonce identity")
-        return identity.nonce(merged.nonce)
+        return nonce
     if outcome in (published.Outcome.UNTAPPED, published.Outcome.INCONSISTENT):
         logger.warning("vradix: the weights changed where vradix saw no published tensor (%s: a direct or P2P "
                        "write, or a loader that bypasses load_weights): this epoch's identity is the fingerprint of "

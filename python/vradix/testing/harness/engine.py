@@ -155,7 +155,7 @@ def fingerprint_engine(weights=None):
         startup.tap_startup_load(DefaultModelLoader.load_weights_only, e.model,
                                  iter((weights or checkpoint(0)).items()), torch.device("cpu"))
     e.scheduler.tp_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=e.model))
-    start = identity_proof.published_identity(e.scheduler)
+    start = identity_proof.published_identity(e.scheduler, e.state.nonces.for_epoch(0))
     e.state.identities.clear()
     e.state.bind_identity(e.state.epoch, start)
     return e
