@@ -110,6 +110,12 @@ DRIVEN_BY = {
     "vradix.hooks.lora.remember_adapter_insert": "test_hooks.py::test_adapter_load_insert_and_unload_hooks",
     "vradix.hooks.lora.identify_loaded_adapter": "test_hooks.py::test_adapter_load_insert_and_unload_hooks",
     "vradix.hooks.lora.free_unloaded_adapter": "test_hooks.py::test_adapter_load_insert_and_unload_hooks",
+    "vradix.hooks.reconfigure.recheck_storage_attach":
+        "test_reconfigure.py::test_a_runtime_attach_the_launch_refuses_is_refused_by_the_scheduler_and_changes_nothing",
+    "vradix.hooks.reconfigure.rederive_after_storage_detach":
+        "test_reconfigure.py::test_a_storage_attached_at_runtime_makes_the_next_publication_revoke_queued_prefetches",
+    "vradix.hooks.reconfigure.recheck_internal_state":
+        "test_reconfigure.py::test_relaxed_speculative_acceptance_is_refused_by_the_scheduler_without_the_launcher",
 }
 
 

@@ -3,7 +3,7 @@ every vradix step; `vradix.plugin.register()` does so only inside its fail-close
 from __future__ import annotations
 
 from vradix.hooks import (admission, census, control, hicache, inspector, launcher, ledger, lora, pd, pd_launcher,
-                          prefill, publication, ray_actor, reclaim, report, server_info, startup, storage)
+                          prefill, publication, ray_actor, reclaim, reconfigure, report, server_info, startup, storage)
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
@@ -190,4 +190,11 @@ HOOKS = [
     (f"{_SCHED}.load_lora_adapter", "AFTER", lora.identify_loaded_adapter),
     (f"{_SCHED}.load_lora_adapter_from_tensors", "AFTER", lora.identify_loaded_adapter),
     (f"{_SCHED}.unload_lora_adapter", "AFTER", lora.free_unloaded_adapter),
+    # 7. runtime reconfiguration (the runtime census, docs/runtime-census.md): a control request that changes the
+    # configuration is checked like a launch where the scheduler receives it (refused: nothing changed), and what
+    # startup derived is derived again
+    (f"{_SCHED}.attach_hicache_storage_wrapped", "AROUND", reconfigure.recheck_storage_attach),
+    (f"{_SCHED}.detach_hicache_storage_wrapped", "AROUND", reconfigure.rederive_after_storage_detach),
+    ("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.set_internal_state",
+     "AROUND", reconfigure.recheck_internal_state),
 ]

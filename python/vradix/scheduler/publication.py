@@ -14,7 +14,7 @@ adapter unload) is one `Publication`, which runs the same sequence:
 3. close (`close_update`, `end_session`, ...): the response says what the publication did.
 
 A step the engine lacks is never entered: what it has (overlap scheduler, external KV lookups, weight-derived caches,
-metrics) is read once at startup (`EngineSteps`), like the cache's host tier and streaming sessions inside the bump
+metrics) is read at startup and after each runtime reconfiguration (`EngineSteps`), like the cache's host tier and streaming sessions inside the bump
 (`EpochState.host_tier`, `EpochState.streaming_sessions`).
 """
 from __future__ import annotations
@@ -38,9 +38,10 @@ logger = logging.getLogger("vradix")
 
 @dataclass(frozen=True)
 class EngineSteps:
-    """The publication steps an engine has beyond the bump itself, read once from the live scheduler at startup
-    (`install_steps`, after vradix attached its state and metrics): none of these changes while the engine runs, and
-    a step an engine lacks is never entered."""
+    """The publication steps an engine has beyond the bump itself, read from the live scheduler at startup
+    (`install_steps`, after vradix attached its state and metrics) and again after every runtime change of its
+    configuration (`scheduler.reconfigure.rederive`: a storage attach turns `storage_lookups` on); a step an engine
+    lacks is never entered."""
 
     #: the overlap scheduler runs: the batch in flight drains before the weights change (`overlap`)
     overlap_drain: bool

@@ -27,12 +27,15 @@ VERDICTS = {
     "read-only": "reads state and changes nothing a later response is computed from",
     "irrelevant": "cannot carry cached or weight-derived state into a response (the reason says why)",
     "refused": "does not start, or the call is refused; the error names the alternative",
+    "re-checked": "a runtime change checked like a launch where the scheduler receives it (what the launch refuses is "
+                  "refused, nothing changed) and what startup derived is derived again",
 }
 #: verdicts whose entries must name the tests that prove them
-NEEDS_TEST = ("publication", "generation control", "versioned", "refused")
+NEEDS_TEST = ("publication", "generation control", "versioned", "refused", "re-checked")
 #: modules of this package that hold census tables; each defines `TABLES`: {block name: (title, enumerate, table)},
-#: where `enumerate()` returns the names SGLang has now, and may define `EXTRA_BLOCKS`: {block name: render()}
-TABLE_MODULES = ("control", "environ", "flags")
+#: where `enumerate()` returns the names SGLang has now, and may define `EXTRA_BLOCKS`: {block name: render()} and
+#: `DOC`, the page under docs/ its blocks are embedded in (`doc_of`; docs/coverage.md by default)
+TABLE_MODULES = ("control", "environ", "flags", "runtime")
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,11 @@ def table_modules() -> list:
     """Every census module of `TABLE_MODULES`, imported (each must exist)."""
     import importlib
     return [importlib.import_module(f"{__name__}.{name}") for name in TABLE_MODULES]
+
+
+def doc_of(module) -> str:
+    """The page under docs/ that embeds `module`'s blocks."""
+    return getattr(module, "DOC", "coverage.md")
 
 
 def unclassified(table: Mapping[str, Entry], live: Iterable[str]) -> list[str]:

@@ -1,5 +1,5 @@
-"""`python -m vradix.closed_world.census --write`: regenerate the census blocks of docs/coverage.md (without
-`--write`: exit 1 and name the blocks that are out of date)."""
+"""`python -m vradix.closed_world.census --write`: regenerate the census blocks of docs/coverage.md and of the pages a
+census module names (`DOC`; without `--write`: exit 1 and name the blocks that are out of date)."""
 from __future__ import annotations
 
 import argparse
@@ -21,20 +21,28 @@ def rendered_blocks() -> dict:
     return blocks
 
 
+def block_docs() -> dict:
+    """{block name: the page under docs/ that embeds it} (`census.doc_of`)."""
+    return {block: census.doc_of(module) for module in census.table_modules()
+            for block in (*module.TABLES, *getattr(module, "EXTRA_BLOCKS", {}))}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--doc", default=str(pathlib.Path(__file__).resolve().parents[4] / "docs" / "coverage.md"))
+    parser.add_argument("--docs", default=str(pathlib.Path(__file__).resolve().parents[4] / "docs"))
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args(argv)
-    path = pathlib.Path(args.doc)
-    doc = path.read_text()
-    stale = []
+    pages, stale = {}, []
+    where = block_docs()
     for block, text in rendered_blocks().items():
+        path = pathlib.Path(args.docs) / where[block]
+        doc = pages.setdefault(path, path.read_text())
         if census.embedded(doc, block) != text:
             stale.append(block)
-            doc = census.embed(doc, block, text)
+            pages[path] = census.embed(doc, block, text)
     if args.write:
-        path.write_text(doc)
+        for path, doc in pages.items():
+            path.write_text(doc)
         print(f"wrote {len(stale)} block(s): {', '.join(stale) or 'none changed'}")
         return 0
     if stale:

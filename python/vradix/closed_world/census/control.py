@@ -195,9 +195,10 @@ _LORA_TESTS = ("test_hooks.py::test_adapter_load_insert_and_unload_hooks",
 _LAUNCH_REFUSAL = ("test_coverage.py::test_a_refused_flag_stops_the_launch",)
 _RELAXED_ACCEPTANCE = Entry(
     "refused", "lowers speculative acceptance below lossless verification (1.0), so the draft model, whose state no "
-    "publication versions, would decide outputs: a value below 1 is refused with HTTP 400, as the same flag is at "
-    "launch; 1 or more is accepted",
-    ("test_control_requests.py::test_relaxing_speculative_acceptance_at_runtime_is_refused",),
+    "publication versions, would decide outputs: a value below 1 is refused with HTTP 400 by the launcher and by the "
+    "scheduler (`updated=false`, nothing set), as the same flag is at launch; 1 or more is accepted",
+    ("test_control_requests.py::test_relaxing_speculative_acceptance_at_runtime_is_refused",
+     "test_reconfigure.py::test_relaxed_speculative_acceptance_is_refused_by_the_scheduler_without_the_launcher"),
     "keep the thresholds at 1.0, or serve relaxed acceptance with VRADIX_DISABLE=1")
 _NGRAM_CORPUS = ("the NGRAM draft's external corpus: draft proposals only, which the target verifies losslessly at "
                  "the acceptance thresholds vradix starts with (relaxed ones are refused)")
@@ -335,13 +336,18 @@ REQUESTS = {
     "AttachHiCacheStorageReqInput": Entry(
         "versioned", "attaches an L3 backend at runtime (idle engine only): every page key it reads or writes is "
         "seeded by the request's namespace, which carries the weight identity, so pages of other weights never "
-        "match, and prefetches queued at a publication are revoked; on a P/D decode role an attach with a restore "
-        "policy other than `wait_complete` is refused",
+        "match, and prefetches queued at a publication are revoked; the scheduler checks the resulting "
+        "configuration like a launch (an attach the launch would refuse, e.g. with streaming sessions or, on a P/D "
+        "decode role, a restore policy other than `wait_complete`, is refused) and derives its publication steps "
+        "again (runtime census, docs/runtime-census.md)",
         ("test_e2e_hicache.py::test_vradix_restart_on_new_weights_never_reads_the_old_weights_pages",
+         "test_reconfigure.py::test_a_storage_attached_at_runtime_makes_the_next_publication_revoke_queued_prefetches",
+         "test_reconfigure.py::test_a_runtime_attach_the_launch_refuses_is_refused_by_the_scheduler_and_changes_nothing",
          "test_pd_rules.py::test_a_runtime_attach_with_another_policy_is_refused_before_any_scheduler",
          "test_coverage.py::test_storage_keys_of_two_weight_identities_never_collide")),
     "DetachHiCacheStorageReqInput": Entry(
-        "irrelevant", "stops using the L3 backend (idle engine only): nothing is read from it afterwards"),
+        "irrelevant", "stops using the L3 backend (idle engine only): nothing is read from it afterwards; the "
+        "scheduler derives its publication steps again (docs/runtime-census.md)"),
     "ClearHiCacheReqInput": Entry(
         "irrelevant", "deletes the L3 backend's pages (`clear_storage_backend`): later lookups miss"),
     "GetHiCacheL3LayoutReq": Entry("read-only", "reports the L3 object-key layout for external routers"),

@@ -33,18 +33,29 @@ PROMPT = list(range(100, 132))
 WAIT_S = 60
 
 
+#: the L3 settings of `file_store_cache`, as `AttachHiCacheStorageReqInput` fields (a runtime attach names the same)
+STORAGE_FIELDS = {"hicache_storage_backend": "file", "hicache_storage_prefetch_policy": "wait_complete",
+                  "hicache_storage_backend_extra_config_json": json.dumps({"prefetch_threshold": 4})}
+
+
 @contextmanager
-def file_store_cache(store, tree_core: str = "rust", kv_tokens: int = 256):
+def file_store_cache(store, tree_core: str = "rust", kv_tokens: int = 256, with_storage: bool = True,
+                     **server_args):
     """A real UnifiedRadixCache with a host tier (twice the device pool) and a `file` L3 store at `store`, prefetch
-    policy `wait_complete`, prefetches from 4 tokens on."""
+    policy `wait_complete`, prefetches from 4 tokens on (`STORAGE_FIELDS`). Without `with_storage` the cache starts
+    with the host tier only, as an engine launched without `--hicache-storage-backend`, and the store is attached at
+    runtime (`RuntimeStorageScheduler.attach`). `server_args` are further `ServerArgs` fields of the engine's
+    configuration (e.g. `enable_streaming_session=True`)."""
     cpu_aids.apply()
     with get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1), \
             envs.SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR.override(str(store)):
         fx = build_cache(tree_core, 1, kv_tokens=kv_tokens)
+        storage = ({"hicache_storage_backend": "file", "hicache_storage_prefetch_policy": "wait_complete",
+                    "hicache_storage_backend_extra_config": STORAGE_FIELDS["hicache_storage_backend_extra_config_json"]}
+                   if with_storage else {})
         args = ServerArgs(model_path="dummy", page_size=1, hicache_ratio=2, hicache_io_backend="direct",
                           hicache_mem_layout="layer_first", hicache_write_policy="write_through",
-                          hicache_storage_backend="file", hicache_storage_prefetch_policy="wait_complete",
-                          hicache_storage_backend_extra_config=json.dumps({"prefetch_threshold": 4}))
+                          **storage, **server_args)
         set_global_server_args_for_scheduler(args)
         fx.cache.init_hicache(args, CacheInitParams(
             disable=False, req_to_token_pool=fx.req_pool, token_to_kv_pool_allocator=fx.allocator, page_size=1,
@@ -62,6 +73,31 @@ class StorageScheduler(SchedulerView):
 
     enable_hicache_storage, enable_lmcache, hisparse_coordinator = True, False, None
     _prefetch_kvcache = Scheduler._prefetch_kvcache
+
+
+class RuntimeStorageScheduler(StorageScheduler):
+    """A scheduler view of an engine launched with a host tier and no L3 store: SGLang's own scheduler-side attach
+    and detach handlers (`Scheduler.attach_hicache_storage_wrapped`, `detach_hicache_storage_wrapped`, with every
+    hook installed on them) attach and detach the store at runtime, as `PUT`/`DELETE /hicache/storage-backend` do."""
+
+    enable_hierarchical_cache = True
+
+    def __init__(self, fx, **kw):
+        super().__init__(fx, **kw)
+        self.enable_hicache_storage = False
+
+    def attach(self, **fields):
+        """`PUT /hicache/storage-backend` as the scheduler receives it (`STORAGE_FIELDS`, overridden by `fields`)."""
+        from sglang.srt.managers.io_struct import AttachHiCacheStorageReqInput
+
+        return Scheduler.attach_hicache_storage_wrapped(self, AttachHiCacheStorageReqInput(
+            **{**STORAGE_FIELDS, **fields}))
+
+    def detach(self):
+        """`DELETE /hicache/storage-backend` as the scheduler receives it."""
+        from sglang.srt.managers.io_struct import DetachHiCacheStorageReqInput
+
+        return Scheduler.detach_hicache_storage_wrapped(self, DetachHiCacheStorageReqInput())
 
 
 def wait_until_queued(q, pred) -> None:
