@@ -115,7 +115,8 @@ HOOKS = [
     (f"{_SCHED}.handle_generate_request", "AROUND", control.refuse_requests_inside_held_session),
     (f"{_SCHED}.handle_embedding_request", "AROUND", control.refuse_requests_inside_held_session),
     (f"{_SCHED}.handle_rpc_request", "AROUND", control.refuse_state_changing_rpc),
-    # a weight-update session holds generation (in place) from its begin to its end (launcher process)
+    # a weight-update session holds generation (in place) from its begin to its end (launcher process; the scheduler
+    # holds it itself when this copy did not, and refuses requests meanwhile: above)
     (f"{_TCM}.begin_weight_update", "AROUND", launcher.hold_generation_for_session),
     (f"{_TCM}.end_weight_update", "AROUND", launcher.release_generation_after_session),
     (f"{_TM}.continue_generation", "BEFORE", launcher.refuse_continue_inside_session),

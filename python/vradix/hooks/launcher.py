@@ -12,7 +12,7 @@ import os
 from vradix import identity
 from vradix.closed_world import epd, unversioned
 from vradix.core import epochs, staleness
-from vradix.scheduler.requests import InvalidUpdateRequest, check_disk_update_request
+from vradix.core.epochs import InvalidUpdateRequest, check_disk_update_request
 
 logger = logging.getLogger("vradix")
 

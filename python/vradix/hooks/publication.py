@@ -12,7 +12,6 @@ from vradix import collectives, identity
 from vradix.closed_world import post_load
 from vradix.core import epochs, overlap
 from vradix.core.state import EpochState, state_of_scheduler
-from vradix.scheduler import requests
 from vradix.scheduler.publication import Publication, discard_drain, opened
 
 logger = logging.getLogger("vradix")
@@ -209,16 +208,17 @@ def refuse_disk_update_before_load(updater, recv_req):
 
 
 def refuse_malformed_disk_request(recv_req):
-    """A malformed `/update_weights_from_disk` request (`scheduler.requests.check_disk_update_request`: a field of
-    the wrong type, an empty model path, an unknown load format, an invalid label), refused where the scheduler
-    receives it, before anything else reads it; the launcher refuses it first (`hooks.launcher`). Returns the failed
+    """A malformed `/update_weights_from_disk` request (`core.epochs.check_disk_update_request`: a field of the
+    wrong type, an empty model path, an unknown load format, an invalid label), refused where the scheduler receives
+    it, before anything else reads it; the launcher refuses it first (`hooks.launcher`). Returns the failed
     response, or None."""
     from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqOutput
 
     try:
-        requests.check_disk_update_request(recv_req)
-    except (epochs.InvalidLabelError, requests.InvalidUpdateRequest) as e:
-        return UpdateWeightFromDiskReqOutput(success=False, message=str(e), num_paused_requests=0)
+        epochs.check_disk_update_request(recv_req)
+    except (epochs.InvalidLabelError, epochs.InvalidUpdateRequest) as e:
+        return UpdateWeightFromDiskReqOutput(success=False, message=f"vradix refused the update: {e}",
+                                             num_paused_requests=0)
     return None
 
 
