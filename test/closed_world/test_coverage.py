@@ -51,7 +51,7 @@ NEEDS_DLLM_MODEL = {"dllm"}
 #: the value a refused flag is given at launch (a bare flag is a switch)
 FLAG_VALUE = {"radix-backend": ["foo"], "spec-relaxed-accept": ["0.5"], "offload-meta": ["meta"],
               "elastic-ep": ["mooncake"], "dllm": ["LowConfidence"], "pd-decode-radix-off": ["decode"],
-              "kt-cpu-experts": ["/nonexistent/kt-experts"]}
+              "kt-cpu-experts": ["/nonexistent/kt-experts"], "loop-pp": ["2"]}
 #: the value a refused environment setting is given at launch (a number above 0 unless named here)
 ENV_VALUE = {"rust-server": "1", "dspark-fp8-lm-head": "1", "swiglu-interleaved": "1", "dsv4-dense-mxscale": "1",
              "hisparse-skip-io": "1", "external-model": "a_model_package"}
@@ -166,6 +166,28 @@ def test_a_refused_flag_stops_the_launch(row_id, models, vl_model, dllm_model, m
         check(refused)
     monkeypatch.delenv(flag, raising=False)
     check(base)
+
+
+@pytest.mark.parametrize("row_id", refused_at_launch())
+def test_a_refused_flag_stops_the_engine_start_too(row_id, models, vl_model, dllm_model, monkeypatch):
+    """The same launch with the launcher's check skipped (SGLang's parser and resolution only, as a frontend that
+    never runs `check_server_args` would start it): the scheduler refuses it in `Scheduler.__init__` before it
+    builds anything, with the same error naming the flag."""
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.server_args import prepare_server_args
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    model = vl_model if row_id in NEEDS_VL_MODEL else dllm_model if row_id in NEEDS_DLLM_MODEL else models[0]
+    argv = ["--model-path", model, "--device", "cpu", "--attention-backend", "torch_native",
+            "--skip-tokenizer-init"] + LAUNCH_CONTEXT.get(row_id, [])
+    flag = flag_of(row_id)
+    if flag.startswith("--"):
+        argv += [flag] + FLAG_VALUE.get(row_id, [])
+    else:  # an environment setting
+        monkeypatch.setenv(flag, ENV_VALUE.get(row_id, "2"))
+    args = prepare_server_args(argv)
+    args.resolve_once()
+    with pytest.raises(unversioned.UnversionedPathError, match=re.escape(flag)):
+        Scheduler.__new__(Scheduler).__init__(args, None)  # no port args: past vradix's rules it would fail on them
 
 
 def test_a_prefix_cache_without_a_tree_core_is_refused_at_engine_start():

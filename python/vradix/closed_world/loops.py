@@ -15,8 +15,10 @@ names the flag that selects the loop and the alternative.
   inflight queues, and the `result_queue` under continuous input polling.
 - `event_loop_{normal,overlap}_disagg_decode` (`--disaggregation-mode decode`): served; also the prealloc queue (with
   its retracted requests) and the transfer queue.
-- `event_loop_pp`, `event_loop_pp_disagg_{prefill,decode}` (`--pp-size` above 1): served; `collect_inflight_reqs`
-  reads every micro-batch (`running_mbs`, `mbs`), and `last_mbs` holds only batches of `mbs`.
+- `event_loop_pp`, `event_loop_pp_disagg_{prefill,decode}` (`--pp-size` above 1): never reached, `--pp-size` above 1
+  is refused before the scheduler starts (`closed_world.unversioned`, run at launch and again by
+  `scheduler.launch`): `collect_inflight_reqs` reads every micro-batch (`running_mbs`, `mbs`), but the overlap drain
+  does not reach the micro-batches in flight, so their tokens would be processed after a publication.
 - `event_loop_pdmux` (`--enable-pdmux`): refused (`REFUSALS`).
 - `event_loop_overlap_mlx` (`SGLANG_USE_MLX=1` without `--disable-overlap-schedule`): refused (`REFUSALS`).
 """

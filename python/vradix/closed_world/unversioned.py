@@ -96,6 +96,12 @@ REFUSALS = (
             "a registered third-party prefix cache is not SGLang's UnifiedRadixCache, whose namespaces and tree "
             "core vradix versions",
             "the default radix cache (leave --radix-cache-backend unset)"),
+    Refusal("--pp-size above 1", lambda args: int(getattr(args, "pp_size", 1) or 1) > 1,
+            "the pipeline-parallel loops keep several micro-batches in flight and process each one's sampled tokens "
+            "iterations after its launch; the overlap drain a publication runs does not reach them, so tokens of "
+            "micro-batches launched before a publication would be processed after it and labelled with the new "
+            "weights",
+            "--pp-size 1 (tensor or data parallelism, --tp-size / --dp-size, which vradix versions)"),
     Refusal("--enable-pd-role-switch", _field("enable_pd_role_switch"),
             "a role switch resets the tree under the launch role's scope, so the role-local L3 namespaces and the "
             "decode-only restore rules would follow the wrong role",

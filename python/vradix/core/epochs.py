@@ -23,11 +23,15 @@
 Between 1 and 5 nothing can be inserted under the new epoch, so "evictable" is exactly "unlocked and stale".
 Nothing in 1-5 is proportional to the cached size on the deferred path: 2 and 3 walk the live and queued requests,
 and `stale_tokens_pinned` reads the crossing requests' paths.
+
+Bad publication input is refused before a publication starts, by the same rules in the launcher (its early copy) and
+in the scheduler: `check_label` (a label) and `check_disk_update_request` (an `/update_weights_from_disk` request).
 """
 from __future__ import annotations
 
 import contextlib
 import time
+import typing
 from typing import Iterable, Optional
 
 from vradix import identity as weight_identity, request
@@ -57,6 +61,54 @@ def check_label(label) -> None:
                                 f"at most {MAX_LABEL_CHARS} allowed")
     if not label.isprintable():
         raise InvalidLabelError("invalid weight_version label: contains control characters")
+
+
+class InvalidUpdateRequest(ValueError):
+    """A weight-update request that would fail (or stop the engine) inside the scheduler."""
+
+
+def check_disk_update_request(obj) -> None:
+    """Every field of an `UpdateWeightFromDiskReqInput` has its declared type (the Python Engine API builds the
+    request without validation), `model_path` is a non-empty string, `load_format` is None or a value of SGLang's own
+    `LoadFormat`, and `weight_version` is a valid label. Raises InvalidUpdateRequest / InvalidLabelError."""
+    for name, expected, value in declared_fields(obj):
+        if not has_declared_type(value, expected):
+            raise InvalidUpdateRequest(f"invalid update_weights_from_disk request: {name}={value!r} is not "
+                                       f"{getattr(expected, '__name__', expected)}")
+    if not obj.model_path.strip():
+        raise InvalidUpdateRequest("invalid update_weights_from_disk request: model_path is empty")
+    check_load_format(obj.load_format)
+    check_label(obj.weight_version)
+
+
+def declared_fields(obj):
+    import msgspec
+    return [(f.name, f.type, getattr(obj, f.name)) for f in msgspec.structs.fields(type(obj))]
+
+
+def has_declared_type(value, expected) -> bool:
+    """Whether `value` fits a field type made of bool / int / str / dict / list and Optional; other types pass."""
+    if typing.get_origin(expected) is typing.Union:
+        return any(has_declared_type(value, arg) for arg in typing.get_args(expected))
+    base = typing.get_origin(expected) or expected
+    if expected is type(None):
+        return value is None
+    if base is int:  # a bool is an int to Python, not to a request
+        return isinstance(value, int) and not isinstance(value, bool)
+    if base in (bool, str, dict, list):
+        return isinstance(value, base)
+    return True
+
+
+def check_load_format(load_format) -> None:
+    """None (the server's own format) or a value of SGLang's `LoadFormat`, case-insensitive as `LoadConfig` reads it."""
+    from sglang.srt.configs.load_config import LoadFormat
+    if load_format is None:
+        return
+    valid = [f.value for f in LoadFormat]
+    if load_format.lower() not in valid:
+        raise InvalidUpdateRequest(f"invalid update_weights_from_disk request: load_format {load_format!r} is not a "
+                                   f"valid LoadFormat (one of: {', '.join(valid)})")
 
 
 def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *, reason: str,

@@ -46,6 +46,9 @@ HOOKS = [
     # weight identity: the checkpoint tensors the engine starts with are recorded (fingerprint mode), so its identity
     # is proven from what was published, whatever the TP layout; update calls record theirs (publication, below)
     ("sglang.srt.model_loader.loader.DefaultModelLoader.load_weights_only", "AROUND", startup.tap_startup_load),
+    # the launch rules again where the engine starts (the launcher's copies above run only where SGLang's argument
+    # check runs): a scheduler vradix cannot version is not built
+    (f"{_SCHED}.__init__", "BEFORE", startup.refuse_unversioned_launch),
     (f"{_SCHED}.__init__", "AFTER", startup.attach_to_scheduler),
     # 1. admission: stamp, and re-bind queued requests before they match
     (f"{_SCHED}._maybe_namespace_elastic_radix_cache", "AFTER", admission.stamp_request),
@@ -108,8 +111,12 @@ HOOKS = [
     # resuming generation inside an open weight-update session (here, and in the launcher, below), relaxing
     # speculative acceptance at runtime (launcher), an RPC to a state-changing scheduler method
     (f"{_SCHED}.continue_generation", "AROUND", control.refuse_continue_inside_session),
+    # a request reaching a scheduler whose session holds generation itself (the launcher's hold absent) is refused
+    (f"{_SCHED}.handle_generate_request", "AROUND", control.refuse_requests_inside_held_session),
+    (f"{_SCHED}.handle_embedding_request", "AROUND", control.refuse_requests_inside_held_session),
     (f"{_SCHED}.handle_rpc_request", "AROUND", control.refuse_state_changing_rpc),
-    # a weight-update session holds generation (in place) from its begin to its end (launcher process)
+    # a weight-update session holds generation (in place) from its begin to its end (launcher process; the scheduler
+    # holds it itself when this copy did not, and refuses requests meanwhile: above)
     (f"{_TCM}.begin_weight_update", "AROUND", launcher.hold_generation_for_session),
     (f"{_TCM}.end_weight_update", "AROUND", launcher.release_generation_after_session),
     (f"{_TM}.continue_generation", "BEFORE", launcher.refuse_continue_inside_session),
@@ -123,6 +130,8 @@ HOOKS = [
     # bad input on a P/D decode role: a request without bootstrap fields is refused before it reaches the scheduler
     (f"{_TM}._validate_one_request", "BEFORE", pd_launcher.reject_decode_request_without_bootstrap),
     (f"{_TCM}.attach_hicache_storage", "AROUND", pd_launcher.refuse_unsafe_restore_policy_at_attach),
+    # ... and again where the decode scheduler receives it, whatever frontend sent it
+    (f"{_SCHED}.handle_generate_request", "AROUND", pd.refuse_decode_request_without_bootstrap),
     # P/D handshake: prefill's KV carries its weight identity to decode, which refuses KV of other weights
     ("sglang.srt.disaggregation.utils.MetadataBuffers.set_buf", "AFTER", pd.send_prefill_identity),
     ("sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req", "AROUND",

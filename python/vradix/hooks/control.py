@@ -6,6 +6,9 @@ without a publication are refused per call, and the refusal says what to do inst
   compute on partly written weights and reuse the old epoch's KV under it. The launcher refuses it with HTTP 400
   (`launcher.refuse_continue_inside_session`); this is the scheduler's own check for callers that bypass that
   TokenizerManager (a multi-tokenizer worker): generation stays paused until the session ends.
+- a generate or embedding request reaching a scheduler whose session holds generation itself (the launcher's hold
+  did not pause it, `scheduler.publication.Publication.hold_generation`) is answered with HTTP 400 naming
+  end_weight_update, never held: held, it would keep its TokenizerManager's next session call waiting forever.
 - an RPC (`Engine.collective_rpc`, `RpcReqInput`) calls any scheduler method by name, so it could flush, load, relabel
   or write weights around every hook; only methods that change no served state run.
 """
@@ -14,6 +17,8 @@ from __future__ import annotations
 import logging
 
 from vradix.core.state import state_of_scheduler, treeless_of
+from vradix.scheduler.publication import opened
+from vradix.scheduler.requests import answer_refused
 
 logger = logging.getLogger("vradix")
 
@@ -37,9 +42,30 @@ def weight_session_open(scheduler) -> bool:
 
 def refuse_continue_inside_session(original, scheduler, recv_req, *args, **kwargs):
     """AROUND Scheduler.continue_generation: inside an open weight-update session generation stays paused (nothing
-    resumes on half-published weights); outside one, SGLang's continue runs unchanged."""
+    resumes on half-published weights) and the session takes the hold over (`Publication.hold_generation`): the
+    requests the caller now sends are refused, and generation resumes at the session's end, as the continue asked.
+    Outside a session, SGLang's continue runs unchanged. (SGLang sends no reply to a continue.)"""
     if weight_session_open(scheduler):
         logger.error(CONTINUE_INSIDE_SESSION)
+        pub = opened(scheduler)
+        if pub is not None:
+            pub.hold_generation(take_over=True)
+        return None
+    return original(scheduler, recv_req, *args, **kwargs)
+
+
+REQUEST_INSIDE_SESSION = (
+    "vradix refused the request: a weight-update session is open, its buckets are already in the model and "
+    "generation is held until end_weight_update publishes them. Send it again after end_weight_update")
+
+
+def refuse_requests_inside_held_session(original, scheduler, recv_req, *args, **kwargs):
+    """AROUND Scheduler.handle_generate_request / handle_embedding_request: while a weight-update session holds
+    generation in this scheduler (`Publication.refuses_requests`), a request is answered with HTTP 400 naming
+    end_weight_update and nothing of it is built; otherwise SGLang's handler runs unchanged."""
+    pub = opened(scheduler)
+    if pub is not None and pub.refuses_requests:
+        answer_refused(scheduler, recv_req, REQUEST_INSIDE_SESSION)
         return None
     return original(scheduler, recv_req, *args, **kwargs)
 

@@ -1,21 +1,20 @@
 """Launcher hooks (launcher process: the TokenizerManager): bad publication input is refused before anything is sent to a
-scheduler, so it changes nothing; a weight-update session holds generation from its begin to its end."""
+scheduler, so it changes nothing; a weight-update session holds generation from its begin to its end.
+
+Every refusal here is an early, friendlier copy: the scheduler process, where vradix's fail-closed install is
+guaranteed, decides each one again where it receives the call (docs/fail-closed.md, "Where each check is decided")."""
 from __future__ import annotations
 
 import argparse
 import logging
 import os
-import typing
 
 from vradix import identity
 from vradix.closed_world import epd, unversioned
 from vradix.core import epochs, staleness
+from vradix.core.epochs import InvalidUpdateRequest, check_disk_update_request
 
 logger = logging.getLogger("vradix")
-
-
-class InvalidUpdateRequest(ValueError):
-    """A weight-update request that would fail (or stop the engine) inside the scheduler."""
 
 
 def refuse_unversioned_paths_at_startup(_result, server_args, *args, **kwargs):
@@ -44,58 +43,17 @@ async def reject_bad_update_request(original, tokenizer_manager, obj, *args, **k
     return await original(tokenizer_manager, obj, *args, **kwargs)
 
 
-def check_disk_update_request(obj) -> None:
-    """Every field of an `UpdateWeightFromDiskReqInput` has its declared type (the Python Engine API builds the
-    request without validation), `model_path` is a non-empty string, `load_format` is None or a value of SGLang's own
-    `LoadFormat`, and `weight_version` is a valid label. Raises InvalidUpdateRequest / InvalidLabelError."""
-    for name, expected, value in declared_fields(obj):
-        if not has_declared_type(value, expected):
-            raise InvalidUpdateRequest(f"invalid update_weights_from_disk request: {name}={value!r} is not "
-                                       f"{getattr(expected, '__name__', expected)}")
-    if not obj.model_path.strip():
-        raise InvalidUpdateRequest("invalid update_weights_from_disk request: model_path is empty")
-    check_load_format(obj.load_format)
-    epochs.check_label(obj.weight_version)
-
-
-def declared_fields(obj):
-    import msgspec
-    return [(f.name, f.type, getattr(obj, f.name)) for f in msgspec.structs.fields(type(obj))]
-
-
-def has_declared_type(value, expected) -> bool:
-    """Whether `value` fits a field type made of bool / int / str / dict / list and Optional; other types pass."""
-    if typing.get_origin(expected) is typing.Union:
-        return any(has_declared_type(value, arg) for arg in typing.get_args(expected))
-    base = typing.get_origin(expected) or expected
-    if expected is type(None):
-        return value is None
-    if base is int:  # a bool is an int to Python, not to a request
-        return isinstance(value, int) and not isinstance(value, bool)
-    if base in (bool, str, dict, list):
-        return isinstance(value, base)
-    return True
-
-
-def check_load_format(load_format) -> None:
-    """None (the server's own format) or a value of SGLang's `LoadFormat`, case-insensitive as `LoadConfig` reads it."""
-    from sglang.srt.configs.load_config import LoadFormat
-    if load_format is None:
-        return
-    valid = [f.value for f in LoadFormat]
-    if load_format.lower() not in valid:
-        raise InvalidUpdateRequest(f"invalid update_weights_from_disk request: load_format {load_format!r} is not a "
-                                   f"valid LoadFormat (one of: {', '.join(valid)})")
-
-
 async def hold_generation_for_session(original, tokenizer_manager, obj, *args, **kwargs):
     """AROUND TokenizerControlMixin.begin_weight_update: when generation is not paused, pause it in place first, so no
     forward pass reads half-written weights until the session ends (`release_generation_after_session`).
 
-    Why here and not in the scheduler: an unpaused TokenizerManager runs every session call under its
-    `model_update_lock` writer lock, which waits for every in-flight request to finish; a request admitted between two
-    buckets and then held by a scheduler-only pause would never finish, and the next bucket would wait forever. The
-    in-place pause also makes in-flight requests cross the publication with their KV, as with an explicit pause."""
+    Why the launcher holds first: an unpaused TokenizerManager runs every session call under its `model_update_lock`
+    writer lock, which waits for every in-flight request to finish; a request admitted between two buckets and then
+    held by a scheduler-only pause would never finish, and the next bucket would wait forever. Pausing here keeps new
+    requests in the TokenizerManager. The scheduler decides the hold too (`scheduler.publication.Publication
+    .hold_generation`): a session whose begin finds the scheduler unpaused (this copy absent) pauses it in place there
+    and refuses the requests that reach it until the end, so neither a half-written forward nor that wait happens.
+    The in-place pause also makes in-flight requests cross the publication with their KV, as with an explicit pause."""
     from sglang.srt.managers.io_struct import PauseGenerationReqInput
 
     paused_here = not tokenizer_manager.is_pause

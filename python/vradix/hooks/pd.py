@@ -7,6 +7,8 @@ The weight-identity handshake (`vradix.pd.handshake`):
 A publication on decode (`vradix.pd.revocation`): a transfer-queue request whose prefix promise prefill has not
 fulfilled yet is revoked: it fails with HTTP 503 naming the publication and both identities.
 Retraction backups (`vradix.core.retraction`) keep their pages' epochs across offload and restore.
+Bad input: a decode-role request without usable bootstrap fields is refused where the decode scheduler receives it
+(HTTP 400 naming the fields, `vradix.pd.bootstrap`), whatever frontend sent it (the launcher refuses it first).
 """
 from __future__ import annotations
 
@@ -15,10 +17,27 @@ import logging
 from vradix import request
 from vradix.ledger import device as ledger
 from vradix.core import retraction
-from vradix.pd import handshake, layout, lost_restore, revocation
+from vradix.pd import bootstrap, handshake, layout, lost_restore, revocation
+from vradix.scheduler.requests import answer_refused
 from vradix.core.state import state_of
 
 logger = logging.getLogger("vradix")
+
+
+def refuse_decode_request_without_bootstrap(original, scheduler, recv_req, *args, **kwargs):
+    """AROUND Scheduler.handle_generate_request: on a decode role, a request whose bootstrap fields do not name its
+    prefill peer is answered with HTTP 400 naming them (`bootstrap.check_decode_request`), before SGLang builds
+    anything for it (building the peer's address from a missing host stops the engine). Other roles pass."""
+    from sglang.srt.runtime_context import get_disagg
+
+    if layout.role_of(getattr(getattr(scheduler, "disaggregation_mode", None), "value", None)) == "decode":
+        try:
+            bootstrap.check_decode_request(recv_req.bootstrap_host, recv_req.bootstrap_port, recv_req.bootstrap_room,
+                                           get_disagg().disaggregation_transfer_backend)
+        except bootstrap.MissingBootstrapError as e:
+            answer_refused(scheduler, recv_req, str(e))
+            return None
+    return original(scheduler, recv_req, *args, **kwargs)
 
 
 def send_prefill_identity(_result, buffers, req, *args, **kwargs):

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 from vradix import collectives, identity
 from vradix.closed_world import post_load
-from vradix.core import overlap
+from vradix.core import epochs, overlap
 from vradix.core.state import EpochState, state_of_scheduler
 from vradix.scheduler.publication import Publication, discard_drain, opened
 
@@ -54,6 +54,8 @@ class UpdatePath:
     output_type_name: str
     needs_session: bool
     refuse_before_load: Optional[Callable] = None
+    #: the request's own validation (it reads nothing but the request), run before every other refusal
+    refuse_malformed: Optional[Callable] = None
 
     def refusals(self) -> tuple:
         return (refuse_gpu_derived_copies(self.source, self.output_type_name),) + (
@@ -89,6 +91,10 @@ def publish_update(path: UpdatePath, original, updater, recv_req, *args, **kwarg
 
 def refusal(path: UpdatePath, pub: Publication, updater, recv_req):
     """The failed response that refuses `recv_req` before loading, or None."""
+    if path.refuse_malformed is not None:
+        refused = path.refuse_malformed(recv_req)
+        if refused is not None:
+            return refused
     if pub.state is not None:
         refused = refuse_reused_declaration(pub.state, getattr(recv_req, "weight_version", None),
                                             io_output_type(path.output_type_name))
@@ -201,6 +207,21 @@ def refuse_disk_update_before_load(updater, recv_req):
     return UpdateWeightFromDiskReqOutput(success=False, message=message, num_paused_requests=0)
 
 
+def refuse_malformed_disk_request(recv_req):
+    """A malformed `/update_weights_from_disk` request (`core.epochs.check_disk_update_request`: a field of the
+    wrong type, an empty model path, an unknown load format, an invalid label), refused where the scheduler receives
+    it, before anything else reads it; the launcher refuses it first (`hooks.launcher`). Returns the failed
+    response, or None."""
+    from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqOutput
+
+    try:
+        epochs.check_disk_update_request(recv_req)
+    except (epochs.InvalidLabelError, epochs.InvalidUpdateRequest) as e:
+        return UpdateWeightFromDiskReqOutput(success=False, message=f"vradix refused the update: {e}",
+                                             num_paused_requests=0)
+    return None
+
+
 def refuse_tensor_update_before_load(updater, recv_req):
     """A `load_format="direct"` tensor update of a model that derives weights after loading is refused before any
     runner loads a tensor (`vradix.closed_world.post_load.direct_update_refusal`). Returns the failed response, or None."""
@@ -228,7 +249,8 @@ def fail_ipc_update_on_post_hook_failure(original, weight_updater, recv_req, *ar
 
 
 FROM_DISK = UpdatePath("update_weights_from_disk", "UpdateWeightFromDiskReqOutput", needs_session=False,
-                       refuse_before_load=refuse_disk_update_before_load)
+                       refuse_before_load=refuse_disk_update_before_load,
+                       refuse_malformed=refuse_malformed_disk_request)
 FROM_DISTRIBUTED = UpdatePath("update_weights_from_distributed", "UpdateWeightsFromDistributedReqOutput",
                               needs_session=True)
 FROM_TENSOR = UpdatePath("update_weights_from_tensor", "UpdateWeightsFromTensorReqOutput", needs_session=True,

@@ -9,7 +9,7 @@ from vradix.closed_world import epd, loops
 from vradix.ledger import host as host_ledger
 from vradix.observability import metrics
 from vradix.core import deferred_reclaim, published, staleness
-from vradix.scheduler import census, publication
+from vradix.scheduler import census, launch, publication
 from vradix.collectives import tp_cpu_group, tp_rank_and_size
 from vradix.scheduler.identity_proof import published_identity
 from vradix.scheduler.publication import current_label
@@ -23,6 +23,13 @@ def refuse_encoder_server(encoder, server_args, *args, **kwargs):
     """BEFORE MMEncoder.__init__: SGLang's encoder-only launch (`launch_server.run_server` -> the encoder's HTTP or
     gRPC server) skips `check_server_args`, so the encoder refuses itself before it loads a weight."""
     epd.check(server_args)
+
+
+def refuse_unversioned_launch(scheduler, server_args, *args, **kwargs):
+    """BEFORE Scheduler.__init__: the launch rules the launcher applies in SGLang's argument check, decided again in
+    the scheduler process before it builds anything (`vradix.scheduler.launch`): an engine vradix cannot version
+    does not start, whichever way it was launched."""
+    launch.check(server_args)
 
 
 def attach_to_scheduler(_result, scheduler, server_args=None, port_args=None, *args, **kwargs):

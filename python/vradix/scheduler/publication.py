@@ -96,6 +96,9 @@ class Publication:
         self.session: Optional[WeightSession] = None
         #: what `apply` did: a `Bump` on a radix cache, the treeless record without one
         self.result = None
+        #: whether this session holds generation itself (`hold_generation`): it then refuses the requests that reach
+        #: the scheduler (`refuses_requests`) and resumes generation at `end_session`
+        self.holds_generation = False
 
     @classmethod
     def open(cls, scheduler, source: str, *, drain: bool = True) -> "Publication":
@@ -189,6 +192,42 @@ class Publication:
         self.session = WeightSession()
         self.holder.open_session(self.session)
         self.holder.open_publication(self)
+        self.hold_generation()
+
+    def hold_generation(self, *, take_over: bool = False) -> None:
+        """Inside a session no forward may read half-written weights. When generation runs at begin (the launcher's
+        hold, `hooks.launcher.hold_generation_for_session`, did not pause it), the session pauses it in place with
+        SGLang's own pause and holds it until `end_session`; a pause someone else made (the launcher's, an explicit
+        one) stays theirs to resume. `take_over`: a continue_generation refused inside the session
+        (`hooks.control`) makes the hold the session's whatever paused it, since the caller that asked to continue
+        now sends requests (they are refused) and expects generation to run after the end.
+
+        Invariant: while `holds_generation`, the scheduler is paused and no request that reaches it is held (each is
+        refused, `refuses_requests`): a held request would keep its TokenizerManager's `model_update_lock` reader,
+        and that TokenizerManager's next session call would wait for it forever."""
+        from sglang.srt.managers.io_struct import PauseGenerationReqInput
+
+        if self.session is None or self.holds_generation or (self.scheduler._engine_paused and not take_over):
+            return
+        if not self.scheduler._engine_paused:
+            self.scheduler.pause_generation(PauseGenerationReqInput(mode="in_place"))
+        self.holds_generation = True
+
+    @property
+    def refuses_requests(self) -> bool:
+        """Whether a generate or embedding request reaching the scheduler is refused: the session holds generation."""
+        return self.holds_generation
+
+    def release_generation(self) -> bool:
+        """At the session's end: resume generation if the session held it (SGLang's own continue). Returns whether it
+        resumed."""
+        from sglang.srt.managers.io_struct import ContinueGenerationReqInput
+
+        if not self.holds_generation:
+            return False
+        self.holds_generation = False
+        self.scheduler.continue_generation(ContinueGenerationReqInput(torch_empty_cache=False))
+        return True
 
     def end_session(self, out):
         """A successful end_weight_update: the session closes and applies, once, with the last label a bucket
@@ -198,17 +237,30 @@ class Publication:
         self.holder.close_session()
         if self.state is None:
             self.apply("weight-update session")
+            self.close_hold(out)
             return out
         how = (f"{session.buckets} bucket(s), {session.failed_buckets} failed" if session.buckets
                else "no bucket: P2P/RDMA")
         inv = self.apply(f"weight-update session ({how})", label=current_label())
         out.message = f"{out.message} [{inv.summary()}]"
+        self.close_hold(out)
         return out
+
+    def close_hold(self, out) -> None:
+        """After the end's publication: the generation the session held resumes, and `out` says so."""
+        if self.release_generation():
+            out.message = f"{out.message} [vradix: generation resumed (the scheduler held it for the session)]"
 
     def relabel(self, sglang_relabel, new_version):
         """`/update_weight_version` by itself: a new label is one publication of the same weights; the same label
-        again is none. In `declared` mode a label an earlier publication declared is refused (the request has no
-        failure reply: the launcher refuses it first) and the label stays. Returns SGLang's result."""
+        again is none. An invalid label (`epochs.check_label`), and in `declared` mode a label an earlier publication
+        declared, is refused and the label stays (SGLang's reply to this call has no failure field: the launcher
+        refuses both first, with HTTP 400). Returns SGLang's result."""
+        try:
+            epochs.check_label(new_version)
+        except epochs.InvalidLabelError as e:
+            logger.error("vradix: refused update_weight_version: %s; the label stays %r", e, current_label())
+            return None
         state = self.state
         if state is not None:
             if (state.identity_mode == "declared" and new_version is not None and new_version != state.label

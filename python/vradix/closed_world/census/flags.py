@@ -342,8 +342,11 @@ _OWN: Dict[str, Entry] = {
                                   "update when an update would leave it stale (row gpu-derived)", GPU_DERIVED),
     "tp_size": Entry("versioned", "one tree, KV pool and ledger per rank; every rank bumps once per publication and "
                      "all derive one weight identity (row tp-ranks)", TP),
-    "pp_size": Entry("versioned", "pipeline ranks keep a tree each and bump together; with more than one rank the "
-                     "strict guard only detects (row tp-ranks); PP > 1 is not run on CPU", MULTI_RANK),
+    "pp_size": _refused("--pp-size above 1", "the overlap drain does not reach the pipeline's micro-batches in "
+                        "flight, so tokens of micro-batches launched before a publication would be labelled with the "
+                        "new weights (row loop-pp)", "--pp-size 1 (tensor or data parallelism)",
+                        (REFUSED_AT_LAUNCH, "test_scheduler_refusals.py::"
+                                            "test_pipeline_parallelism_is_refused_at_launch_and_at_engine_start")),
     "dp_size": Entry("versioned", "each data-parallel replica's scheduler keeps its own tree, attached and bumped "
                      "like any (row dp-attention); a publication reaches every replica", TP),
     "enable_dp_attention": Entry("versioned", "per-rank trees, each attached; no cross-rank reuse (row "
@@ -526,7 +529,7 @@ IDENTITY_FIELDS = frozenset((
     "modelexpress_config modelopt_quant modelopt_checkpoint_restore_path quantize_and_serve rl_quant_profile "
     "weight_version").split())
 #: versioned fields that lay one model out over ranks, each keeping its own tree
-RANK_FIELDS = frozenset("tp_size pp_size dp_size enable_dp_attention".split())
+RANK_FIELDS = frozenset("tp_size dp_size enable_dp_attention".split())
 
 TABLES = {"flags": ("ServerArgs fields", enumerate_flags, FLAGS)}
 

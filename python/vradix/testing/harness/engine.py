@@ -3,9 +3,9 @@ HookRegistry calls them, on a real SGLang UnifiedRadixCache (real pools, a real 
 `SchedulerWeightUpdaterManager`.
 
 Stand-ins (where a real object cannot be built on CPU without a launched engine):
-- `StubScheduler` (the fixture's `SchedulerView` plus two bound methods) exposes only the attributes the hooks and
-  SGLang's own `Scheduler.flush_cache` / `Scheduler.record_weight_version_change` read; those two are SGLang's real
-  (hooked) methods, bound to it;
+- `StubScheduler` (the fixture's `SchedulerView` plus four bound methods) exposes only the attributes the hooks and
+  SGLang's own `Scheduler.flush_cache` / `record_weight_version_change` / `pause_generation` / `continue_generation`
+  read; those four are SGLang's real (hooked) methods, bound to it;
 - the updater is SGLang's real class, built without `__post_init__` (which needs an initialized TP process group),
   its `flush_cache` bound to the real hooked `Scheduler.flush_cache`, its TP worker serving no model runner (a test
   that needs one serves it, e.g. `test_weight_derived.serving_runners`);
@@ -46,6 +46,10 @@ class StubScheduler(SchedulerView):
         self.model_config = types.SimpleNamespace(is_multimodal=multimodal)
         self.flush_cache = types.MethodType(Scheduler.flush_cache, self)
         self.record_weight_version_change = types.MethodType(Scheduler.record_weight_version_change, self)
+        # SGLang's in-place pause and its continue (a session the launcher did not hold pauses the scheduler itself)
+        self.disagg_decode_prealloc_queue, self._pause_started_at, self._pause_intervals = None, None, []
+        self.pause_generation = types.MethodType(Scheduler.pause_generation, self)
+        self.continue_generation = types.MethodType(Scheduler.continue_generation, self)
 
 
 class Engine:
