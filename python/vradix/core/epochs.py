@@ -173,7 +173,7 @@ def reclaim_stale(state: EpochState, cache, holders: int) -> tuple[int, int]:
     # the reset drops session slots without freeing their rows: only once every slot was released above
     # a staleness window keeps the older epochs' KV: never drop the whole tree then
     if (holders == 0 and not (state.streaming_sessions and sessions.slots_of(cache)) and cache.protected_size() == 0
-            and reclaim.resettable(cache) and state.staleness.window == 0):
+            and reclaim.resettable(cache) and state.staleness.window == 0 and not reclaim.storage_attached(cache)):
         freed = reclaim.free_all_by_reset(cache)
         deferred_reclaim.cancel(state)
         return freed, 0

@@ -53,6 +53,14 @@ def resettable(cache) -> bool:
     return tuple(cache.tree_components) == (ComponentType.FULL,)
 
 
+def storage_attached(cache) -> bool:
+    """Whether `cache` has a HiCache storage (L3) backend attached. Its tree's reset stops and restarts the cache
+    controller's storage threads, and stops the scheduler when one is still inside a store call after SGLang's
+    bounded join (a queued request's prefetch: stock SGLang never resets then, its flush waits for an empty queue).
+    A bump on such a cache frees the stale KV by eviction instead; the publication revokes the prefetches itself."""
+    return bool(getattr(getattr(cache, "cache_controller", None), "enable_storage", False))
+
+
 def free_all_by_reset(cache) -> int:
     """Fast path when no request holds KV and nothing is locked, for a `resettable` cache: drop the whole tree at
     once (what stock `flush_cache` does) and give its slots back in one `free`. Returns tokens freed."""

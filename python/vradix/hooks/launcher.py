@@ -112,27 +112,18 @@ def refuse_continue_inside_session(tokenizer_manager, obj, *args, **kwargs):
         raise HTTPException(status_code=400, detail=CONTINUE_INSIDE_SESSION)
 
 
-#: the runtime settings that relax speculative acceptance below lossless verification (1.0)
-ACCEPT_THRESHOLDS = ("speculative_accept_threshold_single", "speculative_accept_threshold_acc")
-
-
 def refuse_relaxed_speculative_acceptance(tokenizer_manager, obj, *args, **kwargs):
-    """BEFORE TokenizerControlMixin.set_internal_state: a threshold of `ACCEPT_THRESHOLDS` below 1 is refused with
-    HTTP 400, as the same flags are at launch (`closed_world.unversioned`): relaxed acceptance lets the draft model,
-    whose state no publication versions, decide outputs. Nothing is sent to a scheduler; other keys pass."""
+    """BEFORE TokenizerControlMixin.set_internal_state: a speculative acceptance threshold below 1 is refused with
+    HTTP 400 (`scheduler.reconfigure.relaxed_acceptance`, the rule the scheduler decides again where it receives the
+    call), as the same flags are at launch: relaxed acceptance lets the draft model, whose state no publication
+    versions, decide outputs. Nothing is sent to a scheduler; other keys pass."""
     from fastapi import HTTPException
 
-    for key in ACCEPT_THRESHOLDS:
-        value = (obj.server_args or {}).get(key)
-        try:
-            relaxed = value is not None and not float(value) >= 1.0  # NaN is not lossless either
-        except (TypeError, ValueError):
-            continue  # SGLang's own validation answers a value that is not a number
-        if relaxed:
-            raise HTTPException(status_code=400, detail=(
-                f"vradix refused set_internal_state {key}={value!r}: relaxed speculative acceptance lets the draft "
-                "model, which a publication does not version, decide outputs. Keep the thresholds at 1.0 (lossless "
-                "verification), or serve relaxed acceptance with VRADIX_DISABLE=1 (docs/coverage.md)"))
+    from vradix.scheduler.reconfigure import relaxed_acceptance
+
+    reason = relaxed_acceptance(dict(obj.server_args or {}))
+    if reason is not None:
+        raise HTTPException(status_code=400, detail=reason)
 
 
 async def resume_generation(tokenizer_manager) -> None:

@@ -44,6 +44,9 @@ def refuse_unmatchable_identity(server_args) -> None:
 
 RULES: Tuple[Callable[[object], None], ...] = (refuse_unversioned_flags, refuse_unsupported_window,
                                                 refuse_unsafe_restore_policy, refuse_unmatchable_identity)
+#: what the rules raise: each error names the flag and the alternative
+ERRORS = (unversioned.UnversionedPathError, staleness.StalenessError, restore_policy.RestorePolicyError,
+          handshake.RoleIdentityError)
 
 
 def check(server_args) -> None:

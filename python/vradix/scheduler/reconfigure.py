@@ -2,9 +2,9 @@
 runs (a HiCache storage attach or detach, `/set_internal_state`; the runtime census, `closed_world.census.runtime`,
 lists them all) is judged in the scheduler process, on the configuration it would leave, by the rules a launch runs.
 
-1. before the change (`refusal`): the launch rules (`LAUNCH_RULES`: the closed world's refusals, the EPD flags, the
-   staleness window's flags, the P/D restore policy) run on `resulting_configuration(changes)`, the engine's
-   configuration as it runs now (startup values and every runtime override) with the request's fields applied; and
+1. before the change (`refusal`): the launch rules (`vradix.scheduler.launch.RULES`, the ones a scheduler checks
+   before it starts: the closed world's refusals, the EPD flags, the staleness window's flags, the P/D rules) run
+   on `resulting_configuration(changes)`, the engine's configuration as it runs now (startup values and every runtime override) with the request's fields applied; and
    the startup rules on the engine itself (`engine_refusal`: the KV page ledger against its blind spots, the
    staleness window's preconditions). A refused change returns its reason and the caller changes nothing;
 2. after a change (`rederive`): what startup derived from the configuration is derived again: the publication steps
@@ -21,11 +21,9 @@ import logging
 import types
 from typing import Iterable, Mapping, Optional
 
-from vradix.closed_world import epd, unversioned
 from vradix.core import deferred_reclaim, staleness
 from vradix.core.state import state_of_scheduler
-from vradix.pd import restore_policy
-from vradix.scheduler import publication
+from vradix.scheduler import launch, publication
 
 logger = logging.getLogger("vradix")
 
@@ -58,29 +56,12 @@ def relaxed_acceptance(changes: Mapping[str, object]) -> Optional[str]:
     return None
 
 
-def _restore_policy(config) -> None:
-    restore_policy.check(getattr(config, "disaggregation_mode", None), int(getattr(config, "dcp_size", 1) or 1),
-                         getattr(config, "hicache_storage_backend", None),
-                         getattr(config, "hicache_storage_prefetch_policy", None))
-
-
-def _staleness_flags(config) -> None:
-    staleness.check_server(config, staleness.server_window())
-
-
-#: the rules a launch runs on `ServerArgs` (launcher hooks `refuse_unversioned_paths_at_startup` and
-#: `refuse_unsafe_restore_policy_at_startup`), each raising its own error
-LAUNCH_RULES = (unversioned.check, epd.check, _staleness_flags, _restore_policy)
-LAUNCH_ERRORS = (unversioned.UnversionedPathError, staleness.StalenessError, restore_policy.RestorePolicyError)
-
-
 def launch_refusal(config) -> Optional[str]:
     """The error the launch would stop with on `config`, or None when every launch rule passes."""
-    for rule in LAUNCH_RULES:
-        try:
-            rule(config)
-        except LAUNCH_ERRORS as e:
-            return str(e)
+    try:
+        launch.check(config)
+    except launch.ERRORS as e:
+        return str(e)
     return None
 
 

@@ -30,7 +30,8 @@ HICACHE = ("test_hicache_l2.py::test_stale_host_copies_are_unmatchable_and_freed
            "test_e2e_hicache.py::test_in_place_publication_misses_device_host_and_storage")
 HICACHE_L3 = ("test_e2e_hicache.py::test_vradix_restart_on_new_weights_never_reads_the_old_weights_pages",
               "test_l3.py::test_the_landing_guard_discards_a_prefetch_the_publication_did_not_revoke")
-BUFFER_ONLY = ("test_l3.py::test_a_prefetch_in_flight_at_a_publication_is_revoked_and_frees_its_host_pages",)
+BUFFER_ONLY = ("test_l3.py::test_a_prefetch_in_flight_at_a_publication_is_revoked_and_frees_its_host_pages",
+               "test_e2e_buffer_only.py::test_a_publication_with_a_buffer_only_prefetch_in_flight_equals_a_fresh_server_on_the_new_weights")
 LINKER = ("test_coverage.py::test_storage_keys_of_two_weight_identities_never_collide",)
 SESSIONS = ("test_e2e_streaming_session.py::test_streaming_session_turn_after_publication_is_computed_under_the_new_weights",
             "test_streaming_sessions.py::test_turn_after_publication_never_borrows_the_old_slot_record",
