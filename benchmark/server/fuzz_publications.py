@@ -15,6 +15,7 @@ or error.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import random
 import re
@@ -44,12 +45,9 @@ def main(argv=None) -> int:
                    help="draw the HTTP-workers dimension (--tokenizer-worker-num 2; off by default)")
     p.add_argument("--list", action="store_true", help="print the combinations drawn and exit")
     a = p.parse_args(argv)
-    rng = random.Random(a.seed)
-    combos = []
-    while len(combos) < a.combinations:
-        combo = fuzzer.draw_combination(rng, http_workers=a.http_workers)
-        if (combo.window or not a.windowed) and (a.match is None or re.search(a.match, combo.name())):
-            combos.append(combo)
+    combos = list(itertools.islice((c for c in fuzzer.combinations(a.seed, http_workers=a.http_workers)
+                                    if (c.window or not a.windowed) and re.search(a.match or "", c.name())),
+                                   a.combinations))
     if a.list:
         print("\n".join(c.name() for c in combos))
         return 0
@@ -58,7 +56,7 @@ def main(argv=None) -> int:
               for name, seed in MODELS.items()}
     pool, t0 = ServerPool(), time.monotonic()
     try:
-        figures = fuzzer.fuzz(models, workdir, seed=rng.randrange(1 << 30), combinations=combos,
+        figures = fuzzer.fuzz(models, workdir, seed=random.Random(a.seed).randrange(1 << 30), combinations=combos,
                               publications=a.publications,
                               stock=lambda path, combo: pool.lease(path, vradix=False,
                                                                    chunked_prefill_size=combo.chunked_prefill_size,

@@ -14,6 +14,7 @@ describe.
   (`VRADIX_FUZZ_HTTP_WORKERS=1` draws two HTTP workers too); its figures are in docs/reliability.md.
 """
 import dataclasses
+import itertools
 import os
 
 import pytest
@@ -52,9 +53,8 @@ def test_publication_fuzzer_short_seed(weights, server_pool, tmp_path):
 
 
 def long_profile_draws(http_workers: bool = False):
-    import random
-    rng = random.Random(fuzzer.LONG_PROFILE_SEED)
-    return [fuzzer.draw_combination(rng, http_workers=http_workers) for _ in range(fuzzer.LONG_PROFILE_COMBINATIONS)]
+    draws = fuzzer.combinations(fuzzer.LONG_PROFILE_SEED, http_workers=http_workers)
+    return list(itertools.islice(draws, fuzzer.LONG_PROFILE_COMBINATIONS))
 
 
 @pytest.mark.timeout(60)
@@ -73,6 +73,10 @@ def test_the_long_profile_draws_the_engines_of_several_processes_and_the_runtime
     assert any(c.http_workers == 2 and "--tokenizer-worker-num" in c.args() for c in switched)
     # the switch draws that dimension only: the rest of every combination is the same
     assert [dataclasses.replace(c, http_workers=1) for c in switched] == combos
+    # the process dimensions leave every seed's flags as they were drawn before them
+    import random
+    rng = random.Random(fuzzer.LONG_PROFILE_SEED)
+    assert [dataclasses.replace(c, dp=1) for c in combos] == [fuzzer.draw_combination(rng) for _ in combos]
 
 
 @pytest.mark.timeout(300)
@@ -118,10 +122,10 @@ def test_publication_fuzzer_long_profile(weights, server_pool, tmp_path):
     import random
     n = int(os.environ.get("VRADIX_FUZZ_COMBINATIONS", fuzzer.LONG_PROFILE_COMBINATIONS))
     per = int(os.environ.get("VRADIX_FUZZ_PUBLICATIONS", fuzzer.LONG_PROFILE_PUBLICATIONS))
-    rng = random.Random(int(os.environ.get("VRADIX_FUZZ_SEED", fuzzer.LONG_PROFILE_SEED)))
-    combos = [fuzzer.draw_combination(rng, http_workers=os.environ.get(fuzzer.HTTP_WORKERS_ENV) == "1")
-              for _ in range(n)]
-    figures = fuzzer.fuzz(weights, str(tmp_path), seed=rng.randrange(1 << 30), combinations=combos,
+    seed = int(os.environ.get("VRADIX_FUZZ_SEED", fuzzer.LONG_PROFILE_SEED))
+    combos = list(itertools.islice(fuzzer.combinations(seed, http_workers=os.environ.get(fuzzer.HTTP_WORKERS_ENV)
+                                                       == "1"), n))
+    figures = fuzzer.fuzz(weights, str(tmp_path), seed=random.Random(seed).randrange(1 << 30), combinations=combos,
                           publications=per, stock=lambda path, combo: oracle_server(server_pool, path, combo),
                           progress=lambda combo, so_far: print(f"[fuzz] {combo.name()}; so far {so_far.line()}",
                                                                flush=True))

@@ -128,9 +128,11 @@ class Combination:
 HTTP_WORKERS_ENV = "VRADIX_FUZZ_HTTP_WORKERS"
 
 
-def draw_combination(rng: random.Random, *, http_workers: bool = False) -> Combination:
-    """One combination. Every dimension is drawn from `rng` whatever the switches, so a seed draws the same
-    combinations with the HTTP-workers switch on or off, apart from that dimension."""
+def draw_combination(rng: random.Random, processes: Optional[random.Random] = None, *,
+                     http_workers: bool = False) -> Combination:
+    """One combination: its flags from `rng`, its processes (two data-parallel ranks; two HTTP workers, applied only
+    with `http_workers`, but drawn whatever the switch, so the switch changes that dimension only) from `processes`
+    (None: one of each)."""
     radix = rng.random() < 0.85
     hicache = radix and rng.random() < 0.2
     combo = Combination(page_size=rng.choice((1, 1, 4)), chunked_prefill_size=rng.choice((64, 1024)), radix=radix,
@@ -138,9 +140,21 @@ def draw_combination(rng: random.Random, *, http_workers: bool = False) -> Combi
                         window=rng.choice((0, 0, 1)) if radix and not hicache else 0, hicache=hicache)
     # streaming sessions with HiCache's L3 backend (which the fuzzer's HiCache always has) are refused at launch
     sessions = radix and not combo.window and not hicache and rng.random() < 0.4
-    dp2, workers2 = rng.random() < 0.3, rng.random() < 0.25
-    return dataclasses.replace(combo, sessions=sessions, dp=2 if dp2 and not (hicache or sessions) else 1,
+    combo = dataclasses.replace(combo, sessions=sessions)
+    if processes is None:
+        return combo
+    dp2, workers2 = processes.random() < 0.35, processes.random() < 0.25
+    return dataclasses.replace(combo, dp=2 if dp2 and not (hicache or sessions) else 1,
                                http_workers=2 if workers2 and http_workers else 1)
+
+
+def combinations(seed: int, *, http_workers: bool = False) -> Iterator[Combination]:
+    """The combinations a seed draws, in order, without end: the flags from `Random(seed)` (what `draw_combination`
+    alone draws from it), the processes from a stream of their own, so every seed draws the flags it drew before
+    the process dimensions existed."""
+    flags, processes = random.Random(seed), random.Random(f"processes-{seed}")
+    while True:
+        yield draw_combination(flags, processes, http_workers=http_workers)
 
 
 @dataclass
