@@ -124,7 +124,8 @@ class Combination:
 
 
 #: the HTTP-workers dimension is drawn only when switched on (`draw_combination(http_workers=True)`, the benchmark's
-#: `--http-workers`, `VRADIX_FUZZ_HTTP_WORKERS=1`): SGLang's HTTP workers are processes vradix is not installed in yet
+#: `--http-workers`, `VRADIX_FUZZ_HTTP_WORKERS=1`): such a server serves, but vradix is not installed in SGLang's HTTP
+#: worker processes yet (no `prefix_cache` or `prefill_weight_versions` in their responses)
 HTTP_WORKERS_ENV = "VRADIX_FUZZ_HTTP_WORKERS"
 
 
