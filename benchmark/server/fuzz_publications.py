@@ -4,14 +4,21 @@ weights its label names, or (a bounded response that reused older KV) on the cac
 (`vradix.testing.harness.fuzzer`).
 
     python benchmark/server/fuzz_publications.py [--combinations 20] [--publications 25] [--seed 2026] [--windowed]
+        [--match REGEX] [--http-workers] [--list]
 
-Prints one line per combination (the figures so far) and a table at the end; exits 1 on any mismatch or error.
+`--match` keeps only the drawn combinations whose name matches (e.g. `dp2|hicache`), drawing from the same seed until
+there are enough; `--http-workers` switches on the HTTP-workers dimension (off by default); `--list` prints the
+combinations a seed draws and starts nothing. Prints one line per combination (the figures so far), then the table
+of docs/reliability.md, the control steps and traffic summed, and the combinations in order; exits 1 on any mismatch
+or error.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -32,19 +39,24 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default=None)
     p.add_argument("--windowed", action="store_true",
                    help="only combinations with a staleness window (drawn from the same seed until there are enough)")
+    p.add_argument("--match", default=None, help="only combinations whose name matches this regular expression")
+    p.add_argument("--http-workers", action="store_true",
+                   default=os.environ.get(fuzzer.HTTP_WORKERS_ENV) == "1",
+                   help="draw the HTTP-workers dimension (--tokenizer-worker-num 2; off by default)")
+    p.add_argument("--list", action="store_true", help="print the combinations drawn and exit")
     a = p.parse_args(argv)
+    combos = list(itertools.islice((c for c in fuzzer.combinations(a.seed, http_workers=a.http_workers)
+                                    if (c.window or not a.windowed) and re.search(a.match or "", c.name())),
+                                   a.combinations))
+    if a.list:
+        print("\n".join(c.name() for c in combos))
+        return 0
     workdir = a.workdir or tempfile.mkdtemp(prefix="vradix-fuzz-")
     models = {name: generate(os.path.join(workdir, name), seed=seed, dtype="float32", init_range=0.2)
               for name, seed in MODELS.items()}
-    rng = random.Random(a.seed)
-    combos = []
-    while len(combos) < a.combinations:
-        combo = fuzzer.draw_combination(rng)
-        if combo.window or not a.windowed:
-            combos.append(combo)
     pool, t0 = ServerPool(), time.monotonic()
     try:
-        figures = fuzzer.fuzz(models, workdir, seed=rng.randrange(1 << 30), combinations=combos,
+        figures = fuzzer.fuzz(models, workdir, seed=random.Random(a.seed).randrange(1 << 30), combinations=combos,
                               publications=a.publications,
                               stock=lambda path, combo: pool.lease(path, vradix=False,
                                                                    chunked_prefill_size=combo.chunked_prefill_size,
@@ -61,6 +73,7 @@ def main(argv=None) -> int:
           f"{figures.bounded_rebuilt} | {figures.crossing_not_checked} | {len(figures.near_ties)} | "
           f"{len(figures.mismatches)} | {len(figures.errors)} | {(time.monotonic() - t0) / 60:.0f} |")
     print("control steps and traffic:", dict(sorted(figures.counts.items())))
+    print("combinations, in order:", ", ".join(f"`{name}`" for name in figures.combinations))
     for m in figures.mismatches[:5] + figures.near_ties[:5] + figures.errors[:5]:
         print("problem:", m, file=sys.stderr)
     return 1 if figures.mismatches or figures.errors else 0

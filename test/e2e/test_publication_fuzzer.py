@@ -1,14 +1,20 @@
 """The publication fuzzer (`vradix.testing.harness.fuzzer`): random traffic and random control requests (every
-publication kind, pauses in each mode, flushes, relabels), every exact response that crossed no control step equal to
-a stock server on the weights its label names, and every bounded response that reused another weights' KV equal to
-stock on the cache state its spans describe.
+publication kind, pauses in each mode, flushes, relabels, `/set_internal_state` allowed and refused, HiCache storage
+detach and attach), every exact response that crossed no control step equal to a stock server on the weights its label
+names, and every bounded response that reused another weights' KV equal to stock on the cache state its spans
+describe.
 
 - `test_publication_fuzzer_short_seed` (`make test`): the session's pooled vradix server (default flags), 6
   publications, the pooled stock server as the oracle;
+- `test_the_long_profile_draws_the_engines_of_several_processes_and_the_runtime_changes` (no server): the long
+  profile's seed draws two data-parallel ranks and HiCache (its storage detach and attach), and the HTTP-workers
+  dimension only when switched on;
 - `test_publication_fuzzer_long_profile` (`make test-long`): `VRADIX_FUZZ_COMBINATIONS` (default 20) random supported
-  flag combinations, each on its own server, `VRADIX_FUZZ_PUBLICATIONS` (default 25) publications each; its figures
-  are in docs/reliability.md.
+  flag combinations, each on its own server, `VRADIX_FUZZ_PUBLICATIONS` (default 25) publications each
+  (`VRADIX_FUZZ_HTTP_WORKERS=1` draws two HTTP workers too); its figures are in docs/reliability.md.
 """
+import dataclasses
+import itertools
 import os
 
 import pytest
@@ -44,6 +50,33 @@ def test_publication_fuzzer_short_seed(weights, server_pool, tmp_path):
                           stock=lambda path, combo: server_pool.lease(path, vradix=False),
                           server=lambda combo: server_pool.lease(weights["A"]))
     assert_clean(figures, 6)
+
+
+def long_profile_draws(http_workers: bool = False):
+    draws = fuzzer.combinations(fuzzer.LONG_PROFILE_SEED, http_workers=http_workers)
+    return list(itertools.islice(draws, fuzzer.LONG_PROFILE_COMBINATIONS))
+
+
+@pytest.mark.timeout(60)
+def test_the_long_profile_draws_the_engines_of_several_processes_and_the_runtime_changes():
+    combos = long_profile_draws()
+    dp2 = [c for c in combos if c.dp == 2]
+    assert dp2 and all("--dp-size" in c.args() and c.env()["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1" for c in dp2)
+    assert all("tensor session" not in c.control_steps() for c in dp2)  # SGLang asserts DP = 1 for a tensor update
+    assert not any(c.hicache or c.sessions for c in dp2)
+    hicache = [c for c in combos if c.hicache]
+    assert hicache and all("storage detach or attach" in c.control_steps() and "--admin-api-key" in c.args()
+                           for c in hicache)
+    assert all({"internal state", "internal state refused"} <= set(c.control_steps()) for c in combos)
+    assert all(c.http_workers == 1 for c in combos)
+    switched = long_profile_draws(http_workers=True)
+    assert any(c.http_workers == 2 and "--tokenizer-worker-num" in c.args() for c in switched)
+    # the switch draws that dimension only: the rest of every combination is the same
+    assert [dataclasses.replace(c, http_workers=1) for c in switched] == combos
+    # the process dimensions leave every seed's flags as they were drawn before them
+    import random
+    rng = random.Random(fuzzer.LONG_PROFILE_SEED)
+    assert [dataclasses.replace(c, dp=1) for c in combos] == [fuzzer.draw_combination(rng) for _ in combos]
 
 
 @pytest.mark.timeout(300)
@@ -89,9 +122,10 @@ def test_publication_fuzzer_long_profile(weights, server_pool, tmp_path):
     import random
     n = int(os.environ.get("VRADIX_FUZZ_COMBINATIONS", fuzzer.LONG_PROFILE_COMBINATIONS))
     per = int(os.environ.get("VRADIX_FUZZ_PUBLICATIONS", fuzzer.LONG_PROFILE_PUBLICATIONS))
-    rng = random.Random(int(os.environ.get("VRADIX_FUZZ_SEED", fuzzer.LONG_PROFILE_SEED)))
-    combos = [fuzzer.draw_combination(rng) for _ in range(n)]
-    figures = fuzzer.fuzz(weights, str(tmp_path), seed=rng.randrange(1 << 30), combinations=combos,
+    seed = int(os.environ.get("VRADIX_FUZZ_SEED", fuzzer.LONG_PROFILE_SEED))
+    combos = list(itertools.islice(fuzzer.combinations(seed, http_workers=os.environ.get(fuzzer.HTTP_WORKERS_ENV)
+                                                       == "1"), n))
+    figures = fuzzer.fuzz(weights, str(tmp_path), seed=random.Random(seed).randrange(1 << 30), combinations=combos,
                           publications=per, stock=lambda path, combo: oracle_server(server_pool, path, combo),
                           progress=lambda combo, so_far: print(f"[fuzz] {combo.name()}; so far {so_far.line()}",
                                                                flush=True))

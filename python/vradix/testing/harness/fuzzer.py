@@ -3,12 +3,15 @@ servers, every exact response checked against stock SGLang on the weights it is 
 
 One run (`fuzz`) draws `combinations` server configurations from a seed (`draw_combination`: page size, chunked
 prefill, radix cache on or off, overlap scheduling on or off, scheduling policy, a staleness window, HiCache,
-streaming sessions). On each it starts a vradix server on weights A, runs load workers (single prompts, GRPO groups
-sent as one batch, multi-turn conversations whose history grows with the model's own replies, aborted requests and,
-with streaming sessions, conversations held in a session whose turns send only their new tokens) and, between bursts of
-traffic, `publications` random control steps (`CONTROL_STEPS`: a disk update paused in place, paused with retract,
-or unpaused; a bucketed tensor session; a label alone; a lock-aware flush; an abort-mode pause), each publication
-naming one of the weights A, B, C in its label.
+streaming sessions, two data-parallel ranks and, behind a switch, two HTTP workers). On each it starts a vradix server
+on weights A, runs load workers (single prompts, GRPO groups sent as one batch, multi-turn conversations whose history
+grows with the model's own replies, aborted requests and, with streaming sessions, conversations held in a session
+whose turns send only their new tokens) and, between bursts of traffic, `publications` random control steps
+(`Combination.control_steps`: a disk update paused in place, paused with retract, or unpaused; a bucketed tensor
+session; a label alone; a lock-aware flush; an abort-mode pause; `/set_internal_state` of a key SGLang lets it set,
+and of a relaxed speculative acceptance threshold, which must be refused with every rank left unchanged; with HiCache,
+a runtime storage detach or attach, tried under load first, where SGLang refuses it, then on the idle engine), each
+publication naming one of the weights A, B, C in its label.
 
 The oracle: a response whose request overlapped no weight change (no crossing request) and that asked for exact KV
 (a session turn: the whole history it continues) must equal a stock server on the weights its label names, with the
@@ -22,13 +25,15 @@ an exact one; one that reused another weights' KV is checked against stock on th
 rebuilt (`rebuilt_answer`: each span's prefix computed under its weights, in order, with disk updates that keep the
 cache, then the labelled weights), with the same cached length.
 
-Invariants: every HTTP error other than an abort is recorded and fails the run; each server runs SGLang's busy-time
-memory checks and ends with no Traceback in its log and, with a radix cache, SGLang's strict idle memory check
-(`reliability.strict_idle_check`).
+Invariants: every HTTP error other than an abort or an expected refusal is recorded and fails the run; a control
+step's effect (or, refused, its absence) is read back from every rank's resolved configuration; each server runs
+SGLang's busy-time memory checks and ends with no Traceback in its log and, with a radix cache, SGLang's strict idle
+memory check on every rank (`reliability.strict_idle_check`).
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import os
 import random
 import threading
@@ -36,7 +41,7 @@ import time
 import uuid
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import requests
 
@@ -51,10 +56,20 @@ MAX_NEW_TOKENS = 4
 LONG_PROFILE_SEED, LONG_PROFILE_COMBINATIONS, LONG_PROFILE_PUBLICATIONS = 2026, 20, 25
 
 
+#: the admin key of every HiCache combination's server: SGLang answers a runtime storage attach or detach only on a
+#: server started with `--admin-api-key`, and then asks it on every control call
+ADMIN_KEY = "vradix-fuzz-admin"
+#: what a storage attach names: the backend and policy the server started with (`hicache_store.HICACHE_ARGS`)
+STORAGE_ATTACH = {"hicache_storage_backend": "file", "hicache_storage_prefetch_policy": "wait_complete"}
+
+
 @dataclass(frozen=True)
 class Combination:
     """One server configuration the census supports (a window is refused with HiCache, without a radix cache and with
-    streaming sessions; streaming sessions are refused without a radix cache and with an L3 storage backend)."""
+    streaming sessions; streaming sessions are refused without a radix cache and with an L3 storage backend), that the
+    CPU engine runs. Two data-parallel ranks (`dp`) are drawn without HiCache and without streaming sessions: SGLang's
+    data-parallel controller routes a session's turns with no affinity to the rank that holds the session.
+    `http_workers` > 1: SGLang's multi-tokenizer HTTP server (`--tokenizer-worker-num`)."""
 
     page_size: int = 1
     chunked_prefill_size: int = 1024
@@ -64,6 +79,8 @@ class Combination:
     window: int = 0
     hicache: bool = False
     sessions: bool = False
+    dp: int = 1
+    http_workers: int = 1
 
     def args(self) -> List[str]:
         out = ["--page-size", str(self.page_size), "--schedule-policy", self.policy]
@@ -75,15 +92,48 @@ class Combination:
             out += ["--vradix-max-staleness", str(self.window)]
         if self.sessions:
             out.append("--enable-streaming-session")
+        if self.dp > 1:
+            out += ["--dp-size", str(self.dp)]
+        if self.http_workers > 1:
+            out += ["--tokenizer-worker-num", str(self.http_workers)]
+        if self.hicache:
+            out += ["--admin-api-key", ADMIN_KEY]
         return out
+
+    def env(self) -> Dict[str, str]:
+        """The server's environment: each data-parallel rank's OpenMP threads on a core of its own (SGLang's CPU
+        engine refuses more ranks than bound core groups)."""
+        return {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(r) for r in range(self.dp))} if self.dp > 1 else {}
+
+    def headers(self) -> Dict[str, str]:
+        """The headers of every call to the server (the admin key where it has one)."""
+        return {"Authorization": f"Bearer {ADMIN_KEY}"} if self.hicache else {}
+
+    def control_steps(self) -> Tuple[str, ...]:
+        """The control steps drawn on this server: SGLang refuses a tensor update with more than one data-parallel
+        rank (an assertion, not a request it serves), so that combination does not draw one; only a HiCache server
+        has a storage backend to detach and attach."""
+        steps = tuple(s for s in CONTROL_STEPS if not (s == "tensor session" and self.dp > 1))
+        return steps + (STORAGE_STEPS if self.hicache else ())
 
     def name(self) -> str:
         return (f"ps{self.page_size}-chunk{self.chunked_prefill_size}-{'radix' if self.radix else 'noradix'}-"
                 f"{'overlap' if self.overlap else 'normal'}-{self.policy}-K{self.window}"
-                f"{'-hicache' if self.hicache else ''}{'-sessions' if self.sessions else ''}")
+                f"{'-hicache' if self.hicache else ''}{'-sessions' if self.sessions else ''}"
+                f"{f'-dp{self.dp}' if self.dp > 1 else ''}{f'-http{self.http_workers}' if self.http_workers > 1 else ''}")
 
 
-def draw_combination(rng: random.Random) -> Combination:
+#: the HTTP-workers dimension is drawn only when switched on (`draw_combination(http_workers=True)`, the benchmark's
+#: `--http-workers`, `VRADIX_FUZZ_HTTP_WORKERS=1`): such a server serves, but vradix is not installed in SGLang's HTTP
+#: worker processes yet (no `prefix_cache` or `prefill_weight_versions` in their responses)
+HTTP_WORKERS_ENV = "VRADIX_FUZZ_HTTP_WORKERS"
+
+
+def draw_combination(rng: random.Random, processes: Optional[random.Random] = None, *,
+                     http_workers: bool = False) -> Combination:
+    """One combination: its flags from `rng`, its processes (two data-parallel ranks; two HTTP workers, applied only
+    with `http_workers`, but drawn whatever the switch, so the switch changes that dimension only) from `processes`
+    (None: one of each)."""
     radix = rng.random() < 0.85
     hicache = radix and rng.random() < 0.2
     combo = Combination(page_size=rng.choice((1, 1, 4)), chunked_prefill_size=rng.choice((64, 1024)), radix=radix,
@@ -91,7 +141,21 @@ def draw_combination(rng: random.Random) -> Combination:
                         window=rng.choice((0, 0, 1)) if radix and not hicache else 0, hicache=hicache)
     # streaming sessions with HiCache's L3 backend (which the fuzzer's HiCache always has) are refused at launch
     sessions = radix and not combo.window and not hicache and rng.random() < 0.4
-    return dataclasses.replace(combo, sessions=sessions)
+    combo = dataclasses.replace(combo, sessions=sessions)
+    if processes is None:
+        return combo
+    dp2, workers2 = processes.random() < 0.35, processes.random() < 0.25
+    return dataclasses.replace(combo, dp=2 if dp2 and not (hicache or sessions) else 1,
+                               http_workers=2 if workers2 and http_workers else 1)
+
+
+def combinations(seed: int, *, http_workers: bool = False) -> Iterator[Combination]:
+    """The combinations a seed draws, in order, without end: the flags from `Random(seed)` (what `draw_combination`
+    alone draws from it), the processes from a stream of their own, so every seed draws the flags it drew before
+    the process dimensions existed."""
+    flags, processes = random.Random(seed), random.Random(f"processes-{seed}")
+    while True:
+        yield draw_combination(flags, processes, http_workers=http_workers)
 
 
 @dataclass
@@ -125,6 +189,8 @@ class Run:
     prefixes: List[List[int]]
     bounded_server: bool
     sessions: bool = False
+    #: the headers of every call (`Combination.headers`)
+    headers: Dict[str, str] = field(default_factory=dict)
     responses: List[Response] = field(default_factory=list)
     windows: List[Tuple[float, float]] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
@@ -133,6 +199,28 @@ class Run:
     label_weights: Dict[str, str] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the workers' gate: `quiet()` holds their next request and waits for the ones they are sending
+    gate: threading.Condition = field(default_factory=threading.Condition)
+    held: bool = False
+    busy: int = 0
+
+    def http(self, path: str, body: Optional[dict] = None, timeout: float = 300,
+             method: str = "POST") -> requests.Response:
+        """One call to the server (with the run's headers)."""
+        return requests.request(method, self.server.url + path, json=body, headers=self.headers, timeout=timeout)
+
+    @contextlib.contextmanager
+    def quiet(self, timeout: float = 300.0) -> Iterator[None]:
+        """The workers send nothing inside: their requests in flight have finished, and their next waits."""
+        with self.gate:
+            self.held = True
+            assert self.gate.wait_for(lambda: self.busy == 0, timeout), "the workers' requests did not finish"
+        try:
+            yield
+        finally:
+            with self.gate:
+                self.held = False
+                self.gate.notify_all()
 
     def count(self, what: str, n: int = 1) -> None:
         with self.lock:
@@ -152,7 +240,7 @@ class Run:
         body = {**self.payload(prompts, exact), **extra}
         if "session_params" in extra:  # a session turn is one request, not a batch
             (body["input_ids"],) = prompts
-        r = requests.post(self.server.url + "/generate", json=body, timeout=300)
+        r = self.http("/generate", body)
         t1 = time.monotonic()
         if r.status_code != 200:
             if "abort" in r.text.lower():
@@ -198,8 +286,7 @@ class Run:
     def session_conversation(self, rng: random.Random) -> None:
         """A conversation in a streaming session: each turn sends only its new tokens (the session's slot holds the
         history) and is checked as the whole history it continues. A turn aborted (an abort pause) ends it."""
-        r = requests.post(self.server.url + "/open_session", json={"capacity_of_str_len": 1 << 16, "streaming": True},
-                          timeout=60)
+        r = self.http("/open_session", {"capacity_of_str_len": 1 << 16, "streaming": True}, timeout=60)
         assert r.status_code == 200, f"open_session: HTTP {r.status_code}: {r.text[:300]}"
         sid, history = r.json(), []
         try:
@@ -212,7 +299,7 @@ class Run:
                 history += answers[0]["output_ids"]
                 self.count("session turn")
         finally:
-            r = requests.post(self.server.url + "/close_session", json={"session_id": sid}, timeout=60)
+            r = self.http("/close_session", {"session_id": sid}, timeout=60)
             assert r.status_code == 200, f"close_session: HTTP {r.status_code}: {r.text[:300]}"
 
     def aborted(self, rng: random.Random) -> None:
@@ -221,11 +308,10 @@ class Run:
         body = self.payload([rng.choice(self.prefixes) + self.tail(rng)], True)
         body["sampling_params"]["max_new_tokens"] = 64
         body["input_ids"], body["rid"] = body["input_ids"][0], rid
-        t = threading.Thread(target=requests.post, args=(self.server.url + "/generate",),
-                             kwargs={"json": body, "timeout": 300}, daemon=True)
+        t = threading.Thread(target=self.http, args=("/generate", body), daemon=True)
         t.start()
         time.sleep(rng.random() * 0.2)
-        requests.post(self.server.url + "/abort_request", json={"rid": rid}, timeout=60)
+        self.http("/abort_request", {"rid": rid}, timeout=60)
         t.join(300)
         self.count("abort")
 
@@ -235,19 +321,28 @@ class Run:
         if self.sessions:
             kinds += (self.session_conversation, self.session_conversation)
         while not self.stop.is_set():
+            with self.gate:
+                self.gate.wait_for(lambda: not self.held)
+                self.busy += 1
             try:
                 rng.choice(kinds)(rng)
             except Exception as e:  # recorded: the run fails on any error
                 self.errors.append(repr(e))
                 return
+            finally:
+                with self.gate:
+                    self.busy -= 1
+                    self.gate.notify_all()
 
 
 class Control:
     """The control steps of one server: each returns the weights the server serves afterwards."""
 
-    def __init__(self, run: Run, models: Dict[str, str], radix: bool):
-        self.run, self.models, self.radix = run, models, radix
+    def __init__(self, run: Run, models: Dict[str, str], combo: Combination):
+        self.run, self.models, self.combo, self.radix = run, models, combo, combo.radix
         self.serving, self.n = "A", 0
+        #: whether the HiCache storage backend is attached (a HiCache server starts with it)
+        self.attached = combo.hicache
 
     def label(self, weights: str) -> str:
         self.n += 1
@@ -263,7 +358,66 @@ class Control:
         return body
 
     def post(self, path: str, body: Optional[dict] = None) -> dict:
-        return self.ok(requests.post(self.run.server.url + path, json=body or {}, timeout=300))
+        return self.ok(self.run.http(path, body or {}))
+
+    def rank_states(self) -> List[dict]:
+        """Every data-parallel rank's resolved configuration: SGLang's internal state, its startup values with every
+        runtime override (`/set_internal_state`, a storage attach or detach) applied."""
+        r = requests.get(self.run.server.url + "/get_server_info", headers=self.run.headers, timeout=60)
+        assert r.status_code == 200, f"/get_server_info: HTTP {r.status_code}: {r.text[:300]}"
+        states = r.json()["internal_states"]
+        assert len(states) == self.combo.dp, f"{len(states)} internal states from {self.combo.dp} data-parallel ranks"
+        return states
+
+    def settings(self, key: str) -> List[object]:
+        return [state.get(key) for state in self.rank_states()]
+
+    def internal_state(self) -> None:
+        """`/set_internal_state` of a key SGLang sets on this engine: applied on every rank."""
+        key, value = self.run.rng.choice((("pp_max_micro_batch_size", self.run.rng.randint(1, 8)),
+                                          ("speculative_accept_threshold_single", 1.0),
+                                          ("speculative_accept_threshold_acc", 1.0)))
+        updated = self.post("/set_internal_state", {"server_args": {key: value}})
+        assert isinstance(updated, list) and updated and all(updated), f"set_internal_state {key}={value}: {updated}"
+        assert self.settings(key) == [value] * self.combo.dp, (key, value, self.settings(key))
+
+    def refused_internal_state(self) -> None:
+        """`/set_internal_state` relaxing speculative acceptance below 1: a refusal (a 400-class answer naming the
+        key, or SGLang's `updated=False` from every rank), never a server error, and no rank changed."""
+        key, value = self.run.rng.choice(ACCEPT_THRESHOLDS), self.run.rng.choice((0.0, 0.5, 0.9))
+        before = self.settings(key)
+        r = self.run.http("/set_internal_state", {"server_args": {key: value}})
+        body = r.json() if r.status_code == 200 else None
+        refused = (400 <= r.status_code < 500 and key in r.text) or (
+            isinstance(body, list) and body and not any(body))
+        assert refused, f"set_internal_state {key}={value} not refused: HTTP {r.status_code}: {r.text[:300]}"
+        assert self.settings(key) == before, f"a refused {key}={value} changed the engine: {self.settings(key)}"
+
+    def storage(self) -> None:
+        """Detach the HiCache storage backend, or attach it again (the backend and policy it started with). SGLang
+        does either only on an idle engine: the call is tried under load first, where a refusal (HTTP 400 naming
+        the busy scheduler) must change nothing, then, refused, with the workers held, until the engine is idle."""
+        attach = not self.attached
+
+        def call() -> requests.Response:
+            return self.run.http("/hicache/storage-backend", STORAGE_ATTACH if attach else None,
+                                 method="PUT" if attach else "DELETE")
+
+        what = "attach" if attach else "detach"
+        r = call()
+        if r.status_code == 400 and "not idle" in r.text:
+            self.run.count(f"storage {what} refused while busy")
+            assert set(self.settings("hicache_storage_backend")) == {STORAGE_ATTACH["hicache_storage_backend"]
+                                                                     if self.attached else None}
+            with self.run.quiet():  # the requests just finished may still be leaving the scheduler
+                deadline = time.monotonic() + 60
+                while (r := call()).status_code == 400 and "not idle" in r.text and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        assert r.status_code == 200, f"storage {what}: HTTP {r.status_code}: {r.text[:300]}"
+        self.attached = attach
+        expected = STORAGE_ATTACH["hicache_storage_backend"] if attach else None
+        assert self.settings("hicache_storage_backend") == [expected] * self.combo.dp, self.rank_states()
+        self.run.count(f"storage {what}")
 
     def disk(self, mode: Optional[str]) -> None:
         weights = self.run.rng.choice(WEIGHTS)
@@ -292,7 +446,7 @@ class Control:
 
     def flush(self) -> None:
         """A flush: lock-aware with a radix cache; without one SGLang refuses it unless idle (HTTP 400), as stock."""
-        r = requests.post(self.run.server.url + "/flush_cache", json={}, timeout=300)
+        r = self.run.http("/flush_cache", {})
         if not self.radix and r.status_code == 400:
             self.run.count("flush refused while busy (no radix cache)")
             return
@@ -305,8 +459,10 @@ class Control:
     def step(self) -> str:
         steps = {"disk in_place": lambda: self.disk("in_place"), "disk retract": lambda: self.disk("retract"),
                  "disk unpaused": lambda: self.disk(None), "tensor session": self.session,
-                 "label only": self.relabel, "flush": self.flush, "abort pause": self.abort_pause}
-        name = self.run.rng.choice(list(steps))
+                 "label only": self.relabel, "flush": self.flush, "abort pause": self.abort_pause,
+                 "internal state": self.internal_state, "internal state refused": self.refused_internal_state,
+                 "storage detach or attach": self.storage}
+        name = self.run.rng.choice(self.combo.control_steps())
         t0 = time.monotonic()
         steps[name]()
         if name in WEIGHT_STEPS:
@@ -317,7 +473,11 @@ class Control:
 
 
 CONTROL_STEPS = ("disk in_place", "disk retract", "disk unpaused", "tensor session", "label only", "flush",
-                 "abort pause")
+                 "abort pause", "internal state", "internal state refused")
+#: a HiCache server's further step: its storage backend detached, or attached again
+STORAGE_STEPS = ("storage detach or attach",)
+#: the runtime settings that relax speculative acceptance (`/set_internal_state` refuses a value below 1)
+ACCEPT_THRESHOLDS = ("speculative_accept_threshold_single", "speculative_accept_threshold_acc")
 PUBLICATION_STEPS = ("disk in_place", "disk retract", "disk unpaused", "tensor session", "label only")
 #: the steps that change the weights: a request running across one of them is a crossing request, never checked (a
 #: relabel, a flush or an abort pause keeps the weights, so what runs across them is checked like any request)
@@ -330,7 +490,7 @@ def overlapped(r: Response, windows: Sequence[Tuple[float, float]]) -> bool:
 
 
 def start_server(models: Dict[str, str], combo: Combination, workdir: str) -> CpuServer:
-    kw = dict(env=STRICT_CHECK_ENV, chunked_prefill_size=combo.chunked_prefill_size, extra_args=combo.args())
+    kw = dict(env={**STRICT_CHECK_ENV, **combo.env()}, chunked_prefill_size=combo.chunked_prefill_size, extra_args=combo.args())
     if combo.hicache:
         store = os.path.join(workdir, f"l3-{uuid.uuid4().hex[:8]}")
         os.makedirs(store)
@@ -341,10 +501,11 @@ def start_server(models: Dict[str, str], combo: Combination, workdir: str) -> Cp
 def exercise(server: CpuServer, models: Dict[str, str], combo: Combination, rng: random.Random,
              publications: int, concurrency: int = 3, requests_between: int = 6) -> Run:
     """Traffic and `publications` control steps that publish (flushes and abort pauses come on top) on one server."""
-    run = Run(server, rng, prefix_pool(rng), bounded_server=combo.window > 0, sessions=combo.sessions)
+    run = Run(server, rng, prefix_pool(rng), bounded_server=combo.window > 0, sessions=combo.sessions,
+              headers=combo.headers())
     (first,) = run.send([run.prefixes[0] + [7]])
     run.label_weights[first["meta_info"]["weight_version"]] = "A"
-    control = Control(run, models, combo.radix)
+    control = Control(run, models, combo)
     workers = [threading.Thread(target=run.worker, args=(rng.randrange(1 << 30),), daemon=True)
                for _ in range(concurrency)]
     for w in workers:

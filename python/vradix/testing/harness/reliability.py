@@ -36,19 +36,21 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
 
 
 def strict_idle_check(server: CpuServer, timeout: float = 60.0) -> dict:
-    """Wait until the engine is fully idle (not paused), then assert the exact idle memory invariant, on every TP
-    rank of a multi-rank engine (`tp_ranks`). Returns the vradix block (rank 0's)."""
-    def idle_block():
-        v = server.vradix_info()
-        ranks = v.get("tp_ranks") or [v]
-        return v if all(r["pool"]["idle"] and not r["pool"]["paused"] for r in ranks) else None
+    """Wait until the engine is fully idle (not paused), then assert the exact idle memory invariant, on every rank
+    of a multi-rank engine (each data-parallel rank's block, each TP rank within it: `tp_ranks`). Returns the vradix
+    block (rank 0's)."""
+    def idle_blocks():
+        states = server.server_info().get("internal_states") or [{}]
+        blocks = [(state or {}).get("vradix") for state in states]
+        ranks = [rank for v in blocks for rank in (v.get("tp_ranks") or [v])]
+        return blocks if all(r["pool"]["idle"] and not r["pool"]["paused"] for r in ranks) else None
 
-    v = wait_until(idle_block, timeout, "the engine to become idle")
-    problems = [f"rank {rank}: {what}" for rank, block in enumerate(v.get("tp_ranks") or [v])
-                for what in idle_problems(block)]
+    blocks = wait_until(idle_blocks, timeout, "the engine to become idle")
+    ranks = [rank for v in blocks for rank in (v.get("tp_ranks") or [v])]
+    problems = [f"rank {rank}: {what}" for rank, block in enumerate(ranks) for what in idle_problems(block)]
     if problems:
-        raise LeakError(f"{'; '.join(problems)}: {v}")
-    return v
+        raise LeakError(f"{'; '.join(problems)}: {blocks}")
+    return blocks[0]
 
 
 def idle_problems(v: dict) -> list:
