@@ -217,10 +217,8 @@ RUNTIME = {
     "override[metrics_reporter.ipc_endpoint]": Entry("irrelevant", _STARTUP + "where forward-pass metrics go"),
     "override[hicache.auto_size]": Entry("irrelevant", _STARTUP + "the host pool's size, which vradix reads from "
                                          "the pool it attaches to"),
-    "override[mamba_pool.per_dp_shard]": Entry("irrelevant", _STARTUP + "the recurrent-state pool's size"),
-    "override[mamba_pool.from_max_running_requests]": Entry("irrelevant", _STARTUP + "the recurrent-state pool's size"),
-    "override[mamba_pool.memory_budget_spec]": Entry("irrelevant", _STARTUP + "the recurrent-state pool's size"),
-    "override[mamba_pool.memory_budget]": Entry("irrelevant", _STARTUP + "the recurrent-state pool's size"),
+    **{f"override[mamba_pool.{site}]": Entry("irrelevant", _STARTUP + "the recurrent-state pool's size")
+       for site in ("per_dp_shard", "from_max_running_requests", "memory_budget_spec", "memory_budget")},
     "override[ModelRunner._sm80_dtype_fallback]": Entry("irrelevant", _STARTUP + "the model dtype on GPUs without "
                                                         "bfloat16, before the weights load"),
     "override[model_runner.chunked_prefix_cache_gate]": Entry("irrelevant", _STARTUP + "a prefill kernel choice"),
