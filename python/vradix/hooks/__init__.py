@@ -3,7 +3,8 @@ every vradix step; `vradix.plugin.register()` does so only inside its fail-close
 from __future__ import annotations
 
 from vradix.hooks import (admission, census, control, hicache, inspector, launcher, ledger, lora, pd, pd_launcher,
-                          prefill, publication, ray_actor, reclaim, report, server_info, startup, storage)
+                          prefill, publication, ray_actor, reclaim, report, server_info, startup, storage,
+                          tokenizer_worker)
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
@@ -46,6 +47,13 @@ HOOKS = [
     # weight identity: the checkpoint tensors the engine starts with are recorded (fingerprint mode), so its identity
     # is proven from what was published, whatever the TP layout; update calls record theirs (publication, below)
     ("sglang.srt.model_loader.loader.DefaultModelLoader.load_weights_only", "AROUND", startup.tap_startup_load),
+    # multi-tokenizer workers (--tokenizer-worker-num > 1, Engine.attach_tokenizer_worker) never call load_plugins():
+    # each loads vradix before it builds its TokenizerWorker (the app its HTTP workers import, and the launch data
+    # every worker reads), or stops before it serves
+    ("sglang.srt.entrypoints.http_server._setup_and_run_http_server", "BEFORE",
+     tokenizer_worker.name_vradix_worker_app),
+    ("sglang.srt.managers.multi_tokenizer_mixin.write_data_for_multi_tokenizer", "AROUND",
+     tokenizer_worker.load_vradix_where_launch_data_is_read),
     (f"{_SCHED}.__init__", "AFTER", startup.attach_to_scheduler),
     # 1. admission: stamp, and re-bind queued requests before they match
     (f"{_SCHED}._maybe_namespace_elastic_radix_cache", "AFTER", admission.stamp_request),
