@@ -36,7 +36,7 @@ def test_reading_the_launch_data_installs_vradix_in_the_reading_process():
     assert out.returncode == 0, out.stderr.decode()[-2000:]
     assert out.stdout.decode().startswith(f"INSTALLED {{'max_req_input_len': 1, "
                                           f"'{tokenizer_worker.LAUNCH_DATA_KEY}': 'vradix {__version__} installed'}}")
-    assert f"hooks installed in tokenizer worker" in out.stderr.decode()
+    assert "hooks installed in tokenizer worker" in out.stderr.decode()
 
 
 WORKER_WITHOUT_VRADIX = """

@@ -27,12 +27,15 @@ VERDICTS = {
     "read-only": "reads state and changes nothing a later response is computed from",
     "irrelevant": "cannot carry cached or weight-derived state into a response (the reason says why)",
     "refused": "does not start, or the call is refused; the error names the alternative",
+    # the process census (`processes`)
+    "vradix present": "a process where vradix's hooks are installed (a test finds them there), or it does not start",
+    "not needed": "a process that handles no request, control call or output vradix acts on (the reason says why)",
 }
 #: verdicts whose entries must name the tests that prove them
-NEEDS_TEST = ("publication", "generation control", "versioned", "refused")
+NEEDS_TEST = ("publication", "generation control", "versioned", "refused", "vradix present")
 #: modules of this package that hold census tables; each defines `TABLES`: {block name: (title, enumerate, table)},
 #: where `enumerate()` returns the names SGLang has now, and may define `EXTRA_BLOCKS`: {block name: render()}
-TABLE_MODULES = ("control", "environ", "flags")
+TABLE_MODULES = ("control", "environ", "flags", "processes")
 
 
 @dataclass(frozen=True)
