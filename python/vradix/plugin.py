@@ -280,7 +280,11 @@ _announced_worker = False
 def __getattr__(name: str):
     """`vradix.plugin:tokenizer_worker_app` (`settings.TOKENIZER_WORKER_APP`), the app SGLang's multi-tokenizer HTTP
     workers import once `vradix.hooks.tokenizer_worker` named it: vradix loads first (`load_in_tokenizer_worker`,
-    fail closed), then the app it replaced is served (`vradix.hooks.tokenizer_worker.serving_app`)."""
+    fail closed), then the app it replaced is served (`vradix.hooks.tokenizer_worker.serving_app`).
+    `vradix.plugin:tokenizer_worker_loaded` (`settings.TOKENIZER_WORKER_LOAD`, what the workers' launch data
+    resolves): vradix loads, fail closed, and the attribute is `load_in_tokenizer_worker`'s text."""
+    if name == "tokenizer_worker_loaded":
+        return load_in_tokenizer_worker()
     if name != "tokenizer_worker_app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     load_in_tokenizer_worker()

@@ -25,6 +25,8 @@ RAY_CHAINED_SETUP_HOOK_ENV = "VRADIX_RAY_CHAINED_SETUP_HOOK"
 #: the app SGLang's multi-tokenizer HTTP workers import (its `SGLANG_HTTP_SERVER_APP_PATH`), and where vradix's app
 #: finds the one it replaced
 TOKENIZER_WORKER_APP = "vradix.plugin:tokenizer_worker_app"
+#: what the tokenizer workers' launch data resolves when it is read: loads vradix there (`vradix.plugin`)
+TOKENIZER_WORKER_LOAD = "vradix.plugin:tokenizer_worker_loaded"
 CHAINED_APP_PATH_ENV = "VRADIX_CHAINED_HTTP_SERVER_APP_PATH"
 
 VERIFY_MODES = ("off", "sample", "strict")

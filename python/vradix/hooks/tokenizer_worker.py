@@ -23,7 +23,7 @@ import importlib
 import os
 
 from vradix import settings
-from vradix.settings import CHAINED_APP_PATH_ENV, TOKENIZER_WORKER_APP
+from vradix.settings import CHAINED_APP_PATH_ENV, TOKENIZER_WORKER_APP, TOKENIZER_WORKER_LOAD
 
 #: SGLang's setting naming the app its multi-tokenizer HTTP workers import
 APP_PATH_ENV = "SGLANG_HTTP_SERVER_APP_PATH"
@@ -63,14 +63,14 @@ def serving_app():
 
 
 class WorkerLoad:
-    """An entry of the tokenizer workers' launch data: unpickled, it is what `vradix.plugin.load_in_tokenizer_worker`
-    returns (a short text), after vradix installed in the reading process (or that process stopped with
-    `VradixInstallError`)."""
+    """An entry of the tokenizer workers' launch data: unpickled, it resolves `settings.TOKENIZER_WORKER_LOAD`, which
+    runs `vradix.plugin.load_in_tokenizer_worker` and is its short text, after vradix installed in the reading process
+    (or that process stopped with `VradixInstallError`)."""
 
     def __reduce__(self):
-        from vradix.plugin import load_in_tokenizer_worker
+        import pkgutil
 
-        return load_in_tokenizer_worker, ()
+        return pkgutil.resolve_name, (TOKENIZER_WORKER_LOAD,)
 
 
 def load_vradix_where_launch_data_is_read(original, port_args, server_args, scheduler_info, *args, **kwargs):
