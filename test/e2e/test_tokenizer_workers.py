@@ -6,7 +6,8 @@ router. vradix must be installed in each worker, or the worker must not serve (d
 One vradix server on model A (two workers, with its tokenizer for the OpenAI endpoint) runs every test; the oracle is
 a fresh stock server on model B.
 - every tokenizer worker process says it installed vradix (its pid in the log line);
-- provenance reaches the client through the workers, on `/generate` and on the OpenAI endpoint;
+- provenance reaches the client through the workers, on `/generate` and on the OpenAI endpoint, and the workers
+  serve `/vradix/cache`;
 - a bucketed weight-update session sent through the workers holds generation: a request sent between two buckets
   equals the fresh server on B (not a hybrid of A and B).
 """
@@ -16,6 +17,7 @@ import time
 
 import psutil
 import pytest
+import requests
 
 from vradix.testing.harness.reliability import oracle_outputs
 from vradix.testing.harness.scenario import PROBE, tensor_buckets
@@ -68,24 +70,32 @@ def test_provenance_reaches_the_client_through_every_worker(server):
         r = server.post("/v1/completions", {"model": "m", "prompt": "hello", "max_tokens": 2, "temperature": 0})
         assert r.status_code == 200, r.text
         assert "prefix_cache" in r.json()["metadata"], r.json()
+        inspected = server.get("/vradix/cache?limit=1")
+        assert inspected.status_code == 200 and inspected.json()["active"], inspected.text
 
 
 def test_a_session_through_the_workers_holds_generation_between_buckets(server, models, oracle_b):
+    """The session's calls go through one worker (one kept-alive connection); the request sent inside it goes on a new
+    connection, to either worker. (A session whose end reaches another worker than its begin is an open limit:
+    docs/processes.md.)"""
     server.generate(PROBE, 4)  # PROBE's prefix cached under A
-    begin = server.post("/begin_weight_update", {})
-    assert begin.status_code == 200, begin.text
-    buckets = list(tensor_buckets(models[1], 3))
-    ok = server.post("/update_weights_from_tensor", {"serialized_named_tensors": buckets[0], "weight_version": "B"})
-    assert ok.status_code == 200, ok.text
-    with cf.ThreadPoolExecutor(1) as pool:
-        mid = pool.submit(server.generate, PROBE, 4, 300)  # sent with a third of B's tensors loaded
-        for payload in buckets[1:]:
-            ok = server.post("/update_weights_from_tensor", {"serialized_named_tensors": payload,
-                                                             "weight_version": "B"})
-            assert ok.status_code == 200, ok.text
-        end = server.post("/end_weight_update", {})
-        assert end.status_code == 200 and end.json()["success"], end.text
-        out = mid.result(300)
+    with requests.Session() as one_worker:
+        def post(path, payload):
+            return one_worker.post(server.url + path, json=payload, timeout=300)
+
+        begin = post("/begin_weight_update", {})
+        assert begin.status_code == 200, begin.text
+        buckets = list(tensor_buckets(models[1], 3))
+        ok = post("/update_weights_from_tensor", {"serialized_named_tensors": buckets[0], "weight_version": "B"})
+        assert ok.status_code == 200, ok.text
+        with cf.ThreadPoolExecutor(1) as pool:
+            mid = pool.submit(server.generate, PROBE, 4, 300)  # sent with a third of B's tensors loaded
+            for payload in buckets[1:]:
+                ok = post("/update_weights_from_tensor", {"serialized_named_tensors": payload, "weight_version": "B"})
+                assert ok.status_code == 200, ok.text
+            end = post("/end_weight_update", {})
+            assert end.status_code == 200 and end.json()["success"], end.text
+            out = mid.result(300)
     assert out["output_ids"] == oracle_b[0], "a request sent inside the session ran on a hybrid of A and B"
     assert "paused in place" in begin.json()["message"] and "generation resumed" in end.json()["message"]
     assert server.generate(PROBE, 4)["output_ids"] == oracle_b[0]
