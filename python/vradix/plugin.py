@@ -20,6 +20,9 @@ server, SGLang's Ray scheduler actor) is installed, and checked the same way, wh
 (`_AfterImport`); a failure there raises `VradixInstallError` out of that import. SGLang's Ray scheduler actor never
 calls `load_plugins()`: its worker process runs `load_in_ray_scheduler_worker` instead (Ray's
 `worker_process_setup_hook`, set by `vradix.hooks.ray_actor`), which refuses to let the actor start unless vradix installed there.
+SGLang's multi-tokenizer workers (`--tokenizer-worker-num` > 1, `Engine.attach_tokenizer_worker`) never call it
+either: they run `load_in_tokenizer_worker` first (`vradix.hooks.tokenizer_worker`), which stops the worker before it
+serves unless vradix installed there.
 """
 from __future__ import annotations
 
@@ -229,13 +232,7 @@ def load_in_ray_scheduler_worker() -> None:
     try:
         load_plugins()
         if not installed():
-            why = ("VRADIX_DISABLE is set in the actor's environment" if disabled() else
-                   f"SGLANG_PLUGINS={os.environ.get('SGLANG_PLUGINS')!r} leaves it out" if excluded_by_allow_list()
-                   else "SGLang did not call its entry point")
-            raise VradixInstallError(
-                f"vradix {__version__} is active in the launcher but not installed in this Ray scheduler actor "
-                f"({why}); refusing to serve an unversioned radix cache (set VRADIX_DISABLE=1 in the launcher, "
-                "too, for stock behaviour)")
+            raise not_installed_error("this Ray scheduler actor", "the actor's")
     except VradixInstallError as e:
         raise RuntimeError(str(e)) from None
     chained = settings.value(RAY_CHAINED_SETUP_HOOK_ENV)
@@ -245,6 +242,56 @@ def load_in_ray_scheduler_worker() -> None:
         error = load_and_execute_setup_hook(chained)
         if error is not None:
             raise RuntimeError(error)
+
+
+def not_installed_error(where: str, whose: str) -> VradixInstallError:
+    """The error of a process SGLang started from a launcher with vradix active, where vradix did not install."""
+    why = (f"VRADIX_DISABLE is set in {whose} environment" if disabled() else
+           f"SGLANG_PLUGINS={os.environ.get('SGLANG_PLUGINS')!r} leaves it out" if excluded_by_allow_list()
+           else "SGLang did not call its entry point")
+    return VradixInstallError(
+        f"vradix {__version__} is active in the launcher but not installed in {where} ({why}); refusing to serve "
+        "an unversioned radix cache (set VRADIX_DISABLE=1 in the launcher, too, for stock behaviour)")
+
+
+def load_in_tokenizer_worker() -> str:
+    """Load vradix in one of SGLang's multi-tokenizer workers (an HTTP worker that uvicorn or Granian started, or an
+    `Engine.attach_tokenizer_worker` process), before it builds its TokenizerWorker: what `run_scheduler_process`
+    does first, `load_plugins()`, then vradix must be installed here, or `VradixInstallError` stops the worker
+    before it serves. Idempotent; says so on stderr once per process, naming the pid. Returns a short text (the
+    value the launch data's `WorkerLoad` entry unpickles to)."""
+    global _announced_worker
+    if not installed():
+        from sglang.srt.plugins import load_plugins
+
+        load_plugins()
+        if not installed():
+            raise not_installed_error(f"this tokenizer worker (pid {os.getpid()})", "the worker's")
+    if not _announced_worker:
+        _announced_worker = True
+        sys.stderr.write(f"vradix {__version__}: {_installed_hooks} hooks installed in tokenizer worker "
+                         f"{os.getpid()}\n")
+    return f"vradix {__version__} installed"
+
+
+_announced_worker = False
+
+
+def __getattr__(name: str):
+    """`vradix.plugin:tokenizer_worker_app` (`settings.TOKENIZER_WORKER_APP`), the app SGLang's multi-tokenizer HTTP
+    workers import once `vradix.hooks.tokenizer_worker` named it: vradix loads first (`load_in_tokenizer_worker`,
+    fail closed), then the app it replaced is served (`vradix.hooks.tokenizer_worker.serving_app`).
+    `vradix.plugin:tokenizer_worker_loaded` (`settings.TOKENIZER_WORKER_LOAD`, what the workers' launch data
+    resolves): vradix loads, fail closed, and the attribute is `load_in_tokenizer_worker`'s text."""
+    if name == "tokenizer_worker_loaded":
+        return load_in_tokenizer_worker()
+    if name != "tokenizer_worker_app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    load_in_tokenizer_worker()
+    with failing_closed():
+        from vradix.hooks.tokenizer_worker import serving_app
+
+        return serving_app()
 
 
 def supported_sglang(version: str) -> bool:

@@ -22,6 +22,12 @@ from typing import Any, Callable, Dict, Mapping, Optional
 #: Ray's `worker_process_setup_hook` for SGLang's scheduler actors, and where it finds the setup hook it replaced
 RAY_SETUP_HOOK = "vradix.plugin.load_in_ray_scheduler_worker"
 RAY_CHAINED_SETUP_HOOK_ENV = "VRADIX_RAY_CHAINED_SETUP_HOOK"
+#: the app SGLang's multi-tokenizer HTTP workers import (its `SGLANG_HTTP_SERVER_APP_PATH`), and where vradix's app
+#: finds the one it replaced
+TOKENIZER_WORKER_APP = "vradix.plugin:tokenizer_worker_app"
+#: what the tokenizer workers' launch data resolves when it is read: loads vradix there (`vradix.plugin`)
+TOKENIZER_WORKER_LOAD = "vradix.plugin:tokenizer_worker_loaded"
+CHAINED_APP_PATH_ENV = "VRADIX_CHAINED_HTTP_SERVER_APP_PATH"
 
 VERIFY_MODES = ("off", "sample", "strict")
 AUDIT_MODES = ("off", "report", "repair")
@@ -137,6 +143,9 @@ _TABLE = (
     Setting(RAY_CHAINED_SETUP_HOOK_ENV, "", "a `module.function` path (set by vradix, not by users)",
             "The Ray `worker_process_setup_hook` vradix's own hook replaced on a scheduler actor; run after it.",
             "vradix.plugin (set by vradix.hooks.ray_actor)", _text),
+    Setting(CHAINED_APP_PATH_ENV, "", "a `module:attribute` path (set by vradix, not by users)",
+            "The `SGLANG_HTTP_SERVER_APP_PATH` vradix's own multi-tokenizer worker app replaced; it serves that app.",
+            "vradix.hooks.tokenizer_worker", _text),
     Setting("VRADIX_API_KEY", "", "any text; empty: none",
             "The API key `vradix publish` and `vradix inspect` send (`Authorization: Bearer`), for servers started "
             "with `--api-key` / `--admin-api-key`; their `--api-key` flag overrides it. Read by the clients only.",

@@ -27,6 +27,8 @@ DRIVEN_BY = {
     "vradix.hooks.launcher.add_identity_flag": "test_identity.py::test_server_flag_sets_the_mode_for_scheduler_processes",
     "vradix.hooks.launcher.refuse_reused_declared_label": "test_e2e_identity.py::test_a_reused_declaration_is_refused_on_every_path_and_changes_nothing",
     "vradix.hooks.launcher.export_identity_flag": "test_identity.py::test_server_flag_sets_the_mode_for_scheduler_processes",
+    "vradix.hooks.tokenizer_worker.name_vradix_worker_app": "test_tokenizer_workers.py::test_every_tokenizer_worker_installs_vradix",
+    "vradix.hooks.tokenizer_worker.load_vradix_where_launch_data_is_read": "test_tokenizer_workers.py::test_every_tokenizer_worker_installs_vradix",
     "vradix.hooks.ray_actor.load_vradix_in_scheduler_actor": "test_ray_actor.py::test_a_ray_scheduler_actor_serves_with_vradix_and_a_publication_is_verified",
     "vradix.hooks.startup.tap_startup_load": "test_publication_hooks.py::test_fingerprint_mode_proves_equal_weights_and_tells_different_ones_apart",
     "vradix.hooks.startup.refuse_unversioned_launch": "test_coverage.py::test_a_refused_flag_stops_the_engine_start_too",

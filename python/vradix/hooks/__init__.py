@@ -3,7 +3,8 @@ every vradix step; `vradix.plugin.register()` does so only inside its fail-close
 from __future__ import annotations
 
 from vradix.hooks import (admission, census, control, hicache, inspector, launcher, ledger, lora, pd, pd_launcher,
-                          prefill, publication, ray_actor, reclaim, reconfigure, report, server_info, startup, storage)
+                          prefill, publication, ray_actor, reclaim, reconfigure, report, server_info, startup, storage,
+                          tokenizer_worker)
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
@@ -49,6 +50,13 @@ HOOKS = [
     # the launch rules again where the engine starts (the launcher's copies above run only where SGLang's argument
     # check runs): a scheduler vradix cannot version is not built
     (f"{_SCHED}.__init__", "BEFORE", startup.refuse_unversioned_launch),
+    # multi-tokenizer workers (--tokenizer-worker-num > 1, Engine.attach_tokenizer_worker) never call load_plugins():
+    # each loads vradix before it builds its TokenizerWorker (the app its HTTP workers import, and the launch data
+    # every worker reads), or stops before it serves
+    ("sglang.srt.entrypoints.http_server._setup_and_run_http_server", "BEFORE",
+     tokenizer_worker.name_vradix_worker_app),
+    ("sglang.srt.managers.multi_tokenizer_mixin.write_data_for_multi_tokenizer", "AROUND",
+     tokenizer_worker.load_vradix_where_launch_data_is_read),
     (f"{_SCHED}.__init__", "AFTER", startup.attach_to_scheduler),
     # 1. admission: stamp, and re-bind queued requests before they match
     (f"{_SCHED}._maybe_namespace_elastic_radix_cache", "AFTER", admission.stamp_request),

@@ -29,13 +29,16 @@ VERDICTS = {
     "refused": "does not start, or the call is refused; the error names the alternative",
     "re-checked": "a runtime change checked like a launch where the scheduler receives it (what the launch refuses is "
                   "refused, nothing changed) and what startup derived is derived again",
+    # the process census (`processes`)
+    "vradix present": "a process where vradix's hooks are installed (a test finds them there), or it does not start",
+    "not needed": "a process that handles no request, control call or output vradix acts on (the reason says why)",
 }
 #: verdicts whose entries must name the tests that prove them
-NEEDS_TEST = ("publication", "generation control", "versioned", "refused", "re-checked")
+NEEDS_TEST = ("publication", "generation control", "versioned", "refused", "re-checked", "vradix present")
 #: modules of this package that hold census tables; each defines `TABLES`: {block name: (title, enumerate, table)},
 #: where `enumerate()` returns the names SGLang has now, and may define `EXTRA_BLOCKS`: {block name: render()} and
 #: `DOC`, the page under docs/ its blocks are embedded in (`doc_of`; docs/coverage.md by default)
-TABLE_MODULES = ("control", "environ", "flags", "runtime")
+TABLE_MODULES = ("control", "environ", "flags", "processes", "runtime")
 
 
 @dataclass(frozen=True)
