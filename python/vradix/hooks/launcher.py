@@ -53,9 +53,16 @@ async def hold_generation_for_session(original, tokenizer_manager, obj, *args, *
     requests in the TokenizerManager. The scheduler decides the hold too (`scheduler.publication.Publication
     .hold_generation`): a session whose begin finds the scheduler unpaused (this copy absent) pauses it in place there
     and refuses the requests that reach it until the end, so neither a half-written forward nor that wait happens.
-    The in-place pause also makes in-flight requests cross the publication with their KV, as with an explicit pause."""
+    The in-place pause also makes in-flight requests cross the publication with their KV, as with an explicit pause.
+    With several tokenizer workers the hold is left to the scheduler (`Publication.hold_generation`), which keeps it
+    once per engine, whichever worker the session's calls reach; requests sent inside the session are then refused
+    with HTTP 400 naming end_weight_update instead of held."""
     from sglang.srt.managers.io_struct import PauseGenerationReqInput
 
+    if several_tokenizer_workers(tokenizer_manager):
+        # each worker is a process of its own: a hold kept here would be this worker's, and an end_weight_update
+        # reaching another worker would never release it; the scheduler's own hold is one per engine
+        return await original(tokenizer_manager, obj, *args, **kwargs)
     paused_here = not tokenizer_manager.is_pause
     if paused_here:
         await tokenizer_manager.pause_generation(PauseGenerationReqInput(mode="in_place"))
@@ -74,6 +81,11 @@ async def hold_generation_for_session(original, tokenizer_manager, obj, *args, *
         else:
             await resume_generation(tokenizer_manager)
     return success, message
+
+
+def several_tokenizer_workers(tokenizer_manager) -> bool:
+    """Whether the engine serves through several tokenizer workers (`--tokenizer-worker-num` above 1)."""
+    return int(getattr(getattr(tokenizer_manager, "server_args", None), "tokenizer_worker_num", 1) or 1) > 1
 
 
 async def release_generation_after_session(original, tokenizer_manager, obj, *args, **kwargs):
