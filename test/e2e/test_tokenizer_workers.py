@@ -8,16 +8,15 @@ a fresh stock server on model B.
 - every tokenizer worker process says it installed vradix (its pid in the log line);
 - provenance reaches the client through the workers, on `/generate` and on the OpenAI endpoint, and the workers
   serve `/vradix/cache`;
-- a bucketed weight-update session whose calls reach any worker is held once per engine, by the scheduler: a request
-  sent between two buckets is refused with HTTP 400 (never run on a hybrid of A and B), the end resumes generation,
-  and outputs then equal the fresh server on B.
+- a bucketed weight-update session sent through the workers holds generation: a request sent between two buckets
+  equals the fresh server on B (not a hybrid of A and B).
 """
+import concurrent.futures as cf
 import re
 import time
 
 import psutil
 import pytest
-import requests
 
 from vradix.testing.harness.reliability import oracle_outputs
 from vradix.testing.harness.scenario import PROBE, tensor_buckets
@@ -74,24 +73,25 @@ def test_provenance_reaches_the_client_through_every_worker(server):
         assert inspected.status_code == 200 and inspected.json()["active"], inspected.text
 
 
-def test_a_session_through_the_workers_is_held_once_per_engine_by_the_scheduler(server, models, oracle_b):
-    """Each session call goes on a connection of its own, so begin and end may reach different workers: the
-    scheduler holds generation from the begin to the end, once per engine. A request sent inside the session is
-    refused with HTTP 400 naming end_weight_update (never run on a hybrid of A and B, never held where it would keep
-    a worker's update lock); after the end, outputs equal a fresh server on B."""
+def test_a_session_through_the_workers_holds_generation_between_buckets(server, models, oracle_b):
+    """Each session call goes on a connection of its own, so its begin and end may reach different workers; the
+    request sent inside it goes on another. SGLang broadcasts the begin's pause to every worker, and the end resumes
+    generation whichever worker it reaches."""
     server.generate(PROBE, 4)  # PROBE's prefix cached under A
     begin = server.post("/begin_weight_update", {})
     assert begin.status_code == 200, begin.text
     buckets = list(tensor_buckets(models[1], 3))
     ok = server.post("/update_weights_from_tensor", {"serialized_named_tensors": buckets[0], "weight_version": "B"})
     assert ok.status_code == 200, ok.text
-    mid = requests.post(server.url + "/generate", json={"input_ids": PROBE, "sampling_params": {"max_new_tokens": 4}},
-                        timeout=120)  # sent with a third of B's tensors loaded
-    assert mid.status_code == 400 and "end_weight_update" in mid.text, mid.text
-    for payload in buckets[1:]:
-        ok = server.post("/update_weights_from_tensor", {"serialized_named_tensors": payload, "weight_version": "B"})
-        assert ok.status_code == 200, ok.text
-    end = server.post("/end_weight_update", {})
-    assert end.status_code == 200 and end.json()["success"], end.text
-    assert "generation resumed" in end.json()["message"], end.text
+    with cf.ThreadPoolExecutor(1) as pool:
+        mid = pool.submit(server.generate, PROBE, 4, 300)  # sent with a third of B's tensors loaded
+        for payload in buckets[1:]:
+            ok = server.post("/update_weights_from_tensor", {"serialized_named_tensors": payload,
+                                                             "weight_version": "B"})
+            assert ok.status_code == 200, ok.text
+        end = server.post("/end_weight_update", {})
+        assert end.status_code == 200 and end.json()["success"], end.text
+        out = mid.result(300)
+    assert out["output_ids"] == oracle_b[0], "a request sent inside the session ran on a hybrid of A and B"
+    assert "paused in place" in begin.json()["message"] and "generation resumed" in end.json()["message"]
     assert server.generate(PROBE, 4)["output_ids"] == oracle_b[0]

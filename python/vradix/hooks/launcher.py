@@ -54,15 +54,10 @@ async def hold_generation_for_session(original, tokenizer_manager, obj, *args, *
     .hold_generation`): a session whose begin finds the scheduler unpaused (this copy absent) pauses it in place there
     and refuses the requests that reach it until the end, so neither a half-written forward nor that wait happens.
     The in-place pause also makes in-flight requests cross the publication with their KV, as with an explicit pause.
-    With several tokenizer workers the hold is left to the scheduler (`Publication.hold_generation`), which keeps it
-    once per engine, whichever worker the session's calls reach; requests sent inside the session are then refused
-    with HTTP 400 naming end_weight_update instead of held."""
+    With several tokenizer workers SGLang broadcasts the pause to every worker, so requests wait in each worker; the
+    session's end resumes generation whichever worker it reaches (`release_generation_after_session`)."""
     from sglang.srt.managers.io_struct import PauseGenerationReqInput
 
-    if several_tokenizer_workers(tokenizer_manager):
-        # each worker is a process of its own: a hold kept here would be this worker's, and an end_weight_update
-        # reaching another worker would never release it; the scheduler's own hold is one per engine
-        return await original(tokenizer_manager, obj, *args, **kwargs)
     paused_here = not tokenizer_manager.is_pause
     if paused_here:
         await tokenizer_manager.pause_generation(PauseGenerationReqInput(mode="in_place"))
@@ -90,11 +85,16 @@ def several_tokenizer_workers(tokenizer_manager) -> bool:
 
 async def release_generation_after_session(original, tokenizer_manager, obj, *args, **kwargs):
     """AROUND TokenizerControlMixin.end_weight_update: resume generation once the session ended, only if its begin
-    paused it (an explicit pause stays the caller's) and nobody resumed it meanwhile."""
+    paused it (an explicit pause stays the caller's) and nobody resumed it meanwhile. With several tokenizer workers
+    a paused engine is resumed at the end whoever paused it (the begin's record is in another process): the weights
+    are published by then, so generation resuming before the caller's own continue reads only the new epoch."""
     success, message = await original(tokenizer_manager, obj, *args, **kwargs)
     if success or NO_SESSION_OPEN in message:
         tokenizer_manager._vradix_session_open = False
-    held = getattr(tokenizer_manager, "_vradix_session_paused", False)
+    # with several tokenizer workers the begin may have reached another worker, whose record this one cannot read:
+    # every worker's pause is SGLang's broadcast one, so a paused engine at the end is resumed
+    held = getattr(tokenizer_manager, "_vradix_session_paused", False) or (
+        several_tokenizer_workers(tokenizer_manager) and tokenizer_manager.is_pause)
     if held and not success:
         message += (" [vradix: generation stays paused (the session's begin paused it); resume it with "
                     "/continue_generation once the session is resolved]")
