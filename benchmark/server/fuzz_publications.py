@@ -40,9 +40,11 @@ def main(argv=None) -> int:
     p.add_argument("--windowed", action="store_true",
                    help="only combinations with a staleness window (drawn from the same seed until there are enough)")
     p.add_argument("--match", default=None, help="only combinations whose name matches this regular expression")
+    p.add_argument("--http-workers", action="store_true",
+                   default=os.environ.get(fuzzer.HTTP_WORKERS_ENV) == "1",
+                   help="draw the HTTP-workers dimension (--tokenizer-worker-num 2; off by default)")
     p.add_argument("--no-http-workers", dest="http_workers", action="store_false",
-                   default=os.environ.get(fuzzer.HTTP_WORKERS_ENV, "1") != "0",
-                   help="do not draw the HTTP-workers dimension (--tokenizer-worker-num 2; drawn by default)")
+                   help="leave the HTTP-workers dimension out (the default)")
     p.add_argument("--list", action="store_true", help="print the combinations drawn and exit")
     a = p.parse_args(argv)
     combos = list(itertools.islice((c for c in fuzzer.combinations(a.seed, http_workers=a.http_workers)
