@@ -30,6 +30,8 @@ HICACHE = ("test_hicache_l2.py::test_stale_host_copies_are_unmatchable_and_freed
            "test_e2e_hicache.py::test_in_place_publication_misses_device_host_and_storage")
 HICACHE_L3 = ("test_e2e_hicache.py::test_vradix_restart_on_new_weights_never_reads_the_old_weights_pages",
               "test_l3.py::test_the_landing_guard_discards_a_prefetch_the_publication_did_not_revoke")
+ONE_IDENTITY = ("test_e2e_identity.py::"
+                "test_every_rank_of_a_default_mode_tp2_and_dp2_engine_reports_one_weight_id_and_publish_verifies_them")
 BUFFER_ONLY = ("test_l3.py::test_a_prefetch_in_flight_at_a_publication_is_revoked_and_frees_its_host_pages",
                "test_e2e_buffer_only.py::test_a_publication_with_a_buffer_only_prefetch_in_flight_equals_a_fresh_server_on_the_new_weights")
 LINKER = ("test_coverage.py::test_storage_keys_of_two_weight_identities_never_collide",)
@@ -119,7 +121,7 @@ _NETWORK = _same(
     "irrelevant", "addresses, ports, transports, credentials and process placement: how the engine is reached "
     "and wired, not what it caches (a P/D transfer's content is checked by the handshake whatever its transport)")
 _TEXT = _same(
-    "tokenizer_path tokenizer_mode tokenizer_backend tokenizer_worker_num detokenizer_worker_num skip_tokenizer_init "
+    "tokenizer_path tokenizer_mode tokenizer_backend detokenizer_worker_num skip_tokenizer_init "
     "served_model_name chat_template trust_request_chat_template hf_chat_template_name completion_template "
     "file_storage_path return_input_ids return_output_ids reasoning_parser default_chat_template_kwargs "
     "strip_thinking_cache enable_strict_thinking tool_call_parser tool_server sampling_defaults "
@@ -349,7 +351,13 @@ _OWN: Dict[str, Entry] = {
                         (REFUSED_AT_LAUNCH, "test_scheduler_refusals.py::"
                                             "test_pipeline_parallelism_is_refused_at_launch_and_at_engine_start")),
     "dp_size": Entry("versioned", "each data-parallel replica's scheduler keeps its own tree, attached and bumped "
-                     "like any (row dp-attention); a publication reaches every replica", TP),
+                     "like any (row dp-attention); a publication reaches every replica, and every replica reports "
+                     "the engine's one weight identity", TP + (ONE_IDENTITY,)),
+    "tokenizer_worker_num": Entry("versioned", "above 1, SGLang's HTTP workers are processes that never load "
+                                  "plugins: each loads vradix before it serves, or stops (docs/processes.md)",
+                                  ("test_tokenizer_workers.py::test_every_tokenizer_worker_installs_vradix",
+                                   "test_tokenizer_workers.py::"
+                                   "test_a_session_through_the_workers_holds_generation_between_buckets")),
     "enable_dp_attention": Entry("versioned", "per-rank trees, each attached; no cross-rank reuse (row "
                                  "dp-attention)", TP),
     "disable_radix_cache": Entry("versioned", "no prefix tree: vradix runs treeless and versions the weight-derived "
