@@ -44,15 +44,6 @@ MULTI_RANK = {"tp2": dict(tp_size=2), "dp2": dict(extra_args=["--dp-size", "2"],
                                                  env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})}
 
 
-@pytest.fixture(scope="module")
-def multi_rank(models, server_pool):
-    """{name: server} of `MULTI_RANK`, started together and used once."""
-    server_pool.prestart(*[(models[0], kw) for kw in MULTI_RANK.values()])
-    with server_pool.lease(models[0], once=True, **MULTI_RANK["tp2"]) as tp2, \
-            server_pool.lease(models[0], once=True, **MULTI_RANK["dp2"]) as dp2:
-        yield {"tp2": tp2, "dp2": dp2}
-
-
 def rank_blocks(server) -> list:
     """Every scheduler rank's vradix block: each DP rank's, and each TP rank's within it."""
     info = server.get("/get_server_info").json()
@@ -177,28 +168,28 @@ def test_a_fleet_mixing_declared_and_fingerprint_engines_is_refused_before_anyth
         assert x.generate(PROBE, 1)["meta_info"]["completion_tokens"] == 1
 
 
+@pytest.mark.parametrize("name", list(MULTI_RANK))
 def test_every_rank_of_a_default_mode_tp2_and_dp2_engine_reports_one_weight_id_and_publish_verifies_them(
-        multi_rank, models, server_pool):
+        name, models, server_pool):
     """Nonce identities (the default mode off P/D) are derived from the engine's launch, so the two ranks of a TP = 2
     and of a DP = 2 engine report one `weight_id`, at startup and after `vradix publish` (which fails a publication
-    whose ranks disagree). A prefix cached under A is not reused under B: outputs equal a fresh stock server on B."""
+    whose ranks disagree). A prefix cached under A is not reused under B: outputs equal a fresh stock server on B.
+    One multi-rank engine runs at a time (each holds two scheduler processes)."""
     prompts = [PROBE, PREFIX + [7, 8, 9]]
     oracle = fresh_stock_outputs({"B": models[1]}, lambda s: [s.generate(p, 4)["output_ids"] for p in prompts],
                                  pool=server_pool)["B"]
-    before = {}
-    for name, s in multi_rank.items():
+    with server_pool.lease(models[0], once=True, **MULTI_RANK[name]) as s:
         blocks = rank_blocks(s)
-        assert len(blocks) == 2, (name, blocks)
+        assert len(blocks) == 2, blocks
         ids = {b["weight_id"] for b in blocks}
-        assert len(ids) == 1 and ids.pop().startswith("nonce:"), (name, blocks)
-        before[name] = blocks[0]["weight_id"]
+        assert len(ids) == 1 and ids.pop().startswith("nonce:"), blocks
+        before = blocks[0]["weight_id"]
         for p in prompts:  # caches the prefixes under A (on every DP rank the router picks)
             s.generate(p, 4)
-    result = publish([s.url for s in multi_rank.values()], models[1], "multi-rank-b")
-    assert [e.verified for e in result] == [True, True], [e.evidence() for e in result]
-    for name, s in multi_rank.items():
+        result = publish([s.url], models[1], "multi-rank-b")
+        assert [e.verified for e in result] == [True], [e.evidence() for e in result]
         blocks = rank_blocks(s)
         ids = {b["weight_id"] for b in blocks}
-        assert len(ids) == 1 and before[name] not in ids and {b["epoch"] for b in blocks} == {1}, (name, blocks)
+        assert len(ids) == 1 and before not in ids and {b["epoch"] for b in blocks} == {1}, blocks
         for _ in range(2):  # both DP ranks serve (round robin)
-            assert [s.generate(p, 4)["output_ids"] for p in prompts] == oracle, name
+            assert [s.generate(p, 4)["output_ids"] for p in prompts] == oracle
