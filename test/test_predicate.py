@@ -1,4 +1,4 @@
-"""The one predicate (seed 001): pause mode and radix sharing derived together; unsafe combinations rejected."""
+"""The one predicate: pause mode and radix sharing derived together; unsafe combinations rejected."""
 import itertools
 
 import pytest
