@@ -120,7 +120,7 @@ CACHE_CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
 def env(request):
     """A 2048-token UnifiedRadixCache on the named tree core and page size, with vradix attached: `(fixture, state)`.
     A module that needs another size defines its own `env`."""
-    from vradix.core.state import attach
+    from vradix.engine import attach
     from vradix.testing.harness.cache_fixture import build_cache
     core, ps = request.param
     fx = build_cache(core, ps, kv_tokens=2048)

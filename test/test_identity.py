@@ -15,7 +15,7 @@ from sglang.srt.server_args import prepare_server_args
 from vradix import identity, settings
 from vradix.core.admission import stamp
 from vradix.core.epochs import bump
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache
 
 TOKENS = list(range(100, 164))

@@ -19,7 +19,8 @@ PKG = pathlib.Path(__file__).resolve().parents[1] / "python" / "vradix"
 
 #: owner module -> the records it defines (each record's fields are written only there)
 RECORDS = {
-    "vradix.core.state": ("EpochState", "Bump", "GuardRecord", "LoraRecord", "DedupRecord", "FreedCounters",
+    "vradix.engine": ("Engine",),
+    "vradix.core.state": ("Bump", "GuardRecord", "LoraRecord", "DedupRecord", "FreedCounters",
                           "StorageCounters", "SessionRecord", "WeightSession", "TreelessState"),
     "vradix.request": ("ReqState",),
     "vradix.core.deferred_reclaim": ("DeferredReclaim",),
@@ -31,7 +32,7 @@ NOT_RECORDS = {
     "EpochIdentity": "frozen: it cannot be written at all",
 }
 #: the names the code base gives a record where nothing else says what a name holds
-CONVENTIONAL = {"state": "EpochState", "st": "ReqState", "inv": "Bump", "q": "DeferredReclaim",
+CONVENTIONAL = {"state": "Engine", "st": "ReqState", "inv": "Bump", "q": "DeferredReclaim",
                 "rec": "StalenessRecord", "session": "WeightSession", "treeless": "TreelessState"}
 MUTATORS = {"append", "extend", "insert", "pop", "popitem", "clear", "update", "setdefault", "remove", "add",
             "discard", "move_to_end", "sort", "reverse"}
@@ -209,8 +210,8 @@ def test_no_module_writes_a_record_it_does_not_own(checker):
 PLANTED = [
     ("def f(state):\n    state.freed.tokens_total += 1\n", "state.freed.tokens_total (FreedCounters"),
     ("from vradix import request\ndef f(req):\n    s = request.of(req)\n    s.crossed = True\n", "s.crossed (ReqState"),
-    ("def f(x: EpochState):\n    setattr(x, 'label', 'v2')\n", "x.label (EpochState"),
-    ("def f(state, req):\n    state.crossing[id(req)] = req\n", "state.crossing (EpochState"),
+    ("def f(x: Engine):\n    setattr(x, 'label', 'v2')\n", "x.label (Engine"),
+    ("def f(state, req):\n    state.crossing[id(req)] = req\n", "state.crossing (Engine"),
     ("def f(state, k):\n    state.lora.adapter_ids.pop(k, None)\n", "state.lora.adapter_ids (LoraRecord"),
     ("def f(scheduler):\n    inv = bump_scheduler(scheduler, reason='r')\n    inv.drain_ms = 1.0\n",
      "inv.drain_ms (Bump"),
@@ -229,7 +230,7 @@ def test_the_check_reports_a_planted_write(checker, source, reported):
 
 
 @pytest.mark.parametrize("source", [
-    "def f(stats):\n    stats.deferred += 1\n",  # a DedupStats, whose field shares a name with EpochState's
+    "def f(stats):\n    stats.deferred += 1\n",  # a DedupStats, whose field shares a name with Engine's
     "def f(cache):\n    session = cache.session\n    session.buckets = 0\n",  # assigned from no record
     "def f(req):\n    req.extra_key = None\n",
 ])
@@ -259,9 +260,10 @@ def test_a_requests_epoch_and_history_are_read_from_one_bind():
 
 
 def test_the_last_bump_is_the_later_of_the_last_publication_and_the_last_flush():
-    from vradix.core.state import Bump, EpochState
+    from vradix.engine import Engine
+    from vradix.core.state import Bump
 
-    state = EpochState(tree_core="t")
+    state = Engine(tree_core="t")
     assert state.last is None
     publication = Bump(0, 1, "a", "update")
     state.record_bump(publication, is_publication=True)

@@ -13,10 +13,10 @@ from vradix import request
 from vradix.core import epochs
 from vradix.core.admission import stamp
 from vradix.ledger.guard import GuardConfig
-from vradix.hooks.ledger import backstop_extend_batch, read_verdicts_at_result
+from vradix.hooks.serving import at_result, before_forward
 from vradix.testing.harness.cache_fixture import ForwardWrite
 from vradix.request import UnstampedRequestError
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache, seq
 
 
@@ -78,8 +78,8 @@ def test_the_sample_guard_names_the_request_whose_row_is_corrupt(env, caplog):
     batch = ForwardWrite(out_cache_loc=torch.empty(0, dtype=torch.int64), reqs=reqs,
                          prefix_lens=[r.prefix_len for r in reqs])
     with caplog.at_level(logging.ERROR, logger="vradix"):
-        backstop_extend_batch(fx.scheduler_view(), batch)
-        read_verdicts_at_result(fx.scheduler_view(), batch)
+        before_forward(fx.scheduler_view(), batch)
+        at_result(fx.scheduler_view(), batch)
     assert state.guard.stats.violations_caught == 2  # both read the shared page, each checked against its own range
     assert f"request {reqs[1].rid} would read 1 of 40" in state.guard.stats.last_violation
     assert state.guard.stats.last_violation.endswith("detected only (sample mode)")

@@ -29,7 +29,7 @@ def percentile(xs, q):
 def build(core: str, args):
     from vradix.core import epochs
     from vradix.core.admission import stamp
-    from vradix.core.state import attach
+    from vradix.engine import attach
     from vradix.testing.harness.cache_fixture import build_cache
 
     fx = build_cache(core, args.page_size, kv_tokens=args.cached_tokens + 64 * 1024, max_reqs=args.live + 8,

@@ -62,7 +62,7 @@ def fill(fx, tokens: int, lock_frac: float = 0.01):
 
 def bench_publication(core: str, sizes, repeats: int):
     from vradix.core import epochs, deferred_reclaim
-    from vradix.core.state import attach
+    from vradix.engine import attach
     from vradix.testing.harness.cache_fixture import build_cache
 
     rows = []
@@ -121,45 +121,24 @@ def bench_publication(core: str, sizes, repeats: int):
 STEADY_WARMUP = 256
 
 
-#: when fewer KV slots than this are free, the steady loop evicts `STEADY_EVICT_TOKENS` of cached KV at once (as a
-#: scheduler under memory pressure does), so a loop longer than the pool holds (10,000 requests) keeps running
-STEADY_LOW_WATER = 4096
-STEADY_EVICT_TOKENS = 1 << 16
-
-
-def make_room(fx) -> None:
-    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
-    if fx.allocator.available_size() < STEADY_LOW_WATER:
-        fx.cache.evict(EvictParams(num_tokens=STEADY_EVICT_TOKENS))
-
-
 def bench_steady(core: str, nreq: int) -> dict:
-    """One child run of the steady-state loop: {"wall": requests/s over wall time, "cpu": requests/s over this
-    process's CPU time}, after `STEADY_WARMUP` untimed requests. The CPU-time rate is the one other jobs on a shared
-    machine disturb least."""
-    from vradix.core.admission import stamp
-    from vradix.core.state import attach
+    """One child run of the steady-state loop (`vradix.testing.harness.steady.serve`): {"wall": requests/s over wall
+    time, "cpu": requests/s over this process's CPU time}, after `STEADY_WARMUP` untimed requests. The CPU-time rate
+    is the one other jobs on a shared machine disturb least."""
+    from vradix.engine import attach
+    from vradix.testing.harness import steady
     from vradix.testing.harness.cache_fixture import build_cache
     from sglang.srt.plugins import load_plugins
 
     torch.set_num_threads(1)
     load_plugins()
     fx = build_cache(core, 1, kv_tokens=1 << 19, max_reqs=64)
-    state = attach(fx.cache) if not os.environ.get("VRADIX_DISABLE") else None
-    def serve(reqs):
-        for toks in reqs:
-            make_room(fx)
-            r = fx.make_req(toks)
-            if state is not None:
-                stamp(state, r)
-            fx.admit(r)
-            fx.prefill(r)
-            fx.finish(r)
-
-    serve([[40000 + (i // 8 * 131 + j) % 30000 for j in range(512)] + [i % 8 + 7, i] for i in range(STEADY_WARMUP)])
-    reqs = [[(i // 8 * 131 + j) % 30000 + 2 for j in range(512)] + [i % 8 + 7, i] for i in range(nreq)]
+    if not os.environ.get("VRADIX_DISABLE"):
+        attach(fx.cache)
+    steady.serve(fx, steady.prompts(STEADY_WARMUP, base=40000))
+    reqs = steady.prompts(nreq)
     t, c = time.perf_counter(), time.process_time()
-    serve(reqs)
+    steady.serve(fx, reqs)
     return {"wall": nreq / (time.perf_counter() - t), "cpu": nreq / (time.process_time() - c)}
 
 

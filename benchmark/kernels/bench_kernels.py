@@ -122,7 +122,7 @@ def guard_overhead(repeats: int) -> list[dict]:
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from vradix.core.admission import stamp
         from vradix.hooks.ledger import backstop_extend_batch
-        from vradix.core.state import attach
+        from vradix.engine import attach
         from vradix.testing.harness.cache_fixture import ForwardWrite, build_cache
     except ImportError:
         return []

@@ -55,7 +55,7 @@ Invariants of the namespace:
   in the HiCache storage seed, which hashes `extra_key` and `cache_salt` together.
 - Prefix, never suffix: SGLang reads the LoRA id from the *end* of `extra_key` (`LoRANameTable.resolve`).
 - The adapter tag starts with the reserved control character `\x1e`, so no user key can forge it either.
-- Two epochs of one process never share a namespace string (`state.EpochState.bind_identity`).
+- Two epochs of one process never share a namespace string (`vradix.engine.Engine.bind_identity`).
 """
 from __future__ import annotations
 

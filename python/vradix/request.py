@@ -34,6 +34,10 @@ class HistoryEntry(NamedTuple):
     weight_id: str
 
 
+#: the one attribute vradix sets on an SGLang `Req`: its `ReqState`
+ATTR = "_vradix"
+
+
 class UnstampedRequestError(RuntimeError):
     """A request reached the radix cache without being bound to an epoch: vradix refuses to guess its namespace."""
 
@@ -156,7 +160,7 @@ class ReqState:
 
 def of(req) -> Optional[ReqState]:
     """The request's vradix state, or None when vradix never admitted it."""
-    return getattr(req, "_vradix", None)
+    return getattr(req, ATTR, None)
 
 
 def require(req) -> ReqState:
@@ -170,8 +174,8 @@ def require(req) -> ReqState:
 
 
 def attach(req, user_key: Optional[str], bound: HistoryEntry) -> ReqState:
-    st = ReqState(user_key=user_key, bound=bound)
-    req._vradix = st
+    st = ReqState(user_key, bound)
+    setattr(req, ATTR, st)
     return st
 
 
@@ -207,8 +211,8 @@ def holds_own_kv(req) -> bool:
 
 
 def bind_entry(state) -> HistoryEntry:
-    """The history entry of a request bound to `state`'s (an `EpochState`) current epoch now."""
-    return HistoryEntry(0, state.epoch, state.label, state.weight_id)
+    """The history entry of a request bound to `state`'s (an `Engine`) current epoch now."""
+    return state.current
 
 
 def record_bind(st: ReqState, state) -> None:

@@ -13,7 +13,7 @@ from sglang.srt.mem_cache import common
 
 from vradix.core import epochs, lora, reclaim, deferred_reclaim
 from vradix.core.admission import stamp
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache, seq
 
 
@@ -70,28 +70,39 @@ def test_crossing_request_unlocked_outside_release_is_dropped_at_next_bump_and_i
     assert inv.tokens_freed == stale and fx.cache.evictable_size() == 0 and fx.cache.protected_size() == 0
 
 
-# ---- LoRA: the remembered-node sets are pruned in amortised O(1) per insert ------------------------------------------
+# ---- LoRA: nothing per insert; the unload frees the adapter's entries, and only those, in one walk -------------------
 @pytest.mark.parametrize("core", ["rust", "python"])
-def test_adapter_node_set_prunes_in_amortised_constant_time(core, monkeypatch):
-    """Inserts through the real `checkpoint_into_tree` hook; every remembered node stays alive (the worst case for a
-    prune that keeps nothing back). Counted: liveness checks (each one path query) and prune passes, not time."""
+def test_adapter_unload_frees_exactly_its_unlocked_entries_in_one_walk(core):
+    """200 inserts of adapter X and some of Y and of the base model: the unload of X frees every unlocked X entry
+    (the locked one stays), nothing of Y's or the base model's, and looks each evictable node up once."""
     fx = build_cache(core, 1, kv_tokens=4096)
     state = attach(fx.cache)
-    monkeypatch.setattr(lora, "PRUNE_AT", 8)
-    checks = []
-    real_alive = lora._alive
-    monkeypatch.setattr(lora, "_alive", lambda cache, n: checks.append(n) or real_alive(cache, n))
-    inserts = 200
-    for i in range(inserts):
-        r = fx.make_req([1000 + i, 7, 7, 7, 7, 1], lora_id="X")  # distinct first token: one new leaf per request
+
+    def run(tokens, lora_id=None):
+        r = fx.make_req(tokens, lora_id=lora_id)
         stamp(state, r)
         fx.admit(r)
         fx.prefill(r)
-        fx.finish(r)
-    entry = state.lora.adapter_nodes["X"]
-    assert len(entry.nodes) == inserts
-    assert len(checks) <= 4 * inserts, f"{len(checks)} liveness checks for {inserts} inserts"
-    assert entry.prunes <= (inserts // 8).bit_length() + 1  # the threshold doubles: 8, 16, 32, ...
+        return r
+
+    for i in range(200):
+        fx.finish(run([1000 + i, 7, 7, 7, 7, 1], "X"))  # distinct first token: one new leaf per request
+    for i in range(20):
+        fx.finish(run([1000 + i, 7, 7, 7, 7, 1], "Y"))
+        fx.finish(run([1000 + i, 7, 7, 7, 7, 1]))
+    held = run([5000, 7, 7, 7, 7, 1], "X")
+    others = fx.cache.evictable_size() - 200 * 6
+    lookups = []
+    real = fx.cache.tree_core.prefetch_anchor_info
+    fx.cache.tree_core.prefetch_anchor_info = lambda n: lookups.append(n) or real(n)
+    try:
+        freed = lora.free_adapter_entries(state, fx.cache, "X")
+    finally:
+        del fx.cache.tree_core.prefetch_anchor_info
+    assert freed == 200 * 6 and fx.cache.evictable_size() == others == 2 * 20 * 6
+    assert len(lookups) == len(set(lookups)) <= 200 + 2 * 20 + 1  # each candidate once
+    fx.finish(held)
+    assert lora.free_adapter_entries(state, fx.cache, "X") == 6  # released: now unlocked, freed by the next unload
 
 
 # ---- release-time reclaim: read-only lock probe, one path query per released path ------------------------------------

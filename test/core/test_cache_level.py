@@ -185,11 +185,10 @@ def test_reserved_marker_in_user_key_is_rejected(env, forged):
 
 
 def test_only_a_request_that_never_left_its_epoch_releases_on_the_plain_path(env):
-    """`release_is_plain` lets a release skip vradix entirely: never for a crossing request (its stale path must be
-    freed and its provenance spans read), nor for a bounded one."""
-    from vradix.hooks.reclaim import release_is_plain
-
+    """`Engine.release_is_plain` lets a release skip vradix entirely: never for a crossing request (its stale path must
+    be freed and its provenance spans read), nor for a bounded one."""
     fx, state = env
+    release_is_plain = type(state).release_is_plain
     plain = new_req(fx, state, seq(3000, 32) + [1])
     fx.admit(plain)
     fx.prefill(plain)

@@ -17,7 +17,7 @@ from sglang.srt.mem_cache.base_prefix_cache import InsertParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from vradix.core import epochs
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache, seq
 
 CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]
@@ -182,7 +182,7 @@ def test_a_publication_mid_reclaim_and_a_crossing_release_keep_the_accounting_ex
     freed_at_second, tree_at_second = (state.freed.tokens_total,
                                        fx.cache.evictable_size() + fx.cache.protected_size())
     bump(fx, state, live=[a, b])  # epoch 2 while epoch 0 is partly reclaimed: epoch 1 joins the pending KV
-    assert q.active and q.watermark is None and q.pending_tokens == fx.cache.evictable_size()
+    assert q.active and q.pending_tokens == fx.cache.evictable_size()
     reclaim_slice(fx.scheduler_view(running=[a, b]))
     freed_before = state.freed.tokens_total
     fx.finish(a)  # a crossing request released while its epoch's stale KV is pending
@@ -218,8 +218,8 @@ def test_the_audit_does_not_count_pages_awaiting_the_deferred_reclaim_as_leaks(c
 
 
 def test_node_ids_only_grow():
-    """The watermark rests on this: both tree cores mint node ids from one increasing counter and never reuse one,
-    across evictions and resets."""
+    """The prefix hits rest on this (an entry whose node is gone is skipped, never confused with a new node): both
+    tree cores mint node ids from one increasing counter and never reuse one, across evictions and resets."""
     for core in ("rust", "python"):
         fx = build_cache(core, 1, kv_tokens=1024)
         state = attach(fx.cache)

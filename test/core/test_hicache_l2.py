@@ -17,7 +17,7 @@ from sglang.srt.mem_cache import common
 from vradix.observability import server_info
 from vradix.core import epochs
 from vradix.core.admission import stamp
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import seq
 from vradix.testing.harness.hicache_fixture import build_hicache, versioned
 

@@ -27,10 +27,10 @@ from sglang.srt.runtime_context import get_parallel
 from vradix import identity, request
 from vradix.core import lora, reclaim
 from vradix.hooks import pd as pd_hooks
-from vradix.hooks.admission import stamp_request
+from vradix.hooks.serving import admit
 from vradix.identity import ReservedNamespaceError
 from vradix.pd import handshake
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache
 from vradix.testing.harness.l3_store import (PROMPT, StorageScheduler, backend_hits, file_store_cache, start_prefetch,
                                              store_pages)
@@ -49,7 +49,7 @@ def lora_scheduler(fx, adapters: dict, view_class=StorageScheduler):
 
 
 def boot(fx, path, lora_id):
-    """A (re)started engine on the BASE weights with adapter `path` loaded as `lora_id`: a fresh EpochState on the
+    """A (re)started engine on the BASE weights with adapter `path` loaded as `lora_id`: a fresh Engine on the
     cache, and its scheduler view holding SGLang's LoRAAdapter read from `path` now."""
     state = attach(fx.cache, with_ledger=False, weight_identity=BASE, identity_mode="fingerprint")
     return state, lora_scheduler(fx, {lora_id: load_lora_adapter(str(path), lora_id)})
@@ -58,7 +58,7 @@ def boot(fx, path, lora_id):
 def admitted(fx, sched, tokens, lora_id):
     """A LoRA request through vradix's installed admission hook (as the scheduler admits it)."""
     req = fx.make_req(tokens, lora_id=lora_id)
-    stamp_request(None, sched, req)
+    admit(sched, req)
     return req
 
 
@@ -137,10 +137,10 @@ def test_a_lora_request_refused_for_a_forged_key_stays_out_of_the_base_namespace
     sched = lora_scheduler(fx, {"X-1": load_lora_adapter(path, "X-1")})
     req = fx.make_req([5, 6, 7], extra_key=identity.namespace("fp:forged"), lora_id="X-1")
     with get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):  # what SGLang's abort reads
-        stamp_request(None, sched, req)
+        admit(sched, req)
     assert req.to_finish is not None and state.forged_keys_rejected == 1  # SGLang aborts it after one token
     base = fx.make_req([5, 6, 7])
-    stamp_request(None, sched, base)
+    admit(sched, base)
     assert req.extra_key != base.extra_key, "the refused LoRA request was bound to the base model's namespace"
     assert identity.adapter_tag(state.lora.adapter_ids["X-1"]) in req.extra_key
 

@@ -45,7 +45,7 @@ from vradix.core.admission import stamp
 from vradix.scheduler.publication import bump_scheduler
 from vradix.hooks.publication import lock_aware_flush
 from vradix.hooks.reclaim import finish_reclaim_when_idle, reclaim_slice
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache
 from vradix.testing.harness.hicache_fixture import build_hicache, versioned
 

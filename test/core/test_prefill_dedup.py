@@ -5,7 +5,7 @@ import pytest
 
 from vradix import settings
 from vradix.core import admission, epochs, dedup
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache
 
 PREFIX = [(i * 7) % 400 + 3 for i in range(96)]

@@ -222,7 +222,7 @@ def test_a_window_is_refused_where_the_kv_page_ledger_is_off(env):
     at attach (the invariant: a window has a ledger)."""
     from types import SimpleNamespace
 
-    from vradix.core.state import attach
+    from vradix.engine import attach
 
     fx, _ = env
     blind = attach(fx.cache, with_ledger=False)  # what an engine without the refusal would run
@@ -255,7 +255,9 @@ def test_a_window_without_a_radix_cache_reuses_nothing(monkeypatch):
     from sglang.srt.mem_cache import common
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-    from vradix.core.state import state_of, treeless_of
+    from vradix.engine import state_of
+
+    from vradix.core.state import treeless_of
     from vradix.hooks.startup import attach_to_scheduler
     from vradix.testing.harness.cache_fixture import build_cache
 
@@ -274,7 +276,7 @@ def test_a_window_without_a_radix_cache_reuses_nothing(monkeypatch):
 def test_a_window_is_refused_at_engine_start_on_a_tree_it_cannot_age_out():
     """The deferred reclaim that ages an epoch out frees full-attention KV only: a window on a tree with hybrid
     components (or a HiCache tier) does not start, and the error names the tree's components."""
-    from vradix.core.state import attach
+    from vradix.engine import attach
     from vradix.testing.harness.cache_fixture import build_cache
 
     fx = build_cache("rust", 1, kv_tokens=256)

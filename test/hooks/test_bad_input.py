@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from vradix import identity
 from vradix.core.admission import stamp
 from vradix.core.epochs import MAX_LABEL_CHARS, InvalidLabelError, check_label
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.identity import ReservedNamespaceError
 from vradix.testing.harness.cache_fixture import build_cache
 

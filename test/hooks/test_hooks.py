@@ -16,7 +16,7 @@ from vradix.core import lora
 from vradix.core.admission import stamp
 from vradix.hooks import HOOKS
 from vradix.hooks import lora as lora_hooks
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache
 from vradix.testing.harness.suite import find_test_file, functions_in, is_long_test
 from vradix.testing.models.llama import generate_lora, load_lora_adapter
@@ -37,21 +37,19 @@ DRIVEN_BY = {
     "vradix.hooks.startup.attach_to_scheduler": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
     "vradix.hooks.startup.refuse_encoder_server": "test_weight_derived.py::test_an_encoder_only_server_does_not_build_its_encoder",
     "vradix.hooks.publication.fail_ipc_update_on_post_hook_failure": "test_weight_derived.py::test_an_ipc_update_whose_post_hook_failed_is_not_published",
-    "vradix.hooks.admission.stamp_request": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
-    "vradix.hooks.admission.stamp_unstamped_on_queue": "test_fault_injection.py::test_a_request_for_a_missing_session_is_refused_and_the_engine_keeps_serving",
-    "vradix.hooks.admission.rebind_before_match": "test_cache_level.py::test_lazy_rebind_at_match_covers_requests_the_bump_did_not_see",
-    "vradix.hooks.admission.release_stale_session_slot": "test_streaming_sessions.py::test_turn_running_across_a_publication_keeps_its_kv_and_its_slot_is_never_lent_again",
     "vradix.hooks.admission.verify_load_back": "test_hicache_ledger.py::test_a_host_copy_of_an_older_epoch_is_not_loaded_for_a_newer_request",
-    "vradix.hooks.prefill.track_prefill_pass": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
     "vradix.hooks.prefill.hold_back_duplicate_prefill": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
     "vradix.hooks.census.check_weights_before_forward": "test_census_mode.py::test_the_weight_census_passes_across_a_publication_and_fails_on_a_write_without_one",
     "vradix.hooks.census.note_control_request": "test_census_mode.py::test_the_weight_census_passes_across_a_publication_and_fails_on_a_write_without_one",
-    "vradix.hooks.ledger.stamp_forward_batch": "test_ledger.py::test_ledger_follows_writes_frees_and_epochs",
-    "vradix.hooks.ledger.read_verdicts_at_result":
+    "vradix.hooks.serving.admit": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
+    "vradix.hooks.serving.before_match": "test_cache_level.py::test_lazy_rebind_at_match_covers_requests_the_bump_did_not_see",
+    "vradix.hooks.serving.release": "test_cache_level.py::test_crossing_request_keeps_its_kv_and_frees_stale_path_at_release",
+    "vradix.hooks.serving.prefill_pass": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
+    "vradix.hooks.serving.before_forward": "test_backstop.py::test_a_session_record_lent_across_a_publication_fails_the_next_turn",
+    "vradix.hooks.serving.at_result":
         "test_hot_path_sync.py::test_an_extend_batch_reads_nothing_of_the_ledger_before_its_result",
     "vradix.hooks.ledger.hold_stash_until_verdict":
         "test_hot_path_sync.py::test_the_overlap_loop_holds_a_chunk_checkpoint_until_its_verdict_is_read",
-    "vradix.hooks.ledger.backstop_extend_batch": "test_backstop.py::test_a_session_record_lent_across_a_publication_fails_the_next_turn",
     "vradix.hooks.ledger.on_free_slots": "test_ledger.py::test_ledger_follows_writes_frees_and_epochs",
     "vradix.hooks.ledger.on_free_pages": "test_ledger.py::test_ledger_follows_writes_frees_and_epochs",
     "vradix.hooks.ledger.on_clear": "test_model_based.py::test_versioned_cache_state_machine",
@@ -97,8 +95,6 @@ DRIVEN_BY = {
     "vradix.hooks.storage.record_storage_backup": "test_l3.py::test_each_stored_page_is_attributed_to_its_identity_and_gc_deletes_only_dead_ones",
     "vradix.hooks.storage.never_offload_crossing_kv": "test_pd_decode_offload.py::test_a_request_that_crossed_a_publication_offloads_none_of_its_mixed_kv",
     "vradix.hooks.storage.record_decode_offload": "test_pd_decode_offload.py::test_every_page_decode_offloads_is_in_the_manifest_under_its_identity",
-    "vradix.hooks.reclaim.reclaim_on_release": "test_cache_level.py::test_crossing_request_keeps_its_kv_and_frees_stale_path_at_release",
-    "vradix.hooks.reclaim.note_first_insert": "test_deferred_reclaim.py::test_slices_are_bounded_evict_only_stale_kv_and_end_with_the_pool_whole",
     "vradix.hooks.reclaim.reclaim_stale_first": "test_deferred_reclaim.py::test_an_allocation_that_needs_memory_frees_stale_kv_first",
     "vradix.hooks.reclaim.reclaim_slice": "test_deferred_reclaim.py::test_slices_are_bounded_evict_only_stale_kv_and_end_with_the_pool_whole",
     "vradix.hooks.reclaim.finish_reclaim_when_idle": "test_deferred_reclaim.py::test_a_publication_mid_reclaim_and_a_crossing_release_keep_the_accounting_exact",
@@ -110,9 +106,7 @@ DRIVEN_BY = {
     "vradix.hooks.report.remember_flush_message": "test_e2e_provenance.py::test_server_info_metrics_and_flush_report",
     "vradix.hooks.report.add_flush_report_middleware": "test_e2e_provenance.py::test_server_info_metrics_and_flush_report",
     "vradix.hooks.inspector.answer_cache_inspection": "test_e2e_provenance.py::test_cache_inspector_after_a_publication_and_refused_without_vradix",
-    "vradix.hooks.inspector.count_prefix_hit": "test_e2e_provenance.py::test_cache_inspector_after_a_publication_and_refused_without_vradix",
     "vradix.hooks.report.add_cache_inspector_endpoint": "test_e2e_provenance.py::test_cache_inspector_after_a_publication_and_refused_without_vradix",
-    "vradix.hooks.lora.remember_adapter_insert": "test_hooks.py::test_adapter_load_insert_and_unload_hooks",
     "vradix.hooks.lora.identify_loaded_adapter": "test_hooks.py::test_adapter_load_insert_and_unload_hooks",
     "vradix.hooks.lora.free_unloaded_adapter": "test_hooks.py::test_adapter_load_insert_and_unload_hooks",
     "vradix.hooks.reconfigure.recheck_storage_attach":
@@ -176,14 +170,13 @@ def test_adapter_load_insert_and_unload_hooks(core, page_size, tmp_path):
         stamp(state, r)
         fx.admit(r)
         fx.prefill(r)
-        fx.finish(r)  # checkpoint_into_tree runs remember_adapter_insert (installed by load_plugins)
-    assert state.lora.adapter_nodes["X-1"].nodes
+        fx.finish(r)
     cached = fx.cache.evictable_size()
     unload = UnloadLoRAAdapterReqInput(lora_name="X", lora_id="X-1")
     lora_hooks.free_unloaded_adapter(LoRAUpdateOutput(success=False), scheduler, unload)
     assert fx.cache.evictable_size() == cached  # a failed unload frees nothing
     lora_hooks.free_unloaded_adapter(LoRAUpdateOutput(success=True), scheduler, unload)
-    assert state.lora.events == 2 and "X-1" not in state.lora.adapter_nodes and "X-1" not in state.lora.adapter_ids
+    assert state.lora.events == 2 and "X-1" not in state.lora.adapter_ids
     assert 0 < state.lora.tokens_freed == cached - fx.cache.evictable_size()
     base = fx.make_req(P + [4])
     stamp(state, base)

@@ -26,7 +26,7 @@ from vradix.scheduler import publication
 from vradix.l3 import gc, manifest
 from vradix.l3.__main__ import main as l3_main
 from vradix.pd import layout
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.testing.harness.l3_store import (PROMPT, StorageScheduler, backend_hits, file_store_cache,
                                              page_hashes, start_prefetch, store_pages, wait_until_queued)
 

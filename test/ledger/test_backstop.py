@@ -16,7 +16,7 @@ from vradix import kernels
 from vradix.core import epochs, sessions
 from vradix.core.admission import stamp
 from vradix.ledger.guard import GuardConfig
-from vradix.hooks.ledger import backstop_extend_batch, read_verdicts_at_result
+from vradix.hooks.serving import at_result, before_forward
 from vradix.request import of as state_of_req
 from vradix.testing.harness.cache_fixture import ForwardWrite, seq
 
@@ -137,21 +137,21 @@ def test_one_gather_per_batch_and_detection_only_with_more_than_one_rank(env, mo
     batch = ForwardWrite(out_cache_loc=torch.empty(0, dtype=torch.int64), forward_mode=ForwardMode.EXTEND,
                          reqs=reqs, prefix_lens=[r.prefix_len for r in reqs])
     state.guard.config = GuardConfig(verify="strict").for_ranks(tp_size=2)
-    backstop_extend_batch(fx.scheduler_view(), batch)
+    before_forward(fx.scheduler_view(), batch)
     assert len(calls) == 1 and state.guard.stats.prefixes_verified == 2
     assert state.guard.stats.verify_host_reads == 0 and state.guard.stats.violations_caught == 0  # not read yet
-    read_verdicts_at_result(fx.scheduler_view(), batch)
+    at_result(fx.scheduler_view(), batch)
     assert state.guard.stats.verify_host_reads == 1 and len(state.guard.verdicts) == 0
     assert state.guard.stats.violations_caught == 2 and "detected only" in state.guard.stats.last_violation
     assert all(r.discard_output_reason is None for r in reqs)
     state.guard.config = GuardConfig(verify="strict")
-    backstop_extend_batch(fx.scheduler_view(), batch)
-    read_verdicts_at_result(fx.scheduler_view(), batch)
+    before_forward(fx.scheduler_view(), batch)
+    at_result(fx.scheduler_view(), batch)
     assert len(calls) == 2 and state.guard.stats.violations_caught == 4
     assert [r.discard_output_reason is not None for r in reqs] == [True, True, False]
     decode = ForwardWrite(out_cache_loc=torch.empty(0, dtype=torch.int64), forward_mode=ForwardMode.DECODE,
                           reqs=reqs, prefix_lens=None)
-    backstop_extend_batch(fx.scheduler_view(), decode)  # a decode batch reads only KV its requests wrote
+    before_forward(fx.scheduler_view(), decode)  # a decode batch reads only KV its requests wrote
     assert len(calls) == 2
     for r in reqs:
         fx.prefill(r)

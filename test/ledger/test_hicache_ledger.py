@@ -29,7 +29,7 @@ from vradix.core.admission import stamp
 from vradix.hooks.startup import ledger_blind_spots
 from vradix.kernels import FREE
 from vradix.ledger.device import ledger_of
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.testing import cpu_aids
 from vradix.testing.harness.cache_fixture import build_cache
 
@@ -143,12 +143,12 @@ def test_load_back_carries_the_epoch_of_the_host_copy_and_the_strict_guard_verif
 def test_a_host_copy_of_an_older_epoch_is_not_loaded_for_a_newer_request(env, monkeypatch):
     kit, fx, state, host = env
     # Test-only fault: requests lose their epoch namespace, so only the ledger keeps a new request off the old copy.
-    monkeypatch.setenv("VRADIX_FAULT_NO_NAMESPACE", "1")
+    # (VRADIX_FAULT_NO_NAMESPACE, read by the engine when it is attached)
+    monkeypatch.setattr(state, "fault_no_namespace", True)
     node = cached_prompt(fx, state, P)
     host_slots = demote(fx, node)
     assert epochs_of(host, host_slots) == {0}
-    state.bind_identity(1, identity.nonce())  # new weights: epoch 1 (the publication's reclaim is not tested here)
-    state.epoch = 1
+    state.advance(identity.nonce(), None, is_publication=True)  # new weights: epoch 1 (no reclaim tested here)
 
     req, loaded = admit_with_load_back(fx, state, P + [2])
     assert loaded == 0, "a host copy written under epoch 0 was loaded for an epoch-1 request"

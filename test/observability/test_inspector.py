@@ -9,7 +9,7 @@ from sglang.srt.mem_cache import common
 from vradix.core import prefix_hits
 from vradix.observability import snapshot
 from vradix.core import epochs
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache, seq
 
 CONFIGS = [("rust", 1), ("rust", 16), ("python", 1), ("python", 16)]

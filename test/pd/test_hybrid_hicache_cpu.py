@@ -26,7 +26,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 
 from vradix.core import epochs
 from vradix.core.admission import stamp
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.pd.layout import KvLayout, scope_of
 from vradix.testing.harness.cache_fixture import seq
 from vradix.testing.harness.reliability import wait_until

@@ -24,7 +24,7 @@ from vradix.core.admission import stamp
 from vradix.scheduler.publication import bump_scheduler
 from vradix.l3 import gc, manifest
 from vradix.pd import layout
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.testing import cpu_aids
 from vradix.testing.harness.cache_fixture import build_cache, seq
 from vradix.testing.harness.decode_queue import DECODE_SERVER_ARGS, decode_scheduler

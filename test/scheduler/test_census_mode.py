@@ -21,7 +21,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from vradix import request
 from vradix.closed_world import loops
 from vradix.core.admission import stamp
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.hooks import census as census_hooks
 from vradix.hooks import publication
 from vradix.hooks.startup import attach_to_scheduler

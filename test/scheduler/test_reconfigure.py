@@ -19,7 +19,7 @@ from sglang.srt.runtime_context import get_context
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from vradix.core import admission, reclaim
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.scheduler import publication
 from vradix.testing.harness.l3_store import (PROMPT, RuntimeStorageScheduler, file_store_cache, start_prefetch,
                                              store_pages)

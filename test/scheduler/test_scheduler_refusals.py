@@ -19,7 +19,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from vradix import identity
 from vradix.closed_world import unversioned
 from vradix.core import staleness
-from vradix.hooks import admission, publication
+from vradix.hooks import publication, serving
 from vradix.pd import bootstrap, handshake, restore_policy
 from vradix.testing.harness.engine import Engine, succeeding_update
 
@@ -212,7 +212,7 @@ def test_a_bound_above_the_window_is_refused_at_admission(monkeypatch):
     req = engine.fx.make_req(list(range(50, 60)))
     req.sampling_params.custom_params = {staleness.PARAM: 3}
     with get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):  # what SGLang's abort reads
-        admission.stamp_request(None, engine.scheduler, req)
+        serving.admit(engine.scheduler, req)
     assert req.to_finish is not None and req.to_finish.status_code == 400
     assert "exceeds this server's window" in req.to_finish.message
 

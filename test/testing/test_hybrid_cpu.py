@@ -240,7 +240,7 @@ def test_a_publication_frees_the_stale_recurrent_states_of_a_hybrid_tree(monkeyp
 
     from vradix import identity
     from vradix.core import epochs
-    from vradix.core.state import attach
+    from vradix.engine import attach
     from vradix.testing.harness.cache_fixture import seq
 
     monkeypatch.setattr(fixtures, "get_device", lambda: "cpu")  # the kit builds on the accelerator it finds

@@ -14,12 +14,14 @@ Invariants:
 """
 from __future__ import annotations
 
-from vradix import identity, request, settings
+from vradix import identity, request
 from vradix.core import lora, staleness
-from vradix.core.state import EpochState
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    from vradix.engine import Engine
 
 
-def stamp(state: EpochState, req) -> None:
+def stamp(state: Engine, req) -> None:
     """Bind a newly admitted request to the current epoch. Raises ReservedNamespaceError on a forged key and
     `staleness.StalenessError` on a bound above the server window."""
     user_key = req.extra_key
@@ -36,7 +38,7 @@ def stamp(state: EpochState, req) -> None:
     staleness.bind_bound(st, req, state.staleness.window)
 
 
-def stamp_refused(state: EpochState, req) -> None:
+def stamp_refused(state: Engine, req) -> None:
     """Bind a request whose user key was refused (it is being aborted) to the current epoch without that key. A LoRA
     request keeps its adapter tag: SGLang still prefills it (with the adapter) before the abort lands, so its KV must
     stay out of the base model's namespace."""
@@ -46,7 +48,7 @@ def stamp_refused(state: EpochState, req) -> None:
     _bind(state, req, st)
 
 
-def rebind_if_unheld(state: EpochState, req) -> bool:
+def rebind_if_unheld(state: Engine, req) -> bool:
     """Re-bind a request that holds no KV, on the device or in a retraction backup, to the current epoch; True if it
     changed epoch. Raises `UnstampedRequestError` for a request vradix never admitted."""
     st = request.require(req)
@@ -56,7 +58,7 @@ def rebind_if_unheld(state: EpochState, req) -> bool:
     return True
 
 
-def prepare_for_match(state: EpochState, cache, req, token_ids=None) -> None:
+def prepare_for_match(state: Engine, cache, req, token_ids=None) -> None:
     """Before every match: `rebind_if_unheld`, then `choose_for_match`. An exact request already bound to the
     current epoch (every request between publications) returns after one attribute read and two compares."""
     st = request.require(req)
@@ -66,7 +68,7 @@ def prepare_for_match(state: EpochState, cache, req, token_ids=None) -> None:
     choose_for_match(state, cache, req, token_ids)
 
 
-def choose_for_match(state: EpochState, cache, req, token_ids=None) -> None:
+def choose_for_match(state: Engine, cache, req, token_ids=None) -> None:
     """Before a match: a bounded request that holds no KV adopts one window epoch's namespace
     (`staleness.choose_namespace`); its provenance then starts with that epoch."""
     st = request.require(req)
@@ -75,8 +77,8 @@ def choose_for_match(state: EpochState, cache, req, token_ids=None) -> None:
     staleness.choose_namespace(state, cache, req, token_ids)
 
 
-def _bind(state: EpochState, req, st: request.ReqState) -> None:
+def _bind(state: Engine, req, st: request.ReqState) -> None:
     request.record_bind(st, state)
-    if settings.value("VRADIX_FAULT_NO_NAMESPACE"):
+    if state.fault_no_namespace:
         return  # test-only fault: the namespace is lost, so only the KV page ledger's guard stands between
-    req.extra_key = identity.stamped(state.prefix_of_epoch(state.epoch), st.user_key, st.adapter)
+    req.extra_key = identity.stamped(state.current_prefix, st.user_key, st.adapter)

@@ -17,11 +17,9 @@ With a staleness window (`vradix.core.staleness`) an eviction on demand has a se
 window is left to free, in-window KV of older namespaces goes before any current-epoch KV (`evict_older_in_window`);
 only then does SGLang's own eviction run.
 
-Which node is stale: node ids are minted from one increasing counter and never reused, by both tree cores
-(`test_node_ids_only_grow`). Nothing is inserted into an old namespace after its bump (crossing requests skip
-insertion, queued ones are re-bound), and a bump leaves the new namespace empty, so the first insert after the bump
-creates exactly one node, the lowest id of the new epoch (`note_insert`, the *watermark*). Every node with a lower id
-is stale; before that first insert, every node is.
+Which node is stale: its key names its namespace (`namespace_epoch`), and every node of another namespace than the
+current epoch's is stale (with a staleness window, of a namespace older than the window). The eviction order yields
+each candidate once per walk, so this costs one key read per candidate looked at, and no insert pays for it.
 
 Invariants:
 - Between bumps, every node of an older epoch is locked by a live crossing request, or awaits this reclaim
@@ -41,7 +39,7 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable
 
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
@@ -60,11 +58,9 @@ SLICE_VISITS = 2 * SLICE_NODES + 32
 @dataclass
 class DeferredReclaim:
     """The stale KV a bump left in the tree, and what has reclaimed it so far (server info `stale_reclaim`). Changes
-    only through this module's `defer`, `cancel`, `note_insert`, `note_release`, `step`, `reclaim` and `finish`."""
+    only through this module's `defer`, `cancel`, `note_release`, `step`, `reclaim` and `finish`."""
 
     active: bool = False
-    #: the lowest node id of the current epoch (None: nothing inserted since the bump, every node is stale)
-    watermark: Optional[int] = None
     pending_tokens: int = 0
     #: stale tokens freed by the per-iteration slices, by eviction on demand, and at idle
     tokens_freed_by_slices: int = 0
@@ -98,7 +94,6 @@ def defer(state, cache) -> int:
     """At a bump: everything evictable is now stale (the new namespace is empty). O(1). Returns the pending tokens."""
     q = state.deferred
     q.active = True
-    q.watermark = None
     q.pending_tokens = cache.evictable_size()
     return q.pending_tokens
 
@@ -106,20 +101,15 @@ def defer(state, cache) -> int:
 def cancel(state) -> None:
     """The whole tree was dropped (reset): nothing is pending any more."""
     q = state.deferred
-    q.active, q.watermark, q.pending_tokens = False, None, 0
-
-
-def is_stale(q: DeferredReclaim, node_id) -> bool:
-    return q.watermark is None or node_id < q.watermark
+    q.active, q.pending_tokens = False, 0
 
 
 def reclaimable(state, cache, node_id) -> bool:
-    """Whether the deferred reclaim may free `node_id`: below the watermark; with a staleness window
-    (`vradix.core.staleness`), in a namespace older than the window (bounded requests insert into older namespaces, so
-    node ids no longer order the epochs: the node's own key names its namespace)."""
-    if state.staleness.window == 0:
-        return is_stale(state.deferred, node_id)
+    """Whether the deferred reclaim may free `node_id`: its key names another namespace than the current epoch's (or
+    none vradix knows); with a staleness window (`vradix.core.staleness`), a namespace older than the window."""
     epoch = namespace_epoch(state, cache, node_id)
+    if state.staleness.window == 0:
+        return epoch != state.epoch
     return epoch is None or epoch < staleness.window_floor(state)
 
 
@@ -127,16 +117,6 @@ def namespace_epoch(state, cache, node_id):
     """The epoch of the namespace `node_id`'s key names (None: no namespace vradix knows)."""
     extra_key, _ = cache.tree_core.prefetch_anchor_info(node_id)
     return state.epoch_of(extra_key)
-
-
-def note_insert(state, cache, node_id) -> None:
-    """After an insert: the first one after the bump fixes the watermark (the lowest id on the path it ended on,
-    all of which it created: its namespace was empty)."""
-    q = state.deferred
-    if not q.active or q.watermark is not None or node_id is None or cache.is_root(node_id):
-        return
-    (path,) = cache.tree_core.collect_path_info([node_id])
-    q.watermark = min(info.node_id for info in path)
 
 
 def note_release(state, evictable_before: int, evictable_after: int) -> None:
@@ -244,6 +224,13 @@ def _free_leaves(cache, is_victim, *, max_tokens, max_nodes=None, max_visits=Non
         finally:
             core.evict_device_end(ComponentType.FULL)
     return tracker[ComponentType.FULL], nodes, visits, exhausted
+
+
+def free_leaves_where(cache, is_victim: Callable[[int], bool]) -> int:
+    """Free every unlocked leaf `is_victim` names, and each parent that becomes one, in one pass of SGLang's device
+    eviction order (the LoRA unload, `vradix.core.lora`). Returns tokens freed."""
+    freed, _, _, _ = _free_leaves(cache, is_victim, max_tokens=cache.evictable_size())
+    return freed
 
 
 def age_out_on_flush(state, cache, after_next_bump: bool = False) -> None:

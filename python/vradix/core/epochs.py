@@ -37,7 +37,10 @@ from typing import Iterable, Optional
 from vradix import identity as weight_identity, request
 from vradix.core import (admission, host_tier, reclaim, deferred_reclaim, sessions,
                          staleness)
-from vradix.core.state import Bump, EpochState
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    from vradix.engine import Engine
+from vradix.core.state import Bump
 
 #: longest accepted publication label (SGLang `weight_version`); labels travel in every response's meta_info
 MAX_LABEL_CHARS = 256
@@ -111,7 +114,7 @@ def check_load_format(load_format) -> None:
                                    f"valid LoadFormat (one of: {', '.join(valid)})")
 
 
-def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *, reason: str,
+def bump(state: Engine, cache, live_reqs: Iterable, queued_reqs: Iterable, *, reason: str,
          label: Optional[str] = None, is_publication: bool = True,
          identity: Optional[weight_identity.WeightIdentity] = None) -> Bump:
     """Advance the epoch and invalidate everything older, lock-aware. See the module docstring for the steps.
@@ -143,12 +146,12 @@ def bump(state: EpochState, cache, live_reqs: Iterable, queued_reqs: Iterable, *
     return inv
 
 
-def counting_host_freed(state: EpochState, cache):
+def counting_host_freed(state: Engine, cache):
     """`host_tier.counting_freed` on a cache with a HiCache host tier; without one, a count that stays None."""
     return host_tier.counting_freed(cache) if state.host_tier else contextlib.nullcontext(host_tier.HostFreed())
 
 
-def mark_holders(state: EpochState, live_reqs: list) -> tuple[int, int]:
+def mark_holders(state: Engine, live_reqs: list) -> tuple[int, int]:
     """The bump's crossing marks: mark every live request that holds KV (or a retraction backup with its KV) crossing. Returns (KV
     holders, how many of them were mid-prefill)."""
     holders = mid_prefill = 0
@@ -165,7 +168,7 @@ def mark_holders(state: EpochState, live_reqs: list) -> tuple[int, int]:
     return holders, mid_prefill
 
 
-def reclaim_stale(state: EpochState, cache, holders: int) -> tuple[int, int]:
+def reclaim_stale(state: Engine, cache, holders: int) -> tuple[int, int]:
     """Steps 4 and 5 (inside the host tier's freed-token count): drop the whole tree, defer the stale KV, or free it
     in one batch. Returns (stale tokens freed, stale tokens deferred)."""
     if state.host_tier:
@@ -184,7 +187,7 @@ def reclaim_stale(state: EpochState, cache, holders: int) -> tuple[int, int]:
     return freed, 0
 
 
-def mark_crossing(state: EpochState, req) -> None:
+def mark_crossing(state: Engine, req) -> None:
     """A request that holds KV across a bump: keep its KV, never insert it, free its stale locks at release.
     Its KV history gets the new epoch from its committed position on (`request.record_crossing`).
     `state.crossing` is keyed by object identity: two live requests may share a user-supplied rid."""
@@ -196,7 +199,7 @@ def mark_crossing(state: EpochState, req) -> None:
         state.add_crossing(req)
 
 
-def sweep_released_crossing(state: EpochState) -> int:
+def sweep_released_crossing(state: Engine) -> int:
     """Forget crossing requests that no longer hold a tree lock (released without `release_kv_cache`); the bump's
     reclaim (deferred or bulk) frees what they left unlocked. Returns how many were forgotten."""
     gone = [k for k, r in state.crossing.items() if getattr(r, "lock", None) is None]
@@ -205,11 +208,11 @@ def sweep_released_crossing(state: EpochState) -> int:
     return len(gone)
 
 
-def holder_nodes(state: EpochState) -> list:
+def holder_nodes(state: Engine) -> list:
     return [r.lock.node for r in state.crossing.values() if getattr(r, "lock", None) is not None]
 
 
-def stale_tokens_pinned(state: EpochState, cache) -> int:
+def stale_tokens_pinned(state: Engine, cache) -> int:
     """Tokens of the distinct stale nodes on the paths the crossing requests lock (`holder_nodes`)."""
     nodes = [n for n in holder_nodes(state) if n is not None and not cache.is_root(n)]
     if not nodes:
@@ -221,7 +224,7 @@ def stale_tokens_pinned(state: EpochState, cache) -> int:
     return sum(seen.values())
 
 
-def on_release(state: EpochState, cache, req, released_node) -> int:
+def on_release(state: Engine, cache, req, released_node) -> int:
     """After `release_kv_cache`: free the stale path the request just unlocked; reset a retracted crossing request.
 
     A retracted request without a KV backup gives back all its KV and will be prefilled again from scratch, so it
@@ -243,7 +246,7 @@ def on_release(state: EpochState, cache, req, released_node) -> int:
     return freed
 
 
-def record_reset(state: EpochState, reason: str, tokens_freed: int, host_tokens_freed: Optional[int],
+def record_reset(state: Engine, reason: str, tokens_freed: int, host_tokens_freed: Optional[int],
                  mm_embeddings_cleared: int) -> Bump:
     """Record a flush that reset an idle engine's whole cache (SGLang's own flush, which ran just before): nothing
     was locked, so the epoch stays; the deferred reclaim has nothing left to free. Returns the flush's record."""

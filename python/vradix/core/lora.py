@@ -6,12 +6,11 @@ unloaded and loaded again (same name, new weights), X's requests match only KV c
 the base model's and other adapters' entries keep being shared. What SGLang leaves behind is the old X entries: no
 request can match them any more, yet they hold KV slots until LRU pressure reaches them.
 
-vradix frees them when X is unloaded. It remembers, per `lora_id`, the tree nodes that requests of that adapter
-inserted (`remember_adapter_node`, after each insert), and at unload walks each one towards the root freeing the
-nodes that are now unlocked leaves (`reclaim.free_released_path`). Every node on such a path is in X's namespace,
-because the namespace is part of the first edge's key, so nothing of another adapter or of the base model is touched.
-A remembered node that LRU already evicted is skipped (the TreeCores raise KeyError for unknown ids; node ids are not
-reused). A base-weight publication still bumps the epoch and invalidates every namespace, adapters included.
+vradix frees them when X is unloaded: one pass of SGLang's device eviction order frees every unlocked leaf whose key
+carries X's adapter tag, and each parent that becomes one (`free_adapter_entries`). Every node a request of X inserted
+carries the tag, because a request's key is the same on every edge from the root, so nothing of another adapter or
+of the base model is touched, and no insert pays for remembering nodes. A base-weight publication still bumps the
+epoch and invalidates every namespace, adapters included.
 
 Adapter identity beyond one process. The `lora_id` says nothing about an adapter's content: a dynamic load mints a
 uuid4 in each process (so two P/D roles never agree on it), and a `--lora-paths` adapter gets `uuid5(name, path)`, the
@@ -21,7 +20,7 @@ once per `lora_id`, and every key that leaves the process carries it: the namesp
 (`identity.adapter_tag`, which seeds its L3 page hashes) and the P/D handshake (`vradix.pd.handshake`).
 
 Invariants:
-- `EpochState.lora.adapter_ids[lora_id]` is the content identity of the adapter loaded as `lora_id` in this process,
+- `Engine.lora.adapter_ids[lora_id]` is the content identity of the adapter loaded as `lora_id` in this process,
   or a process-local nonce when vradix could not read that adapter (never shared across processes: fail closed);
 - an entry is replaced at every successful load of its `lora_id` and dropped at its unload;
 - equal adapter files (equal tensors as loaded, equal config) give equal identities in every process.
@@ -32,73 +31,38 @@ import hashlib
 import json
 import logging
 import secrets
-from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from vradix.core import reclaim
-from vradix.core.state import EpochState
+from vradix import identity
+from vradix.core import deferred_reclaim
+
+if TYPE_CHECKING:
+    from vradix.engine import Engine
 
 logger = logging.getLogger("vradix")
 
 #: hashed first; bump it whenever what `content_identity` covers changes
 IDENTITY_VERSION = b"vradix-lora-adapter-identity-v1"
 
-#: the smallest size at which a remembered-node set is pruned (dead ids accumulate as LRU evicts)
-PRUNE_AT = 4096
+def free_adapter_entries(state: Engine, cache, lora_id: Optional[str]) -> int:
+    """Free the unlocked cached entries of adapter `lora_id`: every tree node whose key carries its adapter tag (its
+    content identity, `identity.adapter_tag`; every node a request of the adapter inserted, from the root on), found
+    in one pass of SGLang's device eviction order at the unload (`deferred_reclaim.free_leaves_where`), so no insert
+    pays for remembering them. KV that a second `lora_id` of the same content shares is freed with it (it would have
+    been reused, not served wrong). Returns tokens freed."""
+    adapter_id = state.lora.adapter_ids.get(lora_id) if lora_id is not None else None
+    if adapter_id is None:
+        return 0
+    tag = identity.adapter_tag(adapter_id)
+    core = cache.tree_core
 
+    def carries_tag(node_id) -> bool:
+        extra_key, _ = core.prefetch_anchor_info(node_id)
+        return bool(extra_key) and tag in extra_key
 
-@dataclass
-class AdapterNodes:
-    """The tree nodes one adapter's requests inserted, some possibly already evicted by LRU.
-
-    Invariant: `len(nodes) <= prune_at` after every insert. A prune keeps the live ids and sets
-    `prune_at = max(PRUNE_AT, 2 * live)`, so between two prunes at least `prune_at / 2` ids were added, and each
-    prune checks at most `prune_at + 1` ids: O(1) amortised liveness checks per insert, whatever LRU does.
-    """
-
-    nodes: set = field(default_factory=set)
-    prune_at: int = field(default_factory=lambda: PRUNE_AT)
-    #: prune passes so far (observability; the tests bound it)
-    prunes: int = 0
-
-    def add(self, cache, node_id) -> None:
-        self.nodes.add(node_id)
-        if len(self.nodes) > self.prune_at:
-            self.prune(cache)
-
-    def prune(self, cache) -> None:
-        self.nodes = {n for n in self.nodes if _alive(cache, n)}
-        self.prune_at = max(PRUNE_AT, 2 * len(self.nodes))
-        self.prunes += 1
-
-
-def remember_adapter_node(state: EpochState, cache, req) -> None:
-    """After an insert by a LoRA request: remember the node its lock now sits on (amortised O(1))."""
-    lora_id = getattr(req, "lora_id", None)
-    lock = getattr(req, "lock", None)
-    if lora_id is None or lock is None or lock.node is None or cache.is_root(lock.node):
-        return
-    state.lora.nodes_of(lora_id, AdapterNodes()).add(cache, lock.node)
-
-
-def free_adapter_entries(state: EpochState, cache, lora_id: Optional[str]) -> int:
-    """Free the unlocked cached entries of adapter `lora_id`. Returns tokens freed."""
-    entry = state.lora.take_nodes(lora_id)
-    freed = 0
-    with reclaim.batched_frees(cache.token_to_kv_pool_allocator):
-        for node in sorted(entry.nodes if entry is not None else (), reverse=True):
-            if _alive(cache, node):
-                freed += reclaim.free_released_path(cache, node)
+    freed = deferred_reclaim.free_leaves_where(cache, carries_tag)
     state.freed.count(freed)
     return freed
-
-
-def _alive(cache, node_id) -> bool:
-    try:
-        cache.tree_core.collect_path_info([node_id])
-    except KeyError:
-        return False
-    return True
 
 
 # ---- adapter identity (beyond one process) ----------------------------------------------------------------------
@@ -136,7 +100,7 @@ def loaded_adapter(scheduler, lora_id: str):
     return getattr(manager, "loras", {}).get(lora_id)
 
 
-def identify_adapter(state: EpochState, scheduler, lora_id: Optional[str]) -> Optional[str]:
+def identify_adapter(state: Engine, scheduler, lora_id: Optional[str]) -> Optional[str]:
     """The identity of adapter `lora_id` (None for a base-model request), computed from its loaded content the first
     time this process sees it; a process-local nonce when the scheduler holds no such adapter."""
     if lora_id is None:
@@ -154,7 +118,7 @@ def identify_adapter(state: EpochState, scheduler, lora_id: Optional[str]) -> Op
     return known
 
 
-def adapter_identity_of(state: EpochState, lora_id: Optional[str]) -> Optional[str]:
+def adapter_identity_of(state: Engine, lora_id: Optional[str]) -> Optional[str]:
     """The identity a request of adapter `lora_id` is stamped with: the one identified for it, else (an adapter
     vradix was never shown) a process-local nonce, kept for the `lora_id` so its requests still share KV here."""
     if lora_id is None:
@@ -166,12 +130,12 @@ def unknown_adapter_identity() -> str:
     return f"lora-nonce:{secrets.token_hex(16)}"
 
 
-def reidentify_loaded_adapter(state: EpochState, scheduler, lora_id: str) -> str:
+def reidentify_loaded_adapter(state: Engine, scheduler, lora_id: str) -> str:
     """After a successful load of `lora_id`: (re)compute its identity from what was just loaded."""
     state.lora.forget(lora_id)
     return identify_adapter(state, scheduler, lora_id)
 
 
-def forget_adapter(state: EpochState, lora_id: Optional[str]) -> None:
+def forget_adapter(state: Engine, lora_id: Optional[str]) -> None:
     """At unload: the `lora_id` no longer names loaded content."""
     state.lora.forget(lora_id)

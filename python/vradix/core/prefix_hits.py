@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from vradix import request
 
-if TYPE_CHECKING:  # the engine state holds one PrefixHits
-    from vradix.core.state import EpochState
+if TYPE_CHECKING:
+    pass
 
 #: tokens of a prefix's head kept per entry
 MAX_HEAD_TOKENS = 16
@@ -32,7 +32,7 @@ class PrefixHit:
 class PrefixHits:
     """node id -> PrefixHit for the most recently reused prefixes (at most `capacity`, least recently hit dropped).
     Node ids are never reused by either TreeCore, so an entry whose node is gone is only skipped at read time. Changes
-    only through `record` (an admission's hit, `record_admission`)."""
+    only through `record` and `record_admitted` (the hits of a prefill pass, `Engine.count_prefix_hits`)."""
 
     capacity: int = 4096
     entries: "OrderedDict[int, PrefixHit]" = field(default_factory=OrderedDict)
@@ -49,27 +49,38 @@ class PrefixHits:
         hit.tokens = max(hit.tokens, tokens)
         hit.last_hit = time.time() if now is None else now
 
+    def record_admitted(self, reqs: Iterable, continuing: Any, virtual: Optional[Callable[[Any], bool]]) -> None:
+        """The requests a prefill pass admitted (`reqs`, less the `continuing` chunk of an earlier admission): one hit
+        for each that reuses cached KV (`req.prefix_len > 0`, ending at `req.last_node`), in one pass with no call per
+        request; a request vradix never bound, or one standing on a virtual node (`virtual`: a streaming-session
+        slot's, no tree node), is no hit."""
+        now = None
+        entries = self.entries
+        for req in reqs:
+            tokens = req.prefix_len
+            if tokens <= 0 or req is continuing:
+                continue
+            st = getattr(req, request.ATTR, None)
+            node_id = req.last_node
+            if st is None or node_id is None or (virtual is not None and virtual(node_id)):
+                continue
+            hit = entries.get(node_id)
+            if hit is None:
+                hit = entries[node_id] = PrefixHit(node_id, st.bound.epoch, tokens,
+                                                   head=tuple(req.origin_input_ids[:min(tokens, MAX_HEAD_TOKENS)]))
+                if len(entries) > self.capacity:
+                    entries.popitem(last=False)
+            else:
+                entries.move_to_end(node_id)
+            hit.hits += 1
+            if tokens > hit.tokens:
+                hit.tokens = tokens
+            hit.last_hit = now = now or time.time()
 
-def record_admission(state: EpochState, cache, req) -> None:
-    """An admitted request reuses `req.prefix_len` cached tokens ending at `req.last_node`: one hit on that node. A
-    streaming-session turn that borrows its slot's record stands on the slot's virtual node, no tree node: no hit."""
-    if req.prefix_len <= 0:
-        return
-    st = request.of(req)
-    if st is None or req.last_node is None or _is_virtual_node()(req.last_node) or cache.is_root(req.last_node):
-        return
-    head = req.origin_input_ids[:min(req.prefix_len, MAX_HEAD_TOKENS)]
-    state.prefix_hits.record(req.last_node, st.epoch, req.prefix_len, head)
 
 
-_virtual_node_test = None
-
-
-def _is_virtual_node():
-    """SGLang's streaming-session virtual-node test, imported on the first hit (this module loads before SGLang's
-    session module may be imported) and kept, so each admission pays no import statement."""
-    global _virtual_node_test
-    if _virtual_node_test is None:
-        from sglang.srt.session.streaming_session import is_virtual_node
-        _virtual_node_test = is_virtual_node
-    return _virtual_node_test
+def virtual_node_test() -> Callable[[Any], bool]:
+    """SGLang's streaming-session virtual-node test (imported when an engine is attached: this module loads before
+    SGLang's session module may be imported)."""
+    from sglang.srt.session.streaming_session import is_virtual_node
+    return is_virtual_node

@@ -13,7 +13,7 @@ Invariant kept here: a slot's record is lent only to a turn of the epoch that wr
   tree lock freed, nothing leaked), before the bump decides how to reclaim, so the tree reset shortcut never drops a
   slot it does not free;
 - a slot a running turn borrows stays with that turn, which crosses the publication like any KV holder (it keeps its
-  KV, never inserts it); the slot is remembered as stale (`EpochState.sessions.stale_slots`) and released at the
+  KV, never inserts it); the slot is remembered as stale (`Engine.sessions.stale_slots`) and released at the
   session's next lend (`release_before_lend`), wherever its record came back from (finish or retract), so no later
   turn reuses it.
 A turn that finds no slot takes SGLang's normal path: a tree match in its own namespace, then a full prefill of its
@@ -24,7 +24,9 @@ from __future__ import annotations
 from typing import Iterable
 
 from vradix.core import reclaim, deferred_reclaim
-from vradix.core.state import EpochState
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    from vradix.engine import Engine
 
 
 def slots_of(cache) -> dict:
@@ -32,7 +34,7 @@ def slots_of(cache) -> dict:
     return getattr(getattr(cache, "session", None), "slots", None) or {}
 
 
-def settle_at_bump(state: EpochState, cache, live: Iterable, queued: Iterable) -> int:
+def settle_at_bump(state: Engine, cache, live: Iterable, queued: Iterable) -> int:
     """At a bump, before crossing requests are marked: detach queued borrowers, release every slot no other live
     request borrows (`live` includes `queued`), remember the borrowed ones as stale. Returns how many slots were
     released."""
@@ -53,7 +55,7 @@ def settle_at_bump(state: EpochState, cache, live: Iterable, queued: Iterable) -
     return len(idle)
 
 
-def release_before_lend(state: EpochState, cache, req) -> bool:
+def release_before_lend(state: Engine, cache, req) -> bool:
     """Before SGLang lends a slot's record to `req`: release the slot when a crossing turn wrote it (stale), and free
     the stale tree path its lock kept. Returns True when a slot was released."""
     sid = getattr(getattr(req, "session", None), "session_id", None)

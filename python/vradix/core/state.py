@@ -1,8 +1,8 @@
-"""Per-engine vradix state: the current epoch, its label, the live crossing requests and the counters.
+"""The records of vradix's engine parts (`vradix.engine.Engine`): the bump's record, the guard, LoRA, prefill dedup,
+freed counters, storage, streaming-session slots; the weight-update session; the engine without a radix tree.
 
-One `EpochState` is attached to each tree cache (`tree_cache._vradix`). It is only touched from the scheduler thread
-(admission, publication, release and flush all run there), so it needs no locking. Every TP/PP rank runs the same
-control messages in the same order, so every rank computes the same epoch sequence.
+Everything here is only touched from the scheduler thread (admission, publication, release and flush all run there),
+so it needs no locking.
 """
 from __future__ import annotations
 
@@ -10,14 +10,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional
 
 from vradix import identity
-from vradix.core.prefix_hits import PrefixHits
-from vradix.core import dedup, host_tier
-from vradix.core import staleness
-from vradix.core.staleness import StalenessRecord
-from vradix.core.deferred_reclaim import DeferredReclaim
+from vradix.core import dedup
 from vradix.ledger.guard import GuardConfig, GuardStats, PendingVerdicts
-from vradix.ledger.device import PageLedger
-from vradix.ledger import device as kv_ledger
 
 
 @dataclass
@@ -134,15 +128,12 @@ class GuardRecord:
 
 @dataclass
 class LoraRecord:
-    """LoRA adapters and the KV their requests inserted. Changes only through `count_event` and `count_freed`
-    (`hooks.lora` at an adapter load, `scheduler.publication.unload_adapter` at an unload), `nodes_of` and
-    `take_nodes` (the nodes an adapter's requests inserted, `vradix.core.lora`), `identify`, `identity_or` and
-    `forget` (the adapters' content identities, `vradix.core.lora`)."""
+    """LoRA adapters and what their unloads freed. Changes only through `count_event` and `count_freed` (`hooks.lora`
+    at an adapter load, the adapter unload), `identify`, `identity_or` and `forget` (the adapters' content identities,
+    `vradix.core.lora`)."""
 
     #: adapter loads/unloads seen
     events: int = 0
-    #: lora_id -> `lora.AdapterNodes`, the tree nodes its requests inserted (freed when the adapter is unloaded)
-    adapter_nodes: Dict[str, Any] = field(default_factory=dict)
     tokens_freed: int = 0
     #: lora_id -> the content identity of the adapter loaded under it (`vradix.core.lora.identify_adapter`), which
     #: every LoRA request's namespace and P/D handshake carry
@@ -153,14 +144,6 @@ class LoraRecord:
 
     def count_freed(self, tokens: int) -> None:
         self.tokens_freed += tokens
-
-    def nodes_of(self, lora_id: str, empty: Any) -> Any:
-        """The nodes adapter `lora_id`'s requests inserted; `empty` becomes them the first time."""
-        return self.adapter_nodes.setdefault(lora_id, empty)
-
-    def take_nodes(self, lora_id: Optional[str]) -> Any:
-        """The nodes adapter `lora_id`'s requests inserted (None: none), forgotten here."""
-        return self.adapter_nodes.pop(lora_id, None)
 
     def identify(self, lora_id: str, adapter_id: str) -> None:
         self.adapter_ids[lora_id] = adapter_id
@@ -258,178 +241,6 @@ class SessionRecord:
 
 
 @dataclass
-class EpochState:
-    """The versioned-cache state of one engine (one scheduler process).
-
-    Its own fields are the epoch's and its publications': set by `attach`, then changed only through its methods:
-    `advance` and `record_bump` (the bump, `vradix.core.epochs`), `count_flush` and `record_bump` (the idle reset,
-    `vradix.core.epochs.record_reset`), `add_crossing`, `forget_crossing` and `release_crossing`
-    (`vradix.core.epochs`), `open_publication`, `close_publication`, `open_session` and `close_session` (only
-    `vradix.scheduler.publication.Publication`), `add_drain`, `take_drain` and `discard_drain`
-    (`vradix.scheduler.publication`), `count_forged_key` (`hooks.admission`). `last` is derived: the later of
-    `last_publication` and `last_flush`. Each step that keeps state of its own keeps it in its record here (`guard`,
-    `lora`, `dedup`, `freed`, `storage`, `sessions`, and the step-owned `deferred`, `prefix_hits` and `staleness`),
-    which changes only through the methods the record's docstring names. The metrics handle is not state: it lives on
-    the scheduler (`vradix.observability.metrics`)."""
-
-    tree_core: str
-    epoch: int = 0
-    label: Optional[str] = None
-    publications: int = 0
-    flushes: int = 0
-    forged_keys_rejected: int = 0
-    #: id(req) -> live request that holds a lock on KV of an older epoch (freed when it releases); keyed by identity
-    #: because user rids need not be unique
-    crossing: Dict[int, Any] = field(default_factory=dict)
-    #: the publication open on this engine (`vradix.scheduler.publication.Publication`): an update call's while it
-    #: runs, a weight-update session's from its begin to its end; the hooks SGLang calls inside it hand it their events
-    publication: Optional[Any] = None
-    #: open from a successful begin_weight_update to end_weight_update: one publication, bumped once at its end
-    session: Optional["WeightSession"] = None
-    #: device-side record of which epoch wrote each KV page (None for allocators vradix cannot observe)
-    ledger: Optional[PageLedger] = None
-    #: the last bump that was a publication (not a lock-aware flush)
-    last_publication: Optional[Bump] = None
-    #: the last lock-aware flush's bump, or the last idle flush (which keeps the epoch)
-    last_flush: Optional[Bump] = None
-    #: how each epoch's weight identity is chosen (`vradix.identity.MODES`)
-    identity_mode: str = "nonce"
-    #: a P/D role's scope (role + KV layout, `vradix.pd.layout.scope_of`), the start of every namespace it stamps, so
-    #: its L3 objects are role-local; None on a non-P/D engine
-    scope: Optional[str] = None
-    #: the nonce identities of this engine, equal on all its ranks (`vradix.identity.EngineNonces`; set by `attach`)
-    nonces: identity.EngineNonces = field(default_factory=identity.EngineNonces.fresh)
-    #: epoch -> its identity and namespace prefix, for every epoch this engine has served (one entry per bump)
-    identities: Dict[int, EpochIdentity] = field(default_factory=dict)
-    _epoch_by_prefix: Dict[str, int] = field(default_factory=dict)
-    #: epoch -> the label it carried when it ended (the current epoch's is `label`)
-    epoch_labels: Dict[int, Optional[str]] = field(default_factory=dict)
-    guard: GuardRecord = field(default_factory=GuardRecord)
-    lora: LoraRecord = field(default_factory=LoraRecord)
-    dedup: DedupRecord = field(default_factory=DedupRecord)
-    freed: FreedCounters = field(default_factory=FreedCounters)
-    storage: StorageCounters = field(default_factory=StorageCounters)
-    sessions: SessionRecord = field(default_factory=SessionRecord)
-    #: the unlocked stale KV a bump left in the tree, reclaimed after it (written only by
-    #: `vradix.core.deferred_reclaim`)
-    deferred: DeferredReclaim = field(default_factory=DeferredReclaim)
-    #: the cached prefixes admitted requests reused, for the cache inspector (`vradix.observability.snapshot`; written
-    #: only by `vradix.core.prefix_hits`, at admission)
-    prefix_hits: PrefixHits = field(default_factory=PrefixHits)
-    #: bounded staleness: the server window and what bounded requests reused (written only by
-    #: `vradix.core.staleness`; the window at attach)
-    staleness: StalenessRecord = field(default_factory=StalenessRecord)
-    #: drain time (ms) the publication under way has spent so far, taken by its bump (`Bump.drain_ms`);
-    #: written only by `vradix.scheduler.publication`
-    drain_ms_pending: float = 0.0
-    #: what the cache has, read once by `attach` (neither changes while the engine runs): a HiCache host tier, whose
-    #: stale copies the bump frees (`vradix.core.host_tier`); streaming-session slots a bump settles
-    #: (`vradix.core.sessions`; False only when the engine was started without `--enable-streaming-session`, so no
-    #: slot can ever exist)
-    host_tier: bool = False
-    streaming_sessions: bool = True
-
-    @property
-    def last(self) -> Optional[Bump]:
-        """The last bump's record, publication or flush. A publication always advances the epoch, so on equal
-        `epoch_after` the flush (an idle flush keeps the epoch) is the later one."""
-        p, f = self.last_publication, self.last_flush
-        if f is None or (p is not None and p.epoch_after > f.epoch_after):
-            return p
-        return f
-
-    def advance(self, ident: identity.WeightIdentity, label: Optional[str], is_publication: bool) -> None:
-        """The bump's first step: the next epoch, under `ident` and `label`; the ending epoch keeps its label."""
-        self.bind_identity(self.epoch + 1, ident)
-        self.epoch_labels[self.epoch] = self.label
-        self.epoch += 1
-        self.label = label
-        if is_publication:
-            self.publications += 1
-        else:
-            self.flushes += 1
-
-    def record_bump(self, inv: Bump, is_publication: bool) -> None:
-        """Keep `inv` as the last publication, or as the last flush."""
-        if is_publication:
-            self.last_publication = inv
-        else:
-            self.last_flush = inv
-
-    def count_flush(self) -> None:
-        """An idle flush (SGLang's own reset; no bump)."""
-        self.flushes += 1
-
-    def count_forged_key(self) -> None:
-        self.forged_keys_rejected += 1
-
-    def add_crossing(self, req) -> None:
-        self.crossing[id(req)] = req
-
-    def forget_crossing(self, key: int) -> None:
-        del self.crossing[key]
-
-    def release_crossing(self, req) -> bool:
-        """Forget `req` as a crossing request; whether it was one."""
-        return self.crossing.pop(id(req), None) is not None
-
-    def open_publication(self, publication) -> None:
-        """`publication` is the engine's open one (`vradix.scheduler.publication.opened`) until `close_publication`."""
-        self.publication = publication
-
-    def close_publication(self) -> None:
-        self.publication = None
-
-    def open_session(self, session: "WeightSession") -> None:
-        self.session = session
-
-    def close_session(self) -> Optional["WeightSession"]:
-        """End the open weight-update session; returns it."""
-        session, self.session = self.session, None
-        return session
-
-    def add_drain(self, ms: float) -> None:
-        self.drain_ms_pending += ms
-
-    def take_drain(self) -> float:
-        """The drain time the publication under way spent, which its bump takes."""
-        ms, self.drain_ms_pending = self.drain_ms_pending, 0.0
-        return ms
-
-    def discard_drain(self) -> None:
-        self.drain_ms_pending = 0.0
-
-    def bind_identity(self, epoch: int, ident: identity.WeightIdentity) -> str:
-        """Record `ident` as epoch `epoch`'s identity and return its namespace prefix: the bare `weight_id` the
-        first time this process serves it, else disambiguated by the epoch (one namespace per epoch)."""
-        reused = any(e.identity.weight_id == ident.weight_id for e in self.identities.values())
-        prefix = identity.namespace(ident.weight_id, epoch if reused else None, self.scope)
-        self.identities[epoch] = EpochIdentity(ident, prefix)
-        self._epoch_by_prefix[prefix] = epoch
-        return prefix
-
-    @property
-    def weight_id(self) -> str:
-        return self.identities[self.epoch].identity.weight_id
-
-    def prefix_of_epoch(self, epoch: int) -> str:
-        return self.identities[epoch].prefix
-
-    def epoch_of(self, extra_key: Optional[str]) -> Optional[int]:
-        """The epoch whose namespace `extra_key` was stamped with, or None (unstamped, or another engine's)."""
-        return self._epoch_by_prefix.get(identity.prefix_of(extra_key))
-
-    def label_of(self, epoch: Optional[int]) -> Optional[str]:
-        """The label epoch `epoch` was published under (the current label for the current epoch)."""
-        return self.label if epoch == self.epoch else self.epoch_labels.get(epoch)
-
-    def declared_before(self, text: str) -> bool:
-        """Whether an epoch of this process already carries the declared identity `text`."""
-        wid = identity.declared(text).weight_id
-        return any(e.identity.weight_id == wid for e in self.identities.values())
-
-
-@dataclass
 class WeightSession:
     """One `begin_weight_update ... end_weight_update` session: its buckets (update calls) so far. A session is one
     publication: its buckets apply their labels but never bump; `end_weight_update` bumps once. Changes only through
@@ -446,36 +257,11 @@ class WeightSession:
         return {"buckets": self.buckets, "failed_buckets": self.failed_buckets}
 
 
-def attach(tree_cache, with_ledger: bool = True, weight_identity: Optional[identity.WeightIdentity] = None,
-           identity_mode: str = "nonce", scope: Optional[str] = None, staleness_window: int = 0,
-           label: Optional[str] = None, streaming_sessions: bool = True,
-           nonces: Optional[identity.EngineNonces] = None) -> EpochState:
-    """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0 under `weight_identity` (epoch 0's nonce of
-    `nonces`, the engine's launch-wide nonces, when None; a fresh set of nonces when that is None too) and `label`, with a KV page ledger on its allocator unless `with_ledger` is False; on a P/D role every
-    namespace starts with its `scope` (`vradix.pd.layout`); `staleness_window` epochs older than the current one
-    keep their KV for bounded requests (`vradix.core.staleness`); `streaming_sessions` is False only for an
-    engine started without `--enable-streaming-session` (no session slot can exist). Invariant: a window above 0
-    has a ledger (its responses' spans are read from it): `staleness.StalenessError` otherwise. Raises
-    `settings.SettingsError` for an invalid VRADIX_VERIFY / VRADIX_AUDIT / VRADIX_VERIFY_SAMPLE_EVERY /
-    VRADIX_PREFILL_DEDUP setting."""
-    staleness.check_ledger(staleness_window, [] if with_ledger else ["a path the KV page ledger cannot observe"])
-    state = EpochState(tree_core=type(tree_cache.tree_core).__name__, guard=GuardRecord(GuardConfig.from_env()),
-                       identity_mode=identity_mode, dedup=DedupRecord(enabled=dedup.enabled_from_env()), scope=scope,
-                       staleness=StalenessRecord(window=staleness_window), label=label,
-                       host_tier=host_tier.enabled(tree_cache), streaming_sessions=streaming_sessions,
-                       nonces=nonces or identity.EngineNonces.fresh())
-    state.bind_identity(0, weight_identity or state.nonces.for_epoch(0))
-    if with_ledger:
-        state.ledger = kv_ledger.attach(tree_cache.token_to_kv_pool_allocator)
-    tree_cache._vradix = state
-    return state
-
-
 @dataclass
 class TreelessState:
     """vradix on an engine without a radix cache (`--disable-radix-cache`): there is no tree to version, so there is
     no epoch; each publication drops the weight-derived caches (`vradix.core.weight_derived`) once. Its publications are
-    counted the way an `EpochState` counts them: an update call outside a session is one, a session is one at its
+    counted the way an `Engine` counts them: an update call outside a session is one, a session is one at its
     end, a new label by itself is one. Changes only through `open_publication`, `close_publication`, `open_session`
     and `close_session` (only `vradix.scheduler.publication.Publication`) and `record` (its
     `publish_without_tree`)."""
@@ -520,13 +306,3 @@ def attach_treeless(tree_cache) -> TreelessState:
 def treeless_of(tree_cache) -> Optional[TreelessState]:
     """The vradix state of an engine without a radix cache, or None."""
     return getattr(tree_cache, "_vradix_treeless", None)
-
-
-def state_of(tree_cache) -> Optional[EpochState]:
-    """The vradix state of a tree cache, or None when vradix is not versioning it."""
-    return getattr(tree_cache, "_vradix", None)
-
-
-def state_of_scheduler(scheduler) -> Optional[EpochState]:
-    """The vradix state of `scheduler`'s tree cache, or None (no scheduler, or vradix is not versioning its cache)."""
-    return state_of(scheduler.tree_cache) if scheduler is not None else None

@@ -3,8 +3,8 @@ every vradix step; `vradix.plugin.register()` does so only inside its fail-close
 from __future__ import annotations
 
 from vradix.hooks import (admission, census, control, hicache, inspector, launcher, ledger, lora, pd, pd_launcher,
-                          prefill, publication, ray_actor, reclaim, reconfigure, report, server_info, startup, storage,
-                          tokenizer_worker)
+                          prefill, publication, ray_actor, reclaim, reconfigure, report, server_info, serving, startup,
+                          storage, tokenizer_worker)
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
 _UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
@@ -58,16 +58,16 @@ HOOKS = [
     ("sglang.srt.managers.multi_tokenizer_mixin.write_data_for_multi_tokenizer", "AROUND",
      tokenizer_worker.load_vradix_where_launch_data_is_read),
     (f"{_SCHED}.__init__", "AFTER", startup.attach_to_scheduler),
-    # 1. admission: stamp, and re-bind queued requests before they match
-    (f"{_SCHED}._maybe_namespace_elastic_radix_cache", "AFTER", admission.stamp_request),
-    (f"{_SCHED}._add_request_to_queue", "BEFORE", admission.stamp_unstamped_on_queue),
-    (f"{_COMMON}.match_kv_cache", "BEFORE", admission.rebind_before_match),
-    # streaming sessions: the slot record a turn kept across a publication is released, never lent to a later turn
-    ("sglang.srt.session.streaming_session.StreamingSession.try_match_prefix", "BEFORE",
-     admission.release_stale_session_slot),
+    # 1. admission: every request is bound to the current epoch where SGLang queues it (before its first match and
+    # before HiCache's storage prefetch reads its key), and a request holding no KV is re-bound before every match,
+    # where a streaming-session slot a publication left stale is also released before it is lent (hooks.serving:
+    # the per-request and per-batch hooks, each one call into the engine)
+    (f"{_SCHED}._add_request_to_queue", "BEFORE", serving.admit),
+    (f"{_COMMON}.match_kv_cache", "BEFORE", serving.before_match),
     (f"{_URC}.init_load_back", "AROUND", admission.verify_load_back),
-    # prefill scheduling: a request waits for an uncached prefix another request is already computing
-    (f"{_SCHED}._get_new_batch_prefill_raw", "AROUND", prefill.track_prefill_pass),
+    # prefill scheduling: a request waits for an uncached prefix another request is already computing; the requests
+    # a pass admits count their prefix hits (the cache inspector)
+    (f"{_SCHED}._get_new_batch_prefill_raw", "AROUND", serving.prefill_pass),
     ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", "AROUND", prefill.hold_back_duplicate_prefill),
     # the census test mode (VRADIX_CENSUS=1): no forward runs on weights that changed without a publication; the
     # control requests answered since the last publication are named when one does
@@ -75,15 +75,13 @@ HOOKS = [
     (f"{_SCHED}.send_control_output", "BEFORE", census.note_control_request),
     # forward: the strict guard's backstop fails a request whose cached KV (from the tree, a lent session record, a
     # restored backup, a load-back) was not written under its epoch; the KV page ledger records which epoch wrote
-    # each page, and which pages are free. The backstop is registered after the stamp so that it wraps it and runs
-    # first: a forward that continues a partly filled page must not re-stamp that page before its cached positions
-    # are checked
-    (f"{_SCHED}.run_batch", "BEFORE", ledger.stamp_forward_batch),
-    (f"{_SCHED}.run_batch", "BEFORE", ledger.backstop_extend_batch),
+    # each page, and which pages are free. One hook per batch: the backstop's check first, then the stamp (a forward
+    # that continues a partly filled page must not re-stamp that page before its cached positions are checked)
+    (f"{_SCHED}.run_batch", "BEFORE", serving.before_forward),
     # the backstop's verdict is launched on the device and read where SGLang waits for the batch's output (no device
     # sync added to an iteration); the one insert before that point, the overlap loop's chunk checkpoint, reads a
     # complete verdict or is held until the next checkpoint
-    (f"{_SCHED}.process_batch_result", "BEFORE", ledger.read_verdicts_at_result),
+    (f"{_SCHED}.process_batch_result", "BEFORE", serving.at_result),
     (f"{_SCHED}.stash_chunked_request", "AROUND", ledger.hold_stash_until_verdict),
     (f"{_TOKEN_ALLOC}.free", "BEFORE", ledger.on_free_slots),
     (f"{_PAGED_ALLOC}.free", "BEFORE", ledger.on_free_slots),
@@ -171,11 +169,10 @@ HOOKS = [
     # publication offloads none of its (mixed) KV; each page decode offloads is attributed to its weight identity
     (f"{_DECODE_OFFLOAD}.offload_kv_cache", "AROUND", storage.never_offload_crossing_kv),
     (f"{_DECODE_OFFLOAD}._trigger_backup", "BEFORE", storage.record_decode_offload),
-    # 3. reclaim: stale KV a crossing request unlocks, at its release; the stale KV a bump deferred: stale first on
-    # every eviction, a bounded slice per scheduler iteration, the rest at idle (the first insert after a bump marks
-    # what is stale)
-    (f"{_COMMON}.release_kv_cache", "AROUND", reclaim.reclaim_on_release),
-    (f"{_URC}.insert", "AFTER", reclaim.note_first_insert),
+    # 3. reclaim: stale KV a crossing request unlocks, at its release; the stale KV a bump deferred (every node of
+    # another namespace than the current epoch's): stale first on every eviction, a bounded slice per scheduler
+    # iteration, the rest at idle
+    (f"{_COMMON}.release_kv_cache", "AROUND", serving.release),
     (f"{_URC}._evict", "AROUND", reclaim.reclaim_stale_first),
     (f"{_SCHED}.get_next_batch_to_run", "BEFORE", reclaim.reclaim_slice),
     (f"{_SCHED}.on_idle", "BEFORE", reclaim.finish_reclaim_when_idle),
@@ -185,11 +182,9 @@ HOOKS = [
     ("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
      "AFTER", server_info.report_server_info),
     # the cache inspector: GET /vradix/cache asks the scheduler over the internal-state channel (registered after the
-    # AFTER hook above, so it wraps it and an inspector query skips SGLang's server-args dump); admissions count hits
+    # AFTER hook above, so it wraps it and an inspector query skips SGLang's server-args dump)
     ("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
      "AROUND", inspector.answer_cache_inspection),
-    ("sglang.srt.managers.schedule_policy.PrefillAdder._commit_prefill_admission", "AFTER",
-     inspector.count_prefix_hit),
     # 5. provenance: scheduler -> customized_info -> tokenizer manager meta_info -> OpenAI metadata
     (f"{_OUT}._GenerationStreamAccumulator.accept", "AROUND", server_info.attach_provenance),
     (f"{_TM}.update_request_meta_info", "AROUND", report.provenance_to_meta_info),
@@ -201,9 +196,8 @@ HOOKS = [
     ("sglang.srt.entrypoints.http_server.launch_server", "BEFORE", report.add_flush_report_middleware),
     ("sglang.srt.entrypoints.http_server.launch_server", "BEFORE", report.add_cache_inspector_endpoint),
     # 6. LoRA: an adapter is identified by its content at load (its requests' namespaces and P/D handshake carry
-    # that identity beyond the process), and its entries are freed when it is unloaded
-    ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint_into_tree", "AFTER",
-     lora.remember_adapter_insert),
+    # that identity beyond the process), and its entries (the nodes whose key carries its tag) are freed when it is
+    # unloaded
     (f"{_SCHED}.load_lora_adapter", "AFTER", lora.identify_loaded_adapter),
     (f"{_SCHED}.load_lora_adapter_from_tensors", "AFTER", lora.identify_loaded_adapter),
     (f"{_SCHED}.unload_lora_adapter", "AFTER", lora.free_unloaded_adapter),

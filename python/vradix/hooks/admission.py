@@ -3,53 +3,9 @@ the HiCache host pool would add to a match (what a match adopts is checked befor
 from __future__ import annotations
 
 from vradix import request
-from vradix.core import admission, lora, sessions, staleness
 from vradix.ledger import guard, host as host_ledger
 from vradix.ledger.device import ledger_of
-from vradix.identity import ReservedNamespaceError
-from vradix.core.state import state_of
-
-
-def stamp_request(_result, scheduler, req, *args, **kwargs):
-    """AFTER Scheduler._maybe_namespace_elastic_radix_cache: bind the request to the current epoch (a LoRA request
-    also to its adapter's content identity, read from the adapter this scheduler loaded for its `lora_id`)."""
-    state = state_of(scheduler.tree_cache)
-    if state is None:
-        return
-    lora.identify_adapter(state, scheduler, getattr(req, "lora_id", None))
-    try:
-        admission.stamp(state, req)
-    except staleness.StalenessError as e:
-        req.set_finish_with_abort(f"Invalid request: {e}")
-    except ReservedNamespaceError as e:
-        state.count_forged_key()
-        admission.stamp_refused(state, req)  # bound without the forged key, so it can match nothing foreign
-        req.set_finish_with_abort(f"Invalid request: {e}")
-
-
-def stamp_unstamped_on_queue(scheduler, req, *args, **kwargs):
-    """BEFORE Scheduler._add_request_to_queue: SGLang queues some requests without passing the admission hook above
-    (a request for a missing or closing session, one a session aborts at creation: aborted, but still matched and
-    prefilled for one token). Bind those here, so every queued request carries its epoch before any match."""
-    state = state_of(scheduler.tree_cache)
-    if state is None or request.of(req) is not None:
-        return
-    stamp_request(None, scheduler, req)
-
-
-def rebind_before_match(req, tree_cache, *args, **kwargs):
-    """BEFORE mem_cache.common.match_kv_cache: a request holding no KV always matches under the current epoch."""
-    state = state_of(tree_cache)
-    if state is not None:
-        admission.prepare_for_match(state, tree_cache, req, kwargs.get("token_ids", args[0] if args else None))
-
-
-def release_stale_session_slot(session, params, *args, **kwargs):
-    """BEFORE StreamingSession.try_match_prefix: a slot whose record a turn kept across a publication is released
-    before it can be lent to the session's next turn, which then matches in its own namespace (`vradix.core.sessions`)."""
-    state = state_of(session.cache)
-    if state is not None and params.req is not None:
-        sessions.release_before_lend(state, session.cache, params.req)
+from vradix.engine import state_of
 
 
 def verify_load_back(original, cache, params, *args, **kwargs):

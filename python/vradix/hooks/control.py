@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import logging
 
-from vradix.core.state import state_of_scheduler, treeless_of
+from vradix.engine import state_of_scheduler
+
+from vradix.core.state import treeless_of
 from vradix.scheduler.publication import opened
 from vradix.scheduler.requests import answer_refused
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from vradix.ledger import host as host_ledger
 from vradix.ledger.device import ledger_of
-from vradix.core.state import state_of
+from vradix.engine import state_of
 
 
 def carry_epochs_to_host(host_slots, controller, device_indices, *args, **kwargs):

@@ -17,20 +17,12 @@ from __future__ import annotations
 
 import json
 
-from vradix.core import prefix_hits
 from vradix.observability import snapshot
-from vradix.core.state import state_of
+from vradix.engine import state_of
 
 PATH = "/vradix/cache"
 #: marks a GetInternalStateReq as an inspector query; no SGLang caller sets a rid on that request
 QUERY_PREFIX = "\x1evradix-inspect:"
-
-
-def count_prefix_hit(_result, adder, req, *args, **kwargs):
-    """AFTER PrefillAdder._commit_prefill_admission: the admitted request reuses its matched prefix: one hit."""
-    state = state_of(adder.tree_cache)
-    if state is not None:
-        prefix_hits.record_admission(state, adder.tree_cache, req)
 
 
 def answer_cache_inspection(original, controller, recv_req, *args, **kwargs):

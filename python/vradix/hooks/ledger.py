@@ -6,46 +6,7 @@ from http import HTTPStatus
 
 from vradix.ledger import guard
 from vradix.ledger.device import ledger_of
-from vradix.observability import metrics
-from vradix.core.state import state_of
-
-
-def backstop_extend_batch(scheduler, batch, *args, **kwargs):
-    """BEFORE Scheduler.run_batch (strict guard; every Nth batch, detection only, in sample mode): every cached KV
-    position an extend batch's requests read must carry
-    the epoch each request is bound to (or, crossing, its own KV's epochs): one gather over the batch, launched on
-    the device ahead of the forward and read at the batch's result (`read_verdicts_at_result`), never here: no
-    device synchronisation before the forward. A violating request fails there (`fail_stale_reads`); with more than
-    one TP/PP rank the violation is only counted and logged, so every rank runs the same batch."""
-    state = state_of(scheduler.tree_cache)
-    if (state is None or state.ledger is None or batch is None or not batch.forward_mode.is_extend()
-            or getattr(batch, "split_index", 0) or not guard.checks_batch(state.guard.config, state.guard.stats)):
-        return
-    reads = guard.prefix_reads(batch, state.epoch)
-    if not reads:
-        return
-    r2t = scheduler.req_to_token_pool.req_to_token
-    counts = guard.launch_prefix_check(state.ledger, state.guard.stats, r2t, reads)
-    current = state.epoch
-
-    def settle(values: list) -> None:
-        for req, what in guard.reads_to_fail(state.ledger, state.guard.config, state.guard.stats, r2t, reads,
-                                             values, current):
-            fail_stale_reads(scheduler, req, what)
-
-    state.guard.verdicts.launch(batch.out_cache_loc, [r.req for r in reads], counts, settle)
-
-
-def read_verdicts_at_result(scheduler, batch, *args, **kwargs):
-    """BEFORE Scheduler.process_batch_result: SGLang is about to wait for this batch's output, so the checks launched
-    with it and before it are complete: read them (`PendingVerdicts.read_through`) and fail their violating requests
-    before the result commits anything of them (normal and overlap loops alike)."""
-    state = state_of(scheduler.tree_cache)
-    if state is not None and len(state.guard.verdicts) and batch is not None:
-        caught = state.guard.stats.violations_caught
-        state.guard.verdicts.read_through(batch.out_cache_loc)
-        if state.guard.stats.violations_caught != caught:
-            metrics.export_metrics(scheduler)
+from vradix.engine import state_of
 
 
 def hold_stash_until_verdict(original, scheduler, req, *args, **kwargs):
@@ -115,14 +76,6 @@ def fail_stale_reads(scheduler, req, message: str) -> None:
     req.discard_output_reason = FINISH_ABORT(message, HTTPStatus.INTERNAL_SERVER_ERROR)
     if getattr(scheduler, "chunked_req", None) is req:
         scheduler._pending_chunked_abort_req = req
-
-
-def stamp_forward_batch(scheduler, batch, *args, **kwargs):
-    """BEFORE Scheduler.run_batch: the pages this forward writes are written under the current epoch's weights
-    (publications drain in-flight batches first, so no forward straddles a weight change)."""
-    state = state_of(scheduler.tree_cache)
-    if state is not None and state.ledger is not None and batch is not None:
-        state.ledger.stamp_written(getattr(batch, "out_cache_loc", None), state.epoch)
 
 
 # ---- allocator hooks: which pages are free -------------------------------------------------------------

@@ -6,18 +6,9 @@ import logging
 
 from vradix.core import lora
 from vradix.scheduler.publication import Publication
-from vradix.core.state import state_of
+from vradix.engine import state_of
 
 logger = logging.getLogger("vradix")
-
-
-def remember_adapter_insert(_result, cache, req, *args, **kwargs):
-    """AFTER UnifiedRadixCache.checkpoint_into_tree: remember which adapter's namespace the insert went into."""
-    if getattr(req, "lora_id", None) is None:
-        return  # a base-model request: nothing to remember
-    state = state_of(cache)
-    if state is not None:
-        lora.remember_adapter_node(state, cache, req)
 
 
 def identify_loaded_adapter(result, scheduler, recv_req, *args, **kwargs):

@@ -19,7 +19,7 @@ from vradix.ledger import device as ledger
 from vradix.core import retraction
 from vradix.pd import bootstrap, handshake, layout, lost_restore, revocation
 from vradix.scheduler.requests import answer_refused
-from vradix.core.state import state_of
+from vradix.engine import state_of
 
 logger = logging.getLogger("vradix")
 
@@ -134,7 +134,7 @@ def restore_into_node_slots_only(original, cache, *args, req=None, **kwargs):
     state there (the per-request CoW leg of `MambaComponent.build_hicache_transfers`), and decode's restore may run
     after the transfer landed, so the copy would overwrite it. Both tree cores read `req` only for that leg, so the
     restore builds its spec without it. Other roles (whose requests continue from the prefix state), and caches
-    without a Mamba component, are SGLang's. The role is the one vradix stamps namespaces with (`EpochState.scope`)."""
+    without a Mamba component, are SGLang's. The role is the one vradix stamps namespaces with (`Engine.scope`)."""
     state = state_of(cache)
     on_decode = state is not None and layout.role_of_scope(state.scope) == "decode"
     if req is not None and on_decode and cache.supports_mamba():

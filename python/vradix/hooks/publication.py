@@ -11,7 +11,10 @@ from typing import Callable, Optional
 from vradix import collectives, identity
 from vradix.closed_world import post_load
 from vradix.core import epochs, overlap
-from vradix.core.state import EpochState, state_of_scheduler
+from vradix.engine import state_of_scheduler
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    from vradix.engine import Engine
 from vradix.scheduler.publication import Publication, discard_drain, opened
 
 logger = logging.getLogger("vradix")
@@ -123,7 +126,7 @@ def publish_update_from_ipc(original, updater, recv_req, *args, **kwargs):
     return publish_update(FROM_IPC, original, updater, recv_req, *args, **kwargs)
 
 
-def refuse_reused_declaration(state: EpochState, label, output_type):
+def refuse_reused_declaration(state: Engine, label, output_type):
     """In `declared` mode, a publication naming a declared identity an earlier publication of this engine already
     used is refused before any weight changes: returns the failed response, or None."""
     if state.identity_mode != "declared" or not identity.is_declaration(label) or label == state.label:

@@ -1,22 +1,26 @@
-"""Reclaim hooks (data-path step 3, scheduler process): free stale KV when a crossing request releases it; reclaim the
+"""Reclaim hooks (data-path step 3, scheduler process): free stale KV when a crossing request releases it
+(`release_tracked`, from `hooks.serving.release`); reclaim the
 stale KV a bump deferred (`vradix.core.deferred_reclaim`): a slice per scheduler iteration, stale first whenever SGLang
 evicts, the rest when the engine is idle."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable
 
 from vradix import request
 from vradix.core import epochs, provenance, deferred_reclaim, staleness
 from vradix.observability import metrics
 from vradix.ledger import device as kv_ledger
-from vradix.core.state import state_of
+from vradix.engine import state_of
+
+if TYPE_CHECKING:
+    from vradix.engine import Engine
 
 
-def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
-    """AROUND mem_cache.common.release_kv_cache: free the stale path a crossing request just unlocked."""
-    state = state_of(tree_cache)
-    if state is None or release_is_plain(state, req):
-        return original(req, tree_cache, *args, **kwargs)
+def release_tracked(state: "Engine", original: Callable, req, tree_cache, *args: Any, **kwargs: Any) -> Any:
+    """The release of a request that is not plain (`Engine.release_is_plain`: crossing, bounded, or awaited by the
+    deferred reclaim; `hooks.serving.release`): free the stale path it just unlocked, keep its ledger spans for its
+    provenance, report a bounded request's reuse."""
     lock = getattr(req, "lock", None)
     node = lock.node if lock is not None else None
     bounded = staleness.is_bounded(request.of(req))
@@ -36,23 +40,6 @@ def reclaim_on_release(original, req, tree_cache, *args, **kwargs):
     if was_crossing or bounded:
         metrics.refresh()  # crossing requests, pinned and freed stale tokens, stale reuse changed
     return result
-
-
-def release_is_plain(state, req) -> bool:
-    """Whether releasing `req` needs nothing of vradix: an exact request bound to one epoch all its life (no
-    crossing, no retraction to reset), not awaited by the deferred reclaim. Then `epochs.on_release` would free
-    nothing and change nothing, and no ledger spans are read (those are read for crossing or bounded requests)."""
-    st = request.of(req)
-    return (st is not None and len(st.kv_history) == 1 and not st.crossed and st.max_staleness == 0
-            and id(req) not in state.crossing)
-
-
-def note_first_insert(result, cache, params, *args, **kwargs):
-    """AFTER UnifiedRadixCache.insert: the first insert after a bump fixes the watermark below which every node is
-    stale (`deferred_reclaim.note_insert`)."""
-    state = state_of(cache)
-    if state is not None and state.deferred.active and state.deferred.watermark is None:
-        deferred_reclaim.note_insert(state, cache, result.last_device_node)
 
 
 def reclaim_stale_first(original, cache, params, *args, **kwargs):

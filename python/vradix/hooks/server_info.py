@@ -5,7 +5,8 @@ from __future__ import annotations
 from vradix import __version__, collectives
 from vradix.core import host_tier, mm_embeddings, provenance
 from vradix.observability import metrics, server_info
-from vradix.core.state import state_of, state_of_scheduler, treeless_of
+from vradix.engine import state_of, state_of_scheduler
+from vradix.core.state import treeless_of
 from vradix.scheduler import census
 
 

@@ -14,7 +14,8 @@ from vradix.collectives import tp_cpu_group, tp_rank_and_size
 from vradix.scheduler.identity_proof import published_identity
 from vradix.scheduler.publication import current_label
 from vradix.pd import layout
-from vradix.core.state import attach, attach_treeless
+from vradix.engine import attach
+from vradix.core.state import attach_treeless
 
 logger = logging.getLogger("vradix")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from vradix import identity, request
 from vradix.l3 import prefetch
 from vradix.l3 import manifest
-from vradix.core.state import state_of
+from vradix.engine import state_of
 
 
 def discard_stale_prefetch(original, cache, operation, *args, **kwargs):

@@ -33,7 +33,9 @@ from __future__ import annotations
 from typing import Iterable
 
 from vradix import identity, request
-from vradix.core.state import EpochState
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    from vradix.engine import Engine
 
 
 def storage_lookups(scheduler) -> bool:
@@ -63,7 +65,7 @@ def end_queued_attempts(cache, queued: Iterable) -> int:
     return revoked
 
 
-def may_be_stored(state: EpochState) -> bool:
+def may_be_stored(state: Engine) -> bool:
     """Whether the current namespace's keys may already be in a store: its identity is proven or declared (equal
     identities build equal keys across processes) and this process uses it for the first time (no epoch suffix)."""
     current = state.identities[state.epoch]
@@ -71,7 +73,7 @@ def may_be_stored(state: EpochState) -> bool:
             and current.prefix == identity.namespace(current.identity.weight_id, scope=state.scope))
 
 
-def reissue(scheduler, state: EpochState, queued: Iterable) -> int:
+def reissue(scheduler, state: Engine, queued: Iterable) -> int:
     """After a bump: look the re-bound queued requests up again under their new namespace, when it may be stored.
     Returns how many lookups were issued. Not on a P/D decode role: SGLang looks a decode request up in storage only
     when its pre-allocation matches it (`DecodePreallocQueue._start_hicache_prefetch`, which also sizes the promise
@@ -92,7 +94,7 @@ def is_decode_role(scheduler) -> bool:
     return getattr(getattr(scheduler, "disaggregation_mode", None), "value", None) == "decode"
 
 
-def stale(state: EpochState, extra_key) -> bool:
+def stale(state: Engine, extra_key) -> bool:
     """Whether a prefetch keyed by `extra_key` can no longer be used: its namespace is not the current epoch's. Every
     request that holds no KV matches under the current epoch. The one kind that prefetches while holding KV, a P/D
     decode request restoring its promised prefix from L3, crosses the publication: its old-namespace pages are

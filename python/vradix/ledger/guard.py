@@ -177,10 +177,23 @@ class PendingVerdicts:
         """Whether a verdict about `req` has not been read yet."""
         return any(v.names(req) for v in self._queue)
 
+    def read_at_result(self, batch_key, stats: GuardStats) -> bool:
+        """At a batch's result (`read_through`): whether a violation was caught by what was read. Nothing to read:
+        one length test."""
+        if not self._queue:
+            return False
+        caught = stats.violations_caught
+        self.read_through(batch_key)
+        return stats.violations_caught != caught
+
     def read_through(self, batch_key) -> int:
         """At a batch's result: read that batch's verdict and every one launched before it (results are processed
         in launch order). Nothing when no verdict is that batch's. Returns how many were read."""
-        through = next((i for i, v in enumerate(self._queue) if v.batch_key is batch_key), -1)
+        through = -1
+        for i, v in enumerate(self._queue):
+            if v.batch_key is batch_key:
+                through = i
+                break
         for _ in range(through + 1):
             self._read_oldest()
         return through + 1
@@ -251,6 +264,46 @@ def first_decode_reads(batch, current: int) -> list[PrefixRead]:
             lo, hi = allowed_epochs(st, current)
             reads.append(PrefixRead(req, req.kv.req_pool_idx, n, lo, hi))
     return reads
+
+
+def launch_backstop(ledger: PageLedger, config: GuardConfig, stats: GuardStats, verdicts: PendingVerdicts, batch,
+                    current: int, req_to_token: torch.Tensor, fail: Callable[[object, str], None]) -> None:
+    """The strict guard's backstop for one extend batch (every Nth batch, detection only, in sample mode): every
+    cached KV position its requests read must carry the epoch each request is bound to (or, crossing or bounded, an
+    epoch from there to `current`: `allowed_epochs`). One pass over the batch's requests with no call per request,
+    one gather/compare launched on the device for the whole batch, its verdict read at the batch's result
+    (`PendingVerdicts.read_at_result`), where `fail(req, message)` fails each violating request (none when the engine
+    only detects)."""
+    if config.verify != "strict" and not checks_batch(config, stats):
+        return
+    decoding = batch.decoding_reqs
+    reqs, rows, lens, los, his = [], [], [], [], []
+    for req, n in zip(batch.reqs, batch.prefix_lens):
+        if n > 0 and not (decoding and req in decoding):
+            st = getattr(req, request.ATTR, None)
+            lo = current if st is None else st.bound.epoch
+            reqs.append(req)
+            rows.append(req.kv.req_pool_idx)
+            lens.append(n)
+            los.append(lo)
+            his.append(current if st is None or st.crossed or st.max_staleness else lo)
+    if not reqs:
+        return
+    stats.batches_verified += 1
+    stats.prefixes_verified += len(reqs)
+    counts = ledger.kernels.rows_outside_epochs(ledger.page_epoch, req_to_token, rows, lens, los, his,
+                                                ledger.page_size)
+
+    def settle(values: list) -> None:
+        if not any(values):
+            stats.verify_host_reads += 1
+            return
+        bad = [(PrefixRead(reqs[i], rows[i], lens[i], los[i], his[i]), n) for i, n in enumerate(values) if n]
+        for req, what in reads_to_fail(ledger, config, stats, req_to_token, [r for r, _ in bad], [n for _, n in bad],
+                                       current):
+            fail(req, what)
+
+    verdicts.launch(batch.out_cache_loc, reqs, counts, settle)
 
 
 def launch_prefix_check(ledger: PageLedger, stats: GuardStats, req_to_token: torch.Tensor,

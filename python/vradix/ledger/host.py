@@ -14,7 +14,7 @@ allocator) and moves epochs along with the data, at the points where SGLang pair
 * prefetch (L3 -> host): L3 keeps no ledger. A stored page is found by a hash chain seeded with its key's
   `extra_key` (`storage_namespace_seed`), whose namespace is built from a global `weight_id`, so when SGLang inserts
   prefetched pages into the tree (`UnifiedRadixCache._handle_prefetch_result`), they get the epoch of this engine
-  that serves that namespace (`EpochState.epoch_of`), or `FREE` when none does (no namespace, or another engine's
+  that serves that namespace (`Engine.epoch_of`), or `FREE` when none does (no namespace, or another engine's
   weights), which no request's epoch equals.
 * frees: a freed host page is `FREE`; clearing the host pool frees every page.
 

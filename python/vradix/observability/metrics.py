@@ -18,7 +18,7 @@ from __future__ import annotations
 import weakref
 from typing import Optional
 
-from vradix.core.state import state_of
+from vradix.engine import state_of
 
 #: gauge name suffix: (server-info key, documentation)
 GAUGES = {

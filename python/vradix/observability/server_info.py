@@ -6,10 +6,13 @@ from __future__ import annotations
 from typing import Optional
 
 from vradix import __version__
-from vradix.core.state import EpochState, TreelessState
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    from vradix.engine import Engine
+from vradix.core.state import TreelessState
 
 
-def engine_block(state: EpochState, pinned_tokens: int) -> dict:
+def engine_block(state: Engine, pinned_tokens: int) -> dict:
     """The `vradix` block of server info on an engine with a versioned cache (plain JSON types)."""
     last = state.last
     return {
@@ -50,7 +53,7 @@ def engine_block(state: EpochState, pinned_tokens: int) -> dict:
     }
 
 
-def publication_pause(state: EpochState) -> Optional[dict]:
+def publication_pause(state: Engine) -> Optional[dict]:
     """The pause the last publication added on the scheduler (ms): drain, bump and their sum; None before one."""
     p = state.last_publication
     if p is None:
@@ -58,7 +61,7 @@ def publication_pause(state: EpochState) -> Optional[dict]:
     return {"drain_ms": round(p.drain_ms, 3), "bump_ms": round(p.bump_ms, 3), "total_ms": round(p.pause_ms, 3)}
 
 
-def ledger_block(state: EpochState) -> dict:
+def ledger_block(state: Engine) -> dict:
     """The KV page ledger's guard and audit counters."""
     g, st = state.guard.config, state.guard.stats
     return {

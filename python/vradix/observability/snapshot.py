@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Iterable, Optional
 from vradix.core import host_tier
 from vradix.core.prefix_hits import MAX_HEAD_TOKENS, PrefixHit
 
-if TYPE_CHECKING:  # state.py holds a PrefixHits per engine
-    from vradix.core.state import EpochState
+if TYPE_CHECKING:
+    from vradix.engine import Engine
 
 #: bounds on one snapshot's output
 MAX_LIMIT = 200
@@ -80,7 +80,7 @@ class Query:
         return cls(**values)
 
 
-def snapshot(state: EpochState, cache, live_reqs: Iterable, query: Query = Query()) -> dict:
+def snapshot(state: Engine, cache, live_reqs: Iterable, query: Query = Query()) -> dict:
     """The inspector's view of `cache` (see the module docstring). `live_reqs`: the requests that may hold a lock."""
     t0 = time.perf_counter()
     holders = [r for r in live_reqs if getattr(r, "lock", None) is not None and r.lock.node is not None
@@ -113,7 +113,7 @@ def snapshot(state: EpochState, cache, live_reqs: Iterable, query: Query = Query
     return view
 
 
-def stale_view(state: EpochState, cache, crossing: list, limit: int) -> dict:
+def stale_view(state: Engine, cache, crossing: list, limit: int) -> dict:
     """The older epochs' KV: pinned by crossing requests (tokens and nodes per epoch, each request's share), and
     unlocked, awaiting the deferred reclaim."""
     paths = cache.tree_core.collect_path_info([r.lock.node for r in crossing]) if crossing else ()
@@ -136,7 +136,7 @@ def stale_view(state: EpochState, cache, crossing: list, limit: int) -> dict:
     }
 
 
-def epoch_rows(state: EpochState, cached: int, stale: dict, census_view: Optional[dict], limit: int) -> list:
+def epoch_rows(state: Engine, cached: int, stale: dict, census_view: Optional[dict], limit: int) -> list:
     """One row per epoch that holds KV in the tree, current first (`pinned_by`: the first `limit` rids)."""
     per_epoch = stale["_per_epoch"]
     exact_nodes = census_view is not None and not census_view["truncated"]
@@ -166,7 +166,7 @@ def epoch_rows(state: EpochState, cached: int, stale: dict, census_view: Optiona
     return rows
 
 
-def window_view(state: EpochState, census_view: Optional[dict]) -> Optional[dict]:
+def window_view(state: Engine, census_view: Optional[dict]) -> Optional[dict]:
     """With a staleness window (`vradix.core.staleness`; None without one): the epochs whose namespaces are kept, and
     the tokens per namespace when a complete census has them. Older in-window namespaces hold unlocked KV, so the
     walk-free split above cannot separate them from the current epoch: the current row's `cached_tokens` then
@@ -185,13 +185,13 @@ def window_view(state: EpochState, census_view: Optional[dict]) -> Optional[dict
             **state.staleness.as_dict()}
 
 
-def epoch_names(state: EpochState, epoch: Optional[int]) -> dict:
+def epoch_names(state: Engine, epoch: Optional[int]) -> dict:
     ident = state.identities.get(epoch)
     return {"epoch": epoch, "label": state.label_of(epoch),
             "weight_id": ident.identity.weight_id if ident is not None else None}
 
 
-def top_prefixes(state: EpochState, cache, holders: list, query: Query) -> dict:
+def top_prefixes(state: Engine, cache, holders: list, query: Query) -> dict:
     """The tracked prefixes still in the tree, most hits first (ties: most recent), `query.offset` on, at most
     `query.limit`. Each one's tokens come from its node's path now (a later split keeps the node's end)."""
     ranked = sorted(state.prefix_hits.entries.values(), key=lambda h: (-h.hits, -h.last_hit, h.node_id))
@@ -237,7 +237,7 @@ def lock_counts(cache, holders: list, wanted: set) -> dict:
     return counts
 
 
-def prefix_row(state: EpochState, cache, hit: PrefixHit, path, locks: int, head: int) -> dict:
+def prefix_row(state: Engine, cache, hit: PrefixHit, path, locks: int, head: int) -> dict:
     end = path[-1]
     row = {
         "node": hit.node_id,
@@ -270,7 +270,7 @@ def core_fields(cache, node_id: int) -> Optional[dict]:
             "last_access_time": float(node.last_access_time)}
 
 
-def census(state: EpochState, cache, budget: int) -> Optional[dict]:
+def census(state: Engine, cache, budget: int) -> Optional[dict]:
     """Nodes and tokens per epoch namespace, from a walk of at most `budget` nodes (Python TreeCore only; None on a
     core that cannot be walked). `truncated` says the walk stopped at the budget."""
     from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
@@ -291,7 +291,7 @@ def census(state: EpochState, cache, budget: int) -> Optional[dict]:
     return {"budget": budget, "visited": visited, "truncated": bool(stack), "epochs": per_epoch}
 
 
-def host_view(state: EpochState, cache) -> Optional[dict]:
+def host_view(state: Engine, cache) -> Optional[dict]:
     """The HiCache host pool's terms, and its pages per epoch from the host ledger (None without a host tier)."""
     figures = host_tier.pool_figures(cache)
     if figures is None:
@@ -314,7 +314,7 @@ def host_tokens_by_epoch(cache) -> Optional[dict]:
     return {str(e): n * host.page_size for e, n in zip(values.tolist(), counts.tolist())}
 
 
-def storage_view(state: EpochState, cache) -> Optional[dict]:
+def storage_view(state: Engine, cache) -> Optional[dict]:
     """The L3 storage tier (None without one): its backend and the pages this process backed up per weight_id."""
     if not getattr(cache, "enable_storage", False) or cache.cache_controller is None:
         return None

@@ -8,12 +8,14 @@ from typing import Optional
 
 from vradix import collectives, identity
 from vradix.core import published
-from vradix.core.state import EpochState
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    from vradix.engine import Engine
 
 logger = logging.getLogger("vradix")
 
 
-def publication_identity(scheduler, state: EpochState, label, weights_changed: bool = True) -> identity.WeightIdentity:
+def publication_identity(scheduler, state: Engine, label, weights_changed: bool = True) -> identity.WeightIdentity:
     """The identity of the weights a publication just installed, by the engine's mode: proven from what was published
     (`published_identity`; a label-only publication keeps the weights and so their identity), the declared label
     (when the publication set a new one), or the engine's nonce of the new epoch (`state.nonces`)."""

@@ -3,7 +3,7 @@ adapter unload) is one `Publication`, which runs the same sequence:
 
 1. open (`Publication.open`): the in-flight batches drain (`drain_for_publication`); a weight-update session already
    open on the engine is joined, not doubled; refusals answer before anything changes (`refuse`); SGLang's change
-   runs inside `running`, which registers the publication on the engine's state (`EpochState.publication`,
+   runs inside `running`, which registers the publication on the engine's state (`Engine.publication`,
    `TreelessState.publication`), so the hooks SGLang calls from inside the change hand their events to it
    (`version_recorded`, `flush`), and taps the tensors it publishes (`identity_proof.tapping_publication`);
 2. apply (`Publication.apply`), at most once: the engine's step, calling the core functions: an epoch bump
@@ -15,7 +15,7 @@ adapter unload) is one `Publication`, which runs the same sequence:
 
 A step the engine lacks is never entered: what it has (overlap scheduler, external KV lookups, weight-derived caches,
 metrics) is read at startup and after each runtime reconfiguration (`EngineSteps`), like the cache's host tier and streaming sessions inside the bump
-(`EpochState.host_tier`, `EpochState.streaming_sessions`).
+(`Engine.host_tier`, `Engine.streaming_sessions`).
 """
 from __future__ import annotations
 
@@ -26,7 +26,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 from vradix.core import deferred_reclaim, epochs, host_tier, lora, mm_embeddings, overlap, weight_derived
-from vradix.core.state import Bump, EpochState, WeightSession, state_of_scheduler, treeless_of
+from vradix.engine import state_of_scheduler
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    from vradix.engine import Engine
+from vradix.core.state import Bump, WeightSession, treeless_of
 from vradix.l3 import prefetch
 from vradix.ledger import guard
 from vradix.observability import metrics
@@ -90,7 +94,7 @@ class Publication:
 
     def __init__(self, scheduler, source: str):
         self.scheduler, self.source = scheduler, source
-        self.state: Optional[EpochState] = state_of_scheduler(scheduler)
+        self.state: Optional[Engine] = state_of_scheduler(scheduler)
         self.treeless = treeless_of(scheduler.tree_cache) if scheduler is not None and self.state is None else None
         #: the bucket counts, while this publication is a weight-update session
         self.session: Optional[WeightSession] = None
@@ -401,8 +405,8 @@ def unload_adapter(scheduler, recv_req) -> int:
     """A LoRA adapter unloaded: its entries, and only those, are freed; no epoch changes. Returns the tokens freed."""
     state = state_of_scheduler(scheduler)
     state.lora.count_event()
-    lora.forget_adapter(state, recv_req.lora_id)
     freed = lora.free_adapter_entries(state, scheduler.tree_cache, recv_req.lora_id)
+    lora.forget_adapter(state, recv_req.lora_id)
     state.lora.count_freed(freed)
     logger.info("vradix: adapter %r (lora_id %s) unloaded: freed %d of its cached tokens; other namespaces untouched",
                 recv_req.lora_name, recv_req.lora_id, freed)
@@ -412,7 +416,7 @@ def unload_adapter(scheduler, recv_req) -> int:
 
 def drain_for_publication(scheduler) -> int:
     """Finish the in-flight batches before the weights change (`overlap.drain_inflight_batch`), and add the time it
-    took to the drain of the publication under way (`EpochState.drain_ms_pending`), which its bump records
+    took to the drain of the publication under way (`Engine.drain_ms_pending`), which its bump records
     (`Bump.drain_ms`). Returns the number of batches drained."""
     t0 = time.perf_counter()
     drained = overlap.drain_inflight_batch(scheduler) if steps_of(scheduler).overlap_drain else 0
@@ -422,7 +426,7 @@ def drain_for_publication(scheduler) -> int:
     return drained
 
 
-def discard_drain(state: Optional[EpochState]) -> None:
+def discard_drain(state: Optional[Engine]) -> None:
     """A publication refused before it touched the weights does not bump: its drain is no later publication's."""
     if state is not None:
         state.discard_drain()

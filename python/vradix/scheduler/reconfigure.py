@@ -22,7 +22,7 @@ import types
 from typing import Iterable, Mapping, Optional
 
 from vradix.core import deferred_reclaim, staleness
-from vradix.core.state import state_of_scheduler
+from vradix.engine import state_of_scheduler
 from vradix.scheduler import launch, publication
 
 logger = logging.getLogger("vradix")

@@ -82,7 +82,13 @@ class CacheFixture:
         return req
 
     def admit(self, req: Req) -> int:
-        """Match the prefix, lock it and give the request a row (PrefillAdder + prepare_for_extend). Returns hit len."""
+        """Match the prefix, lock it and give the request a row (PrefillAdder + prepare_for_extend), in a prefill pass
+        of its own. Returns hit len."""
+        self._admit_one(req)
+        self._admitted(req)
+        return req.prefix_len
+
+    def _admit_one(self, req: Req) -> None:
         # like the scheduler, always recompute at least the last prompt token
         common.match_kv_cache(req, self.cache, req.origin_input_ids, max_prefix_len=len(req.origin_input_ids) - 1)
         # a streaming session's turn borrows its slot's record: row, KV and tree lock come with it
@@ -91,19 +97,29 @@ class CacheFixture:
         if not lent:
             req.kv.cache_protected_len = req.prefix_len
         req.lock = self.cache.lock(req.last_node)
-        self._admitted(req)
         self.req_pool.alloc([req])
         if req.prefix_len and not lent:
             prefix = self.cache.tree_core.collect_full_device_indices(req.last_node, self.cache.root_node_handle())
             self.req_pool.write((req.kv.req_pool_idx, slice(0, req.prefix_len)), prefix.to(torch.int32))
         req.extend_end = req.prefix_len
         self.cache.maybe_hand_to_session(req)  # as alloc_for_extend: a session's first turn hands it its record
-        return req.prefix_len
 
     def _admitted(self, req: Req) -> None:
-        """The admission point, announced through the real `PrefillAdder._commit_prefill_admission` AFTER hook."""
-        from vradix.hooks.inspector import count_prefix_hit
-        count_prefix_hit(None, self.scheduler_view(), req)
+        """The admission point: the end of a one-request prefill pass (`hooks.serving.prefill_pass` counts the prefix
+        hits of the requests a pass admitted; `admit_group` announces a pass of several)."""
+        self.end_prefill_pass([req])
+
+    def end_prefill_pass(self, reqs: Sequence[Req]) -> None:
+        """What `hooks.serving.prefill_pass` does after a pass that admitted `reqs`: count their prefix hits."""
+        engine = getattr(self.cache, "_vradix", None)
+        if engine is not None:
+            engine.count_prefix_hits(reqs)
+
+    def admit_group(self, reqs: Sequence[Req]) -> None:
+        """One prefill pass admitting `reqs` (each matched, locked and given a row, as `admit`), then its hits."""
+        for req in reqs:
+            self._admit_one(req)
+        self.end_prefill_pass(reqs)
 
     def load_host_hit(self, req: Req) -> None:
         """What the scheduler does with a match's host hit (none without a HiCache host tier)."""
@@ -140,6 +156,26 @@ class CacheFixture:
         if checkpoint:
             common.checkpoint_kv_cache(req, self.cache)
 
+    def prefill_group(self, reqs: Sequence[Req]) -> None:
+        """One extend batch computing the rest of every prompt of `reqs` (page size 1), then each request's
+        checkpoint, as the scheduler runs a prefill batch of several requests."""
+        assert self.page_size == 1, "prefill_group: page size 1 only"
+        locs, prefix_lens = [], []
+        for req in reqs:
+            tokens = req.origin_input_ids + req.output_ids
+            n = len(tokens) - req.extend_end
+            loc = self._alloc(req.extend_end, n)
+            self.req_pool.write((req.kv.req_pool_idx, slice(req.extend_end, len(tokens))), loc.to(torch.int32))
+            locs.append(loc)
+            prefix_lens.append(req.extend_end)
+        self._forward_writes(ForwardWrite(out_cache_loc=torch.cat(locs), forward_mode=ForwardMode.EXTEND,
+                                          reqs=list(reqs), prefix_lens=prefix_lens))
+        for req in reqs:
+            upto = len(req.origin_input_ids) + len(req.output_ids)
+            req.kv.kv_committed_len = req.kv.kv_allocated_len = req.extend_end = upto
+            req.full_untruncated_fill_ids = array("q", req.origin_input_ids + req.output_ids)
+            common.checkpoint_kv_cache(req, self.cache)
+
     def decode(self, req: Req, token: int) -> None:
         req.output_ids.append(token)
         self._extend(req, len(req.origin_input_ids) + len(req.output_ids), False, ForwardMode.DECODE)
@@ -161,14 +197,13 @@ class CacheFixture:
         req.reset_for_retract()
 
     def _forward_writes(self, batch: "ForwardWrite") -> None:
-        """The 'forward pass' of a one-request batch, announced through the real `Scheduler.run_batch` BEFORE hooks
-        in the order SGLang runs them (the last registered first: the backstop, then the ledger stamp), then its
-        result, through the `Scheduler.process_batch_result` BEFORE hook that reads the backstop's verdict (the
-        normal loop's order: each result is processed before the next batch is scheduled)."""
-        from vradix.hooks.ledger import backstop_extend_batch, stamp_forward_batch
-        view = self.scheduler_view()
-        backstop_extend_batch(view, batch)
-        stamp_forward_batch(view, batch)
+        """The forward pass of a batch, announced through the real `Scheduler.run_batch` BEFORE hooks
+        (`hooks.serving.before_forward`: the backstop's check, then the ledger stamp), then its result, through the
+        `Scheduler.process_batch_result` BEFORE hook that reads the backstop's verdict (the normal loop's order: each
+        result is processed before the next batch is scheduled)."""
+        from vradix.hooks.serving import before_forward
+        if getattr(self.cache, "_vradix", None) is not None:  # stock (vradix off): SGLang has no such hook
+            before_forward(self.scheduler_view(), batch)
         self._results.append(batch)
         if not self.overlap:
             self.process_result()
@@ -176,8 +211,10 @@ class CacheFixture:
     def process_result(self) -> None:
         """Process the oldest forward's result: SGLang's `process_batch_result` BEFORE hook (the backstop's verdict
         is read there)."""
-        from vradix.hooks.ledger import read_verdicts_at_result
-        read_verdicts_at_result(self.scheduler_view(), self._results.pop(0))
+        from vradix.hooks.serving import at_result
+        batch = self._results.pop(0)
+        if getattr(self.cache, "_vradix", None) is not None:
+            at_result(self.scheduler_view(), batch)
 
     def stash_chunk(self, req: Req) -> None:
         """The overlap loop's checkpoint of a chunked request: SGLang's real `Scheduler.stash_chunked_request`, with

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from vradix.core import epochs
 from vradix.core.admission import stamp
-from vradix.core.state import state_of
+from vradix.engine import state_of
 
 
 def new_req(fx, state, tokens, **kw):

@@ -29,7 +29,7 @@ from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWeightUpdaterManager
 
 from vradix.core.admission import stamp
-from vradix.core.state import attach
+from vradix.engine import attach
 from vradix.hooks import publication
 from vradix.scheduler import identity_proof
 from vradix.scheduler.publication import install_steps

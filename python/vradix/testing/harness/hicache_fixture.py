@@ -115,9 +115,9 @@ class HiCacheFixture(CacheFixture):
 def versioned(fx: HiCacheFixture, **attach_kwargs):
     """vradix's engine start on `fx`'s cache, as `hooks.startup.attach_to_scheduler` does it for a HiCache engine:
     the epoch state with the KV page ledger on the allocator, and the host ledger on the host pool. Returns the
-    `EpochState`."""
+    `Engine`."""
     from vradix.ledger import host as host_ledger
-    from vradix.core.state import attach
+    from vradix.engine import attach
 
     state = attach(fx.cache, **attach_kwargs)
     host_ledger.attach(fx.cache, state.ledger)

@@ -1,0 +1,327 @@
+"""The engine object: vradix on one scheduler (one per scheduler process), built by `attach`.
+
+One `Engine` is attached to each versioned tree cache and its scheduler (`tree_cache._vradix`,
+`scheduler._vradix`: the only attribute vradix hangs on either). It is only touched from the scheduler thread
+(admission, publication, release and flush all run there), so it needs no locking. Every TP/PP rank runs the same
+control messages in the same order, so every rank computes the same epoch sequence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional
+
+from vradix import identity, request, settings
+from vradix.core import admission, dedup, host_tier, lora, prefix_hits, sessions, staleness
+from vradix.core.deferred_reclaim import DeferredReclaim
+from vradix.core.prefix_hits import PrefixHits
+from vradix.core.staleness import StalenessRecord
+from vradix.core.state import (Bump, DedupRecord, EpochIdentity, FreedCounters, GuardRecord, LoraRecord,
+                               SessionRecord, StorageCounters, WeightSession)
+from vradix.ledger import device as kv_ledger
+from vradix.ledger.device import PageLedger
+from vradix.ledger import guard
+from vradix.ledger.guard import GuardConfig
+from vradix.request import HistoryEntry, ReqState
+
+
+@dataclass
+class Engine:
+    """vradix on one engine (one scheduler process): its epochs, its parts, and the hot path every plain request
+    takes through them.
+
+    The hot path (`admit`, `before_match`, `release_is_plain`, `before_forward`, `at_result`, `count_prefix_hits`)
+    is what a hook adapter (`vradix.hooks.serving`) calls: one call per hook, and a plain request (no user key,
+    salt, adapter, custom parameters or staleness bound, bound to the current epoch) takes one path through each with
+    no lookup beyond this object and its request record; the checks and stamps of the KV page ledger run once per
+    forward batch. Settings are read once, at `attach`.
+
+    Its own fields are the epoch's and its publications': set by `attach`, then changed only through its methods:
+    `advance` and `record_bump` (the bump, `vradix.core.epochs`), `count_flush` and `record_bump` (the idle reset,
+    `vradix.core.epochs.record_reset`), `add_crossing`, `forget_crossing` and `release_crossing`
+    (`vradix.core.epochs`), `open_publication`, `close_publication`, `open_session` and `close_session` (only
+    `vradix.scheduler.publication.Publication`), `add_drain`, `take_drain` and `discard_drain`
+    (`vradix.scheduler.publication`), `count_forged_key` (`hooks.admission`). `last` is derived: the later of
+    `last_publication` and `last_flush`. Each step that keeps state of its own keeps it in its record here (`guard`,
+    `lora`, `dedup`, `freed`, `storage`, `sessions`, and the step-owned `deferred`, `prefix_hits` and `staleness`),
+    which changes only through the methods the record's docstring names. The metrics handle is not state: it lives on
+    the scheduler (`vradix.observability.metrics`)."""
+
+    tree_core: str
+    epoch: int = 0
+    label: Optional[str] = None
+    publications: int = 0
+    flushes: int = 0
+    forged_keys_rejected: int = 0
+    #: id(req) -> live request that holds a lock on KV of an older epoch (freed when it releases); keyed by identity
+    #: because user rids need not be unique
+    crossing: Dict[int, Any] = field(default_factory=dict)
+    #: the publication open on this engine (`vradix.scheduler.publication.Publication`): an update call's while it
+    #: runs, a weight-update session's from its begin to its end; the hooks SGLang calls inside it hand it their events
+    publication: Optional[Any] = None
+    #: open from a successful begin_weight_update to end_weight_update: one publication, bumped once at its end
+    session: Optional["WeightSession"] = None
+    #: device-side record of which epoch wrote each KV page (None for allocators vradix cannot observe)
+    ledger: Optional[PageLedger] = None
+    #: the last bump that was a publication (not a lock-aware flush)
+    last_publication: Optional[Bump] = None
+    #: the last lock-aware flush's bump, or the last idle flush (which keeps the epoch)
+    last_flush: Optional[Bump] = None
+    #: how each epoch's weight identity is chosen (`vradix.identity.MODES`)
+    identity_mode: str = "nonce"
+    #: a P/D role's scope (role + KV layout, `vradix.pd.layout.scope_of`), the start of every namespace it stamps, so
+    #: its L3 objects are role-local; None on a non-P/D engine
+    scope: Optional[str] = None
+    #: the nonce identities of this engine, equal on all its ranks (`vradix.identity.EngineNonces`; set by `attach`)
+    nonces: identity.EngineNonces = field(default_factory=identity.EngineNonces.fresh)
+    #: epoch -> its identity and namespace prefix, for every epoch this engine has served (one entry per bump)
+    identities: Dict[int, EpochIdentity] = field(default_factory=dict)
+    _epoch_by_prefix: Dict[str, int] = field(default_factory=dict)
+    #: epoch -> the label it carried when it ended (the current epoch's is `label`)
+    epoch_labels: Dict[int, Optional[str]] = field(default_factory=dict)
+    guard: GuardRecord = field(default_factory=GuardRecord)
+    lora: LoraRecord = field(default_factory=LoraRecord)
+    dedup: DedupRecord = field(default_factory=DedupRecord)
+    freed: FreedCounters = field(default_factory=FreedCounters)
+    storage: StorageCounters = field(default_factory=StorageCounters)
+    sessions: SessionRecord = field(default_factory=SessionRecord)
+    #: the unlocked stale KV a bump left in the tree, reclaimed after it (written only by
+    #: `vradix.core.deferred_reclaim`)
+    deferred: DeferredReclaim = field(default_factory=DeferredReclaim)
+    #: the cached prefixes admitted requests reused, for the cache inspector (`vradix.observability.snapshot`; written
+    #: only by `vradix.core.prefix_hits`, at admission)
+    prefix_hits: PrefixHits = field(default_factory=PrefixHits)
+    #: bounded staleness: the server window and what bounded requests reused (written only by
+    #: `vradix.core.staleness`; the window at attach)
+    staleness: StalenessRecord = field(default_factory=StalenessRecord)
+    #: drain time (ms) the publication under way has spent so far, taken by its bump (`Bump.drain_ms`);
+    #: written only by `vradix.scheduler.publication`
+    drain_ms_pending: float = 0.0
+    #: what the cache has, read once by `attach` (neither changes while the engine runs): a HiCache host tier, whose
+    #: stale copies the bump frees (`vradix.core.host_tier`); streaming-session slots a bump settles
+    #: (`vradix.core.sessions`; False only when the engine was started without `--enable-streaming-session`, so no
+    #: slot can ever exist)
+    host_tier: bool = False
+    streaming_sessions: bool = True
+    #: the current epoch's bind entry and namespace prefix: what a request bound now is bound to (set only by
+    #: `bind_current`, at `attach` and at every `advance`)
+    current: Optional[HistoryEntry] = None
+    current_prefix: str = ""
+    #: the test-only fault switch VRADIX_FAULT_NO_NAMESPACE (a bind writes no namespace, so only the ledger's guard
+    #: stands between a request and stale KV), read once at `attach`
+    fault_no_namespace: bool = False
+    #: SGLang's streaming-session virtual-node test (None on an engine without streaming sessions, where no request
+    #: can stand on a virtual node), resolved once at `attach`
+    virtual_node: Optional[Callable[[Any], bool]] = None
+
+    @property
+    def last(self) -> Optional[Bump]:
+        """The last bump's record, publication or flush. A publication always advances the epoch, so on equal
+        `epoch_after` the flush (an idle flush keeps the epoch) is the later one."""
+        p, f = self.last_publication, self.last_flush
+        if f is None or (p is not None and p.epoch_after > f.epoch_after):
+            return p
+        return f
+
+    def advance(self, ident: identity.WeightIdentity, label: Optional[str], is_publication: bool) -> None:
+        """The bump's first step: the next epoch, under `ident` and `label`; the ending epoch keeps its label."""
+        self.bind_identity(self.epoch + 1, ident)
+        self.epoch_labels[self.epoch] = self.label
+        self.epoch += 1
+        self.label = label
+        self.bind_current()
+        if is_publication:
+            self.publications += 1
+        else:
+            self.flushes += 1
+
+    def bind_current(self) -> None:
+        """Requests bound from now on are bound to the current epoch, its label and its weight identity."""
+        self.current = HistoryEntry(0, self.epoch, self.label, self.weight_id)
+        self.current_prefix = self.prefix_of_epoch(self.epoch)
+
+    def record_bump(self, inv: Bump, is_publication: bool) -> None:
+        """Keep `inv` as the last publication, or as the last flush."""
+        if is_publication:
+            self.last_publication = inv
+        else:
+            self.last_flush = inv
+
+    def count_flush(self) -> None:
+        """An idle flush (SGLang's own reset; no bump)."""
+        self.flushes += 1
+
+    def count_forged_key(self) -> None:
+        self.forged_keys_rejected += 1
+
+    def add_crossing(self, req) -> None:
+        self.crossing[id(req)] = req
+
+    def forget_crossing(self, key: int) -> None:
+        del self.crossing[key]
+
+    def release_crossing(self, req) -> bool:
+        """Forget `req` as a crossing request; whether it was one."""
+        return self.crossing.pop(id(req), None) is not None
+
+    def open_publication(self, publication) -> None:
+        """`publication` is the engine's open one (`vradix.scheduler.publication.opened`) until `close_publication`."""
+        self.publication = publication
+
+    def close_publication(self) -> None:
+        self.publication = None
+
+    def open_session(self, session: "WeightSession") -> None:
+        self.session = session
+
+    def close_session(self) -> Optional["WeightSession"]:
+        """End the open weight-update session; returns it."""
+        session, self.session = self.session, None
+        return session
+
+    def add_drain(self, ms: float) -> None:
+        self.drain_ms_pending += ms
+
+    def take_drain(self) -> float:
+        """The drain time the publication under way spent, which its bump takes."""
+        ms, self.drain_ms_pending = self.drain_ms_pending, 0.0
+        return ms
+
+    def discard_drain(self) -> None:
+        self.drain_ms_pending = 0.0
+
+    def bind_identity(self, epoch: int, ident: identity.WeightIdentity) -> str:
+        """Record `ident` as epoch `epoch`'s identity and return its namespace prefix: the bare `weight_id` the
+        first time this process serves it, else disambiguated by the epoch (one namespace per epoch)."""
+        reused = any(e.identity.weight_id == ident.weight_id for e in self.identities.values())
+        prefix = identity.namespace(ident.weight_id, epoch if reused else None, self.scope)
+        self.identities[epoch] = EpochIdentity(ident, prefix)
+        self._epoch_by_prefix[prefix] = epoch
+        return prefix
+
+    @property
+    def weight_id(self) -> str:
+        return self.identities[self.epoch].identity.weight_id
+
+    def prefix_of_epoch(self, epoch: int) -> str:
+        return self.identities[epoch].prefix
+
+    def epoch_of(self, extra_key: Optional[str]) -> Optional[int]:
+        """The epoch whose namespace `extra_key` was stamped with, or None (unstamped, or another engine's)."""
+        return self._epoch_by_prefix.get(identity.prefix_of(extra_key))
+
+    def label_of(self, epoch: Optional[int]) -> Optional[str]:
+        """The label epoch `epoch` was published under (the current label for the current epoch)."""
+        return self.label if epoch == self.epoch else self.epoch_labels.get(epoch)
+
+    def declared_before(self, text: str) -> bool:
+        """Whether an epoch of this process already carries the declared identity `text`."""
+        wid = identity.declared(text).weight_id
+        return any(e.identity.weight_id == wid for e in self.identities.values())
+
+
+    # ---- the hot path: what every request pays (one call per hook adapter) ------------------------------------------
+    def admit(self, req, scheduler=None) -> None:
+        """Bind a request entering a queue to the current epoch (`vradix.core.admission`): its record and its
+        namespace. A plain request takes one path (its record, its namespace: no other call); any other goes through
+        `admission.stamp`. A request vradix refuses (a forged key, a bound above the window) is bound without its key
+        and aborted with HTTP 400. `scheduler` (None in cache-level tests) holds the LoRA adapters a LoRA request's
+        identity is read from."""
+        if (not req.extra_key and not getattr(req, "cache_salt", None) and getattr(req, "lora_id", None) is None
+                and not self.staleness.window and not self.fault_no_namespace
+                and not getattr(req.sampling_params, "custom_params", None)):
+            setattr(req, request.ATTR, ReqState(None, self.current))
+            req.extra_key = self.current_prefix
+            return
+        if scheduler is not None:
+            lora.identify_adapter(self, scheduler, getattr(req, "lora_id", None))
+        try:
+            admission.stamp(self, req)
+        except staleness.StalenessError as e:
+            req.set_finish_with_abort(f"Invalid request: {e}")
+        except identity.ReservedNamespaceError as e:
+            self.count_forged_key()
+            admission.stamp_refused(self, req)  # bound without the forged key, so it can match nothing foreign
+            req.set_finish_with_abort(f"Invalid request: {e}")
+
+    def before_match(self, req, cache, token_ids=None) -> None:
+        """Before every prefix match: a request holding no KV matches under the current epoch (re-bound, or, bounded,
+        under one epoch of its window: `admission.prepare_for_match`), and a streaming-session slot a publication
+        left stale is released before it can be lent (`sessions.release_before_lend`). A plain request bound to the
+        current epoch returns after three compares. Raises `request.UnstampedRequestError` for a request vradix never
+        admitted."""
+        st = getattr(req, request.ATTR, None)
+        if st is not None and st.bound.epoch == self.epoch and not st.max_staleness and not self.sessions.stale_slots:
+            return
+        admission.prepare_for_match(self, cache, req, token_ids)
+        if self.sessions.stale_slots:
+            sessions.release_before_lend(self, cache, req)
+
+    def release_is_plain(self, req) -> bool:
+        """Whether releasing `req` needs nothing of vradix: an exact request bound to one epoch all its life (no
+        crossing, no retraction to reset), not awaited by the deferred reclaim. Then `epochs.on_release` would free
+        nothing and change nothing, and no ledger spans are read (those are read for crossing or bounded requests)."""
+        st = getattr(req, request.ATTR, None)
+        return (st is not None and not st.crossed and not st.max_staleness and id(req) not in self.crossing
+                and (not st.crossings or len(st.kv_history) == 1))
+
+    def before_forward(self, batch, req_to_token, fail) -> None:
+        """Once per forward batch, before it runs: the strict guard's backstop launches its check of every cached
+        position an extend batch reads (read at the batch's result, `at_result`: no device synchronisation here;
+        `fail(req, message)` fails a violating request then), then the ledger records that the batch's writes are
+        this epoch's (publications drain in-flight batches first, so no forward straddles a weight change)."""
+        ledger = self.ledger
+        if ledger is None or batch is None:
+            return
+        if batch.forward_mode.is_extend() and not getattr(batch, "split_index", 0):
+            guard.launch_backstop(ledger, self.guard.config, self.guard.stats, self.guard.verdicts, batch, self.epoch,
+                                  req_to_token, fail)
+        ledger.stamp_written(getattr(batch, "out_cache_loc", None), self.epoch)
+
+    def at_result(self, batch) -> bool:
+        """Where SGLang waits for a batch's output: read the verdicts launched with it and before it (their
+        violating requests fail before the result commits anything of them). Whether a violation was caught."""
+        return batch is not None and self.guard.verdicts.read_at_result(batch.out_cache_loc, self.guard.stats)
+
+    def count_prefix_hits(self, reqs, continuing=None) -> None:
+        """After a prefill admission pass: each request it admitted (`reqs`, less the `continuing` chunk of an
+        earlier admission) that reuses cached KV is one hit on the node its prefix ends on (the cache inspector's
+        ranking, `vradix.core.prefix_hits`). One call per pass."""
+        self.prefix_hits.record_admitted(reqs, continuing, self.virtual_node)
+
+
+def attach(tree_cache, with_ledger: bool = True, weight_identity: Optional[identity.WeightIdentity] = None,
+           identity_mode: str = "nonce", scope: Optional[str] = None, staleness_window: int = 0,
+           label: Optional[str] = None, streaming_sessions: bool = True,
+           nonces: Optional[identity.EngineNonces] = None) -> Engine:
+    """Start versioning `tree_cache` (a UnifiedRadixCache) at epoch 0 under `weight_identity` (epoch 0's nonce of
+    `nonces`, the engine's launch-wide nonces, when None; a fresh set of nonces when that is None too) and `label`, with a KV page ledger on its allocator unless `with_ledger` is False; on a P/D role every
+    namespace starts with its `scope` (`vradix.pd.layout`); `staleness_window` epochs older than the current one
+    keep their KV for bounded requests (`vradix.core.staleness`); `streaming_sessions` is False only for an
+    engine started without `--enable-streaming-session` (no session slot can exist). Invariant: a window above 0
+    has a ledger (its responses' spans are read from it): `staleness.StalenessError` otherwise. Raises
+    `settings.SettingsError` for an invalid VRADIX_VERIFY / VRADIX_AUDIT / VRADIX_VERIFY_SAMPLE_EVERY /
+    VRADIX_PREFILL_DEDUP / VRADIX_FAULT_NO_NAMESPACE setting (every setting the engine uses is read here, once)."""
+    staleness.check_ledger(staleness_window, [] if with_ledger else ["a path the KV page ledger cannot observe"])
+    state = Engine(tree_core=type(tree_cache.tree_core).__name__, guard=GuardRecord(GuardConfig.from_env()),
+                       identity_mode=identity_mode, dedup=DedupRecord(enabled=dedup.enabled_from_env()), scope=scope,
+                       staleness=StalenessRecord(window=staleness_window), label=label,
+                       host_tier=host_tier.enabled(tree_cache), streaming_sessions=streaming_sessions,
+                       nonces=nonces or identity.EngineNonces.fresh(),
+                       fault_no_namespace=bool(settings.value("VRADIX_FAULT_NO_NAMESPACE")),
+                       virtual_node=prefix_hits.virtual_node_test() if streaming_sessions else None)
+    state.bind_identity(0, weight_identity or state.nonces.for_epoch(0))
+    state.bind_current()
+    if with_ledger:
+        state.ledger = kv_ledger.attach(tree_cache.token_to_kv_pool_allocator)
+    tree_cache._vradix = state
+    return state
+
+
+def state_of(tree_cache) -> Optional[Engine]:
+    """The vradix state of a tree cache, or None when vradix is not versioning it."""
+    return getattr(tree_cache, "_vradix", None)
+
+
+def state_of_scheduler(scheduler) -> Optional[Engine]:
+    """The vradix state of `scheduler`'s tree cache, or None (no scheduler, or vradix is not versioning its cache)."""
+    return state_of(scheduler.tree_cache) if scheduler is not None else None
