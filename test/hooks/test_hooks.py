@@ -44,8 +44,6 @@ DRIVEN_BY = {
     "vradix.hooks.admission.verify_load_back": "test_hicache_ledger.py::test_a_host_copy_of_an_older_epoch_is_not_loaded_for_a_newer_request",
     "vradix.hooks.prefill.track_prefill_pass": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
     "vradix.hooks.prefill.hold_back_duplicate_prefill": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
-    "vradix.hooks.census.check_weights_before_forward": "test_census_mode.py::test_the_weight_census_passes_across_a_publication_and_fails_on_a_write_without_one",
-    "vradix.hooks.census.note_control_request": "test_census_mode.py::test_the_weight_census_passes_across_a_publication_and_fails_on_a_write_without_one",
     "vradix.hooks.ledger.stamp_forward_batch": "test_ledger.py::test_ledger_follows_writes_frees_and_epochs",
     "vradix.hooks.ledger.read_verdicts_at_result":
         "test_hot_path_sync.py::test_an_extend_batch_reads_nothing_of_the_ledger_before_its_result",
