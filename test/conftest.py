@@ -14,14 +14,20 @@ A test file imports no other test file: helpers and stand-ins shared across file
 (`harness.engine`, `harness.cache_steps`, `harness.l3_store`, `harness.suite`, ...), fixtures shared across
 folders here (`test_architecture.py` checks this too)."""
 import os
+import pathlib
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.pop("VRADIX_DISABLE", None)
-# The census test mode (docs/reliability.md) is on in every scheduler the suite starts, in-process and in the CPU
-# servers, which inherit this process's environment: a test that drives a path vradix misses fails
+# The escape watch, a test mode (docs/reliability.md), is on in every scheduler the suite starts, in-process and in
+# the CPU servers, which inherit this process's environment: a test that drives a path vradix misses fails. Its
+# package, `vradix_census`, is not in the wheel: the checkout's python/ goes first on the PYTHONPATH the servers
+# inherit, so each server's plugin finds it (or its install fails closed)
 os.environ.setdefault("VRADIX_CENSUS", "1")
+SOURCES = str(pathlib.Path(__file__).resolve().parents[1] / "python")
+if SOURCES not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SOURCES, os.environ.get("PYTHONPATH")) if p)
 # The Triton kernels run on CPU only under the interpreter, which must be on before triton.language is first imported
 # (SGLang imports it during load_plugins). CpuServer does not pass it on to the servers it starts.
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -29,6 +35,15 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 from sglang.srt.plugins import load_plugins  # noqa: E402
 
 load_plugins()
+
+from vradix import settings  # noqa: E402
+
+if settings.value("VRADIX_CENSUS"):
+    from vradix_census.watch import failure_in  # noqa: E402
+
+    from vradix.testing.harness.server import CpuServer  # noqa: E402
+
+    CpuServer.log_checks.append(failure_in)
 
 
 @pytest.fixture(autouse=True)
@@ -43,45 +58,45 @@ def restore_environment():
     os.environ.update(saved)
 
 
-#: how many of `CpuServer.census_failures` a test or the session has failed on already
-CENSUS_REPORTED = [0]
+#: how many of `CpuServer.log_failures` (the escape watch's) a test or the session has failed on already
+WATCH_REPORTED = [0]
 
 
-def unreported_census_failures() -> list:
+def unreported_watch_failures() -> list:
     from vradix.testing.harness.server import CpuServer
-    new = CpuServer.census_failures[CENSUS_REPORTED[0]:]
-    CENSUS_REPORTED[0] = len(CpuServer.census_failures)
+    new = CpuServer.log_failures[WATCH_REPORTED[0]:]
+    WATCH_REPORTED[0] = len(CpuServer.log_failures)
     return new
 
 
 @pytest.fixture(autouse=True)
-def census_failures_fail_the_test():
-    """A server whose scheduler failed the census (`vradix.scheduler.census`) fails the test during which it was
-    stopped, with the census's message; one stopped by a module's fixture after its last test fails the next test,
+def watch_failures_fail_the_test():
+    """A server whose scheduler failed the escape watch (`vradix_census.watch`) fails the test during which it was
+    stopped, with the watch's message; one stopped by a module's fixture after its last test fails the next test,
     and the pooled servers fail the session (`server_pool`, `pytest_sessionfinish`)."""
     yield
-    new = unreported_census_failures()
+    new = unreported_watch_failures()
     if new:
-        pytest.fail("census failure in a server stopped during or before this test:\n" + "\n".join(new),
+        pytest.fail("escape watch failure in a server stopped during or before this test:\n" + "\n".join(new),
                     pytrace=False)
 
 
-#: census failures no test reported, from this process and (under xdist) from every worker
+#: escape watch failures no test reported, from this process and (under xdist) from every worker
 STRAGGLERS: list = []
 
 
 def pytest_sessionfinish(session):
-    """A census failure no test reported (a server stopped after the last test) fails the run. A worker hands its
-    own, and its pool's reuse count, to the controller (`pytest_testnodedown`)."""
-    STRAGGLERS.extend(unreported_census_failures())
+    """An escape watch failure no test reported (a server stopped after the last test) fails the run. A worker hands
+    its own, and its pool's reuse count, to the controller (`pytest_testnodedown`)."""
+    STRAGGLERS.extend(unreported_watch_failures())
     worker_output = getattr(session.config, "workeroutput", None)
     if worker_output is not None:
         pool = session.config.stash.get(POOL_KEY, None)
-        worker_output["census_stragglers"] = list(STRAGGLERS)
+        worker_output["watch_stragglers"] = list(STRAGGLERS)
         worker_output["pool_reuses"] = pool.summary()["reuses"] if pool is not None else 0
         return
     if STRAGGLERS:
-        print("\ncensus failure in a server stopped after the last test:\n" + "\n".join(STRAGGLERS))
+        print("\nescape watch failure in a server stopped after the last test:\n" + "\n".join(STRAGGLERS))
         session.exitstatus = 1
 
 
@@ -93,7 +108,7 @@ WORKER_POOL_REUSES = [0]
 def pytest_testnodedown(node, error):
     """(xdist controller) collect what a finished worker handed over in `pytest_sessionfinish`."""
     output = getattr(node, "workeroutput", {})
-    STRAGGLERS.extend(output.get("census_stragglers", []))
+    STRAGGLERS.extend(output.get("watch_stragglers", []))
     WORKER_POOL_REUSES[0] += output.get("pool_reuses", 0)
 
 
@@ -214,9 +229,9 @@ def server_pool(request):
     pool = request.config.stash[POOL_KEY] = ServerPool(max_parked=parked)
     yield pool
     pool.close()
-    new = unreported_census_failures()
+    new = unreported_watch_failures()
     if new:
-        pytest.fail("census failure in a pooled server:\n" + "\n".join(new), pytrace=False)
+        pytest.fail("escape watch failure in a pooled server:\n" + "\n".join(new), pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -148,6 +148,29 @@ def test_only_the_hooks_package_names_hook_targets():
     assert not bad, bad
 
 
+def census_imports(path: pathlib.Path) -> list:
+    """(module, line) of every import of `vradix_census` in the file, at any depth."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names if a.name.split(".")[0] == "vradix_census"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "vradix_census":
+            out.append((node.module, node.lineno))
+    return out
+
+
+def test_serving_imports_no_census_code():
+    """The census tables, their generator and the escape watch live in `vradix_census`, outside the wheel: no module of
+    vradix (its `testing` included) imports it, and none is left under vradix. Only `vradix.plugin` imports the watch,
+    by name, when `VRADIX_CENSUS` asks for it (test_plugin.py); the tables import vradix's rules, not the reverse."""
+    known = modules()
+    bad = [f"{path.relative_to(PKG.parent)}:{line}: imports {m}" for path in known.values()
+           for m, line in census_imports(path)]
+    assert not bad, "vradix imports census code:\n" + "\n".join(bad)
+    assert not [m for m in known if "census" in m.split(".")[-1]], "census modules left in vradix"
+    assert (PKG.parent / "vradix_census" / "watch.py").exists()
+
+
 @pytest.mark.parametrize("bad_import", ["from vradix.hooks import publication", "import vradix.testing.harness.server"])
 def test_the_layer_check_sees_an_upward_import(tmp_path, bad_import):
     """The check itself can fail: an upward import written into a core module is reported."""

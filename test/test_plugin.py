@@ -70,6 +70,37 @@ def test_disabled_installs_nothing_and_says_so(caplog):
     assert "installed but disabled by VRADIX_DISABLE" in out.stderr
 
 
+#: after load_plugins(): is any census code imported, and does the escape watch's hook wrap the bump
+WATCH_PROBE = """from sglang.srt.plugins import load_plugins
+load_plugins()
+import sys
+from vradix.scheduler import publication
+print(sorted(m for m in sys.modules if m.startswith("vradix_census")), hasattr(publication.bump_scheduler, "__wrapped__"))
+"""
+
+
+@pytest.mark.parametrize("setting,imported,wrapped", [("", "[]", "False"), ("1", "['vradix_census', 'vradix_census.watch']", "True")],
+                         ids=["off", "on"])
+def test_the_escape_watch_is_installed_only_when_asked_for(setting, imported, wrapped):
+    """`VRADIX_CENSUS` read once at install: off, nothing of `vradix_census` is imported and no watch hook is
+    registered (the bump runs unwrapped); on, the plugin imports `vradix_census.watch` and installs its hooks."""
+    out = run_python(WATCH_PROBE, VRADIX_CENSUS=setting)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == f"{imported} {wrapped}"
+
+
+def test_the_escape_watch_asked_for_without_its_package_fails_closed():
+    """A wheel install has no `vradix_census`: asking for the watch there stops the install, naming the package."""
+    block = BLOCK_IMPORT.replace('name == "vradix.core.reclaim"', 'name.startswith("vradix_census")').replace(
+        'raise ImportError("simulated broken dependency of vradix.core.reclaim")',
+        'raise ModuleNotFoundError(f"No module named {name!r}", name=name)')
+    out = run_python(block + "from sglang.srt.plugins import load_plugins\nload_plugins()\nprint('SERVING')",
+                     VRADIX_CENSUS="1")
+    assert "SERVING" not in out.stdout and out.returncode != 0
+    assert "VRADIX_CENSUS asks for the escape watch (a test mode), but its package vradix_census cannot be imported" \
+        in out.stderr
+
+
 @pytest.mark.parametrize("allow,disable,warns", [("other", "", True), ("other,vradix", "", False), ("", "", False),
                                                  ("other", "1", False)])
 def test_an_allow_list_that_excludes_vradix_is_warned_about(allow, disable, warns):
@@ -100,6 +131,15 @@ def test_the_wheel_ships_the_entry_point_and_the_startup_check(tmp_path):
         assert "vradix-plugin-check.pth" in names
         eps = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "[sglang.srt.plugins]" in eps and "vradix = vradix.plugin:register" in eps
+    assert census_free(names)
+
+
+def census_free(names) -> bool:
+    """No census table, generator or escape watch in a wheel's file list: `vradix_census` stays in the checkout, and
+    nothing of it is left under vradix."""
+    bad = [n for n in names if n.startswith("vradix_census") or "/census" in n or n.endswith(("/watch.py",))]
+    assert not bad, f"the wheel ships census code: {bad}"
+    return True
 
 
 @pytest.mark.parametrize("one_scan", [False, True], ids=["sglang-scans", "one-scan"])

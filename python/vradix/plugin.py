@@ -12,7 +12,10 @@ callable raises an `Exception`, and `HookRegistry.apply_hooks()` only logs a tar
 3. before applying the hooks, `register()` checks that every private SGLang name vradix uses outside the hook table
    exists (`vradix.hooks.sglang_names`), and after applying them that every target in `vradix.hooks.HOOKS` really
    carries its hook.
-`VRADIX_DISABLE=1` opts out (stock SGLang) for A/B runs. Excluding vradix through `SGLANG_PLUGINS` is warned about
+`VRADIX_DISABLE=1` opts out (stock SGLang) for A/B runs. `VRADIX_CENSUS=1` asks for the escape watch, a test mode
+(`vradix_census.watch`, a package the wheel does not ship): `register()` reads the setting once, imports the package
+and installs its hooks after vradix's own, or fails closed when the package is missing; with the mode off nothing of
+`vradix_census` is imported and none of its hooks is registered. Excluding vradix through `SGLANG_PLUGINS` is warned about
 at interpreter start by `vradix-plugin-check.pth` (see `warn_if_excluded`), since SGLang then never calls us.
 
 A hook whose target module imports an optional dependency (`vradix.hooks.DEFERRED_MODULES`: the EPD encoder
@@ -99,7 +102,8 @@ def _install() -> int:
     from vradix.hooks import DEFERRED_MODULES, HOOKS
 
     _check_private_names(sglang_version)
-    hooks = [(_fault_injected(target), kind, hook) for target, kind, hook in HOOKS]
+    table = [*HOOKS, *escape_watch_hooks()]
+    hooks = [(_fault_injected(target), kind, hook) for target, kind, hook in table]
     for module in DEFERRED_MODULES:
         group = [h for h in hooks if h[0].startswith(module + ".")]
         hooks = [h for h in hooks if h not in group]
@@ -108,7 +112,29 @@ def _install() -> int:
         elif not any(isinstance(f, _AfterImport) and f.module == module for f in sys.meta_path):
             sys.meta_path.insert(0, _AfterImport(module, lambda group=group: _apply_checked(group, sglang_version)))
     _apply_checked(hooks, sglang_version)
-    return len(HOOKS)
+    return len(table)
+
+
+#: the escape watch's module (`VRADIX_CENSUS=1`); its package, `vradix_census`, is not in the wheel
+ESCAPE_WATCH = "vradix_census.watch"
+
+
+def escape_watch_hooks() -> list:
+    """The escape watch's hooks (`vradix_census.watch.HOOKS`) when `VRADIX_CENSUS` asks for the test mode (read here,
+    once per install), else none: with the mode off nothing of `vradix_census` is imported. Asked for where the
+    package cannot be imported (a wheel install), the install fails closed with `VradixInstallError`."""
+    if not settings.value("VRADIX_CENSUS"):
+        return []
+    try:
+        watch = importlib.import_module(ESCAPE_WATCH)
+    except ModuleNotFoundError as e:
+        if e.name not in ("vradix_census", ESCAPE_WATCH):
+            raise
+        raise VradixInstallError(
+            f"vradix {__version__}: VRADIX_CENSUS asks for the escape watch (a test mode), but its package "
+            "vradix_census cannot be imported: the wheel does not ship it (run from a source checkout with python/ "
+            "on PYTHONPATH). Refusing to start; unset VRADIX_CENSUS to serve without the test mode") from None
+    return list(watch.HOOKS)
 
 
 def _check_private_names(sglang_version: str) -> None:

@@ -133,10 +133,11 @@ _TABLE = (
             "implementation the device lacks fails there).",
             "vradix.kernels", _choice(KERNEL_IMPLS, normalise=False)),
     Setting("VRADIX_CENSUS", "", "`1`, `true`, `yes`, `on` (any case) turn it on; anything else leaves it off",
-            "Test mode: at every epoch bump, fail when a request the scheduler holds with KV was neither marked "
-            "crossing nor finished; before every forward, fail when the served weights changed without a "
-            "publication (docs/reliability.md).",
-            "vradix.scheduler.census (scheduler startup)", _true_word),
+            "The escape watch, a test mode: at every epoch bump, fail when a request the scheduler holds with KV "
+            "was neither marked crossing nor finished; before every forward, fail when the served weights changed "
+            "without a publication (docs/reliability.md). It lives in the `vradix_census` package, which the wheel "
+            "does not ship: asked for without it, the install fails closed.",
+            "vradix.plugin (read once at install; the hooks of vradix_census.watch)", _true_word),
     Setting("VRADIX_ALLOW_UNTESTED_SGLANG", "", "`1` allows; anything else refuses",
             "Install on an SGLang release other than the supported one.",
             "vradix.plugin", _exactly_one),

@@ -1,15 +1,15 @@
-"""The census tables (`vradix.closed_world.census`) hold SGLang's live objects to a classification.
+"""The census tables (`vradix_census`) hold SGLang's live objects to a classification.
 
 For every table of every census module: nothing SGLang has is unclassified, nothing classified has vanished from
 SGLang, every entry is well formed and the tests it names exist (and at least one runs in `make test`), and the
-generated block in docs/coverage.md is up to date. `test_a_planted_entry_fails_the_census` shows the check failing
+generated block of docs/census/ is up to date. `test_a_planted_entry_fails_the_census` shows the check failing
 on an entry SGLang has and no table classifies."""
 import pathlib
 
 import pytest
 
-from vradix.closed_world import census
-from vradix.closed_world.census.__main__ import block_docs, rendered_blocks
+import vradix_census as census
+from vradix_census.__main__ import block_docs, rendered_blocks
 from vradix.testing.harness.suite import find_test_file, functions_in, is_long_test
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -46,12 +46,13 @@ def test_every_entry_is_well_formed_and_its_tests_exist(block, enumerate_, table
     assert not problems, "\n".join(problems)
 
 
-def test_the_coverage_page_embeds_every_census_table_as_generated():
-    """docs/coverage.md, or the page a census module names, embeds each block as generated."""
+def test_the_census_pages_embed_every_table_as_generated():
+    """The page under docs/census/ each table module names (`DOC`) embeds each of its blocks as generated."""
     where = block_docs()
+    assert all(page.startswith("census/") for page in where.values()), where
     stale = [f"{block} in docs/{where[block]}" for block, text in rendered_blocks().items()
              if census.embedded((ROOT / "docs" / where[block]).read_text(), block) != text]
-    assert not stale, f"out of date: {stale} (python -m vradix.closed_world.census --write)"
+    assert not stale, f"out of date: {stale} (python -m vradix_census --write)"
 
 
 def test_a_planted_entry_fails_the_census():

@@ -1,4 +1,4 @@
-"""The control census (`vradix.closed_world.census.control`) reads SGLang's live objects, and its publications are
+"""The control census (`vradix_census.control`) reads SGLang's live objects, and its publications are
 vradix's.
 
 - the request census is what `Scheduler.init_request_dispatcher` registers: a type a Scheduler subclass adds to the
@@ -19,8 +19,8 @@ import pathlib
 
 import pytest
 
-from vradix.closed_world import census
-from vradix.closed_world.census import control
+import vradix_census as census
+from vradix_census import control
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
@@ -171,7 +171,7 @@ def control_requests_tests_exist() -> bool:
 
 
 def test_every_publication_request_is_bumped_by_a_vradix_hook_on_what_its_live_handler_runs():
-    publications = {n for n, e in control.REQUESTS.items() if e.verdict == "publication"}
+    publications = {n for n, e in control.REQUESTS.items() if e.class_ == "publication"}
     assert publications == set(PUBLICATION_HOOKS), "a new publication needs its hook named here"
     handlers = {t.__name__: handler_name(h) for t, h in control.dispatched().items()}
     problems = []
@@ -187,8 +187,8 @@ def test_every_publication_request_is_bumped_by_a_vradix_hook_on_what_its_live_h
 @pytest.mark.parametrize("block", ["routes", "coroutines"])
 def test_every_publication_route_and_coroutine_forwards_a_publication_request(block):
     _title, _enumerate, table = control.TABLES[block]
-    requests = [e for e in control.REQUESTS.values() if e.verdict == "publication"]
-    assert [n for n, e in table.items() if e.verdict == "publication" and e not in requests] == []
+    requests = [e for e in control.REQUESTS.values() if e.class_ == "publication"]
+    assert [n for n, e in table.items() if e.class_ == "publication" and e not in requests] == []
 
 
 def test_a_coroutine_classified_by_the_request_it_forwards_names_that_request_type():

@@ -1,6 +1,7 @@
-"""docs/coverage.md is the closed world, and this module holds it to its word.
+"""docs/paths.md is the half of the closed world written by reading SGLang (docs/coverage.md is the contract), and
+this module holds it to its word.
 
-- every row has a known verdict, and every test a row names exists (file and function, read with `ast`); at least
+- every row has a known class, and every test a row names exists (file and function, read with `ast`); at least
   one of them runs in `make test` (is not marked `long`);
 - a "versioned", "refused" or "stock changed" row names at least one test;
 - every "refused at launch" row's flag stops SGLang's own argument check (`ServerArgs.check_server_args`, which the
@@ -20,12 +21,12 @@ from vradix.closed_world import unversioned
 from vradix.testing.harness.suite import find_test_file, functions_in, is_long_test
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-COVERAGE = ROOT / "docs" / "coverage.md"
-VERDICTS = ("versioned", "refused at launch", "refused at engine start", "refused at update", "no stale reuse",
+PATHS = ROOT / "docs" / "paths.md"
+CLASSES = ("versioned", "refused at launch", "refused at engine start", "refused at update", "no stale reuse",
             "stock changed", "open")
 NEEDS_TEST = ("versioned", "refused at launch", "refused at engine start", "refused at update", "stock changed")
 
-#: rows not closed yet (docs/coverage.md "Open"): none; a row marked `open` again fails until it is named here
+#: rows not closed yet (docs/paths.md "Open"): none; a row marked `open` again fails until it is named here
 KNOWN_OPEN: set = set()
 
 #: launch flags, besides the refused one, that SGLang's own checks need before vradix's check runs
@@ -58,9 +59,8 @@ ENV_VALUE = {"rust-server": "1", "dspark-fp8-lm-head": "1", "swiglu-interleaved"
 
 
 def rows() -> list[dict]:
-    """The table rows of docs/coverage.md as dicts keyed by the header's columns."""
-    # the generated census tables below "## Census" have columns of their own (test_census.py reads them)
-    table = COVERAGE.read_text().split("\n## Census\n")[0]
+    """The table rows of docs/paths.md as dicts keyed by the header's columns."""
+    table = PATHS.read_text().split("\n## Open\n")[0]
     lines = [ln for ln in table.splitlines() if ln.startswith("| ")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     out = []
@@ -96,14 +96,14 @@ def named_tests(row) -> list[str]:
     return re.findall(r"`([\w/]+\.py::\w+)`", row["tests"])
 
 
-def test_every_row_has_a_verdict_and_its_tests_exist():
+def test_every_row_has_a_class_and_its_tests_exist():
     assert len(ROW) == len(ROWS), "row ids must be unique"
     problems = []
     for r in ROWS:
-        if r["verdict"] not in VERDICTS:
-            problems.append(f"{r['id']}: unknown verdict {r['verdict']!r}")
-        if r["verdict"] in NEEDS_TEST and not named_tests(r):
-            problems.append(f"{r['id']}: a {r['verdict']} row must name its test")
+        if r["class"] not in CLASSES:
+            problems.append(f"{r['id']}: unknown class {r['class']!r}")
+        if r["class"] in NEEDS_TEST and not named_tests(r):
+            problems.append(f"{r['id']}: a {r['class']} row must name its test")
         for node in named_tests(r):
             file, name = node.split("::")
             path = find_test_file(file)
@@ -122,11 +122,11 @@ def test_long_tests_are_told_from_ci_tests():
 
 
 def test_the_open_rows_are_the_known_ones():
-    assert {r["id"] for r in ROWS if r["verdict"] == "open"} == KNOWN_OPEN
+    assert {r["id"] for r in ROWS if r["class"] == "open"} == KNOWN_OPEN
 
 
 def refused_at_launch() -> list[str]:
-    return [r["id"] for r in ROWS if r["verdict"] == "refused at launch"]
+    return [r["id"] for r in ROWS if r["class"] == "refused at launch"]
 
 
 def flag_of(row_id: str) -> str:

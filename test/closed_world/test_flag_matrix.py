@@ -1,4 +1,4 @@
-"""The flag combination matrix (`vradix.closed_world.census.matrix`): every `versioned` or `refused` field of the
+"""The flag combination matrix (`vradix_census.matrix`): every `versioned` or `refused` field of the
 flag census, with each column flag, is decided, and the decision holds where it can be checked without a server.
 
 - no cell is undecided: each is `supported` with tests, `refused at startup` with the test that shows it, or `n/a`
@@ -11,7 +11,7 @@ import pathlib
 import pytest
 
 from vradix.closed_world import unversioned
-from vradix.closed_world.census import flags, matrix
+from vradix_census import flags, matrix
 from vradix.core import staleness
 from vradix.testing.harness.suite import find_test_file, functions_in
 
@@ -50,7 +50,7 @@ def refusal(args, window: int):
 
 def test_every_versioned_or_refused_field_is_a_row_and_every_cell_is_decided():
     rows = matrix.rows()
-    assert rows == sorted(n for n, e in flags.FLAGS.items() if e.verdict in ("versioned", "refused"))
+    assert rows == sorted(n for n, e in flags.FLAGS.items() if e.class_ in ("versioned", "refused"))
     assert not undecided(rows), "\n".join(undecided(rows))
 
 

@@ -1,8 +1,8 @@
-"""The process census (`vradix.closed_world.census.processes`) reads SGLang's launch code, not a list: a process
+"""The process census (`vradix_census.processes`) reads SGLang's launch code, not a list: a process
 start SGLang adds is found by the scan and fails the census until it is classified (test_census.py runs the table
 against the live code; here a planted start shows the failure)."""
-from vradix.closed_world import census
-from vradix.closed_world.census.processes import PROCESSES, enumerate_processes, sites_in
+import vradix_census as census
+from vradix_census.processes import PROCESSES, enumerate_processes, sites_in
 
 PLANTED = '''
 import multiprocessing as mp, psutil, subprocess, uvicorn, grpc, ray
@@ -52,4 +52,4 @@ def test_every_frontend_that_serves_requests_is_classified_present_or_refused():
         "run_scheduler_process", "mp.Process(target)", "SchedulerActor", "http_server:", "grpc", "rust_server",
         "read_from_shared_memory", "encoder"))]
     assert len(frontends) >= 15
-    assert {PROCESSES[name].verdict for name in frontends} <= {"vradix present", "refused"}, frontends
+    assert {PROCESSES[name].class_ for name in frontends} <= {"vradix present", "refused"}, frontends

@@ -1,4 +1,4 @@
-"""The runtime census (`vradix.closed_world.census.runtime`) reads SGLang's live code, and every change it marks
+"""The runtime census (`vradix_census.runtime`) reads SGLang's live code, and every change it marks
 `re-checked` is hooked where the scheduler receives it.
 
 - a configuration override SGLang adds (a `get_context().override` call in its sources) appears as a row of its own
@@ -10,8 +10,8 @@ No server starts; SGLang's classes and sources are real.
 """
 import importlib
 
-from vradix.closed_world import census
-from vradix.closed_world.census import runtime
+import vradix_census as census
+from vradix_census import runtime
 
 PLANTED_MODULE = '''
 from sglang.srt.runtime_context import get_context
@@ -76,7 +76,7 @@ def test_every_re_checked_row_is_hooked_where_the_scheduler_receives_it():
 
     problems = []
     for name, entry in runtime.RUNTIME.items():
-        if entry.verdict != "re-checked":
+        if entry.class_ != "re-checked":
             continue
         if entry not in runtime.RECHECKED_BY:
             problems.append(f"{name}: no scheduler-side hook named in RECHECKED_BY")

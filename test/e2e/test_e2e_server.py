@@ -108,9 +108,10 @@ def test_vradix_publication_never_reuses_stale_prefix(models, oracle, server_poo
         assert v["stale_tokens_pending"] == 0 and not v["stale_reclaim"]["active"], v["stale_reclaim"]
         assert start.since(v, "stale_reclaim", "completed") >= 1 and v["last_publication"]["tokens_deferred"] > 0
         assert f"epoch {e0}->{e0 + 1}" in o.update_message
-        if settings.value("VRADIX_CENSUS"):  # the census ran on the real scheduler, across the real publication
-            assert start.since(v, "census", "bumps_checked") == 1 and start.since(v, "census", "forwards_checked") > 0
-            assert v["census"]["weights_recorded_at"].startswith(f"the publication to epoch {e0 + 1}")
+        if settings.value("VRADIX_CENSUS"):  # the escape watch ran on the real scheduler, across the real publication
+            assert start.since(v, "escape_watch", "bumps_checked") == 1
+            assert start.since(v, "escape_watch", "forwards_checked") > 0
+            assert v["escape_watch"]["weights_recorded_at"].startswith(f"the publication to epoch {e0 + 1}")
         led = v["kv_ledger"]  # the independent KV page ledger agrees: nothing stale was read, nothing leaked
         assert led["enabled"] and led["verify_mode"] == "strict" and led["kernels"] == "torch"
         assert start.since(v, "kv_ledger", "prefixes_verified") >= 2 and led["violations_caught"] == 0

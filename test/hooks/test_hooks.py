@@ -39,8 +39,6 @@ DRIVEN_BY = {
     "vradix.hooks.publication.fail_ipc_update_on_post_hook_failure": "test_weight_derived.py::test_an_ipc_update_whose_post_hook_failed_is_not_published",
     "vradix.hooks.admission.verify_load_back": "test_hicache_ledger.py::test_a_host_copy_of_an_older_epoch_is_not_loaded_for_a_newer_request",
     "vradix.hooks.prefill.hold_back_duplicate_prefill": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
-    "vradix.hooks.census.check_weights_before_forward": "test_census_mode.py::test_the_weight_census_passes_across_a_publication_and_fails_on_a_write_without_one",
-    "vradix.hooks.census.note_control_request": "test_census_mode.py::test_the_weight_census_passes_across_a_publication_and_fails_on_a_write_without_one",
     "vradix.hooks.serving.admit": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
     "vradix.hooks.serving.before_match": "test_cache_level.py::test_lazy_rebind_at_match_covers_requests_the_bump_did_not_see",
     "vradix.hooks.serving.release": "test_cache_level.py::test_crossing_request_keeps_its_kv_and_frees_stale_path_at_release",

@@ -678,7 +678,7 @@ def test_one_update_call_stays_in_few_files(engine):
     in `scheduler/publication.py`, the bump's steps (`core.epochs`, the request records of `vradix.request`, the engine
     of `vradix.engine` and the bump's record in `core.state`, the new identity and its namespace in `vradix.identity`, the deferred reclaim), the
     ledger's verdicts and audit in `ledger/guard.py` with the kernel implementation the ledger bound
-    (`kernels/reference.py` on CPU: no dispatch and no setting read on the way), and the census. The steps the engine
+    (`kernels/reference.py` on CPU: no dispatch and no setting read on the way). The steps the engine
     lacks (overlap drain, host tier, L3, streaming sessions, weight-derived caches, metrics) are never entered."""
     entered = files_entered(lambda: test_successful_update_bumps_once_although_the_flush_runs(engine))
     assert {"scheduler/publication.py", "hooks/publication.py", "ledger/guard.py", "kernels/reference.py"} <= entered

@@ -56,6 +56,10 @@ def test_replacement_wheel_is_upstream_byte_for_byte_plus_the_plugin(wheels):
     assert len(copied) > 5000 and all(new[n] == data for n, data in copied.items())
     plugin_files = {n: d for n, d in pl.items() if not n.startswith(f"sglang_vradix-{__version__}.dist-info/")}
     assert "vradix-plugin-check.pth" in plugin_files and all(new[n] == d for n, d in plugin_files.items())
+    # the census tables, their generator and the escape watch (python/vradix_census) stay in the source checkout
+    census = [n for n in pl if n.startswith("vradix_census/") or "/census" in n or n.endswith("/watch.py")]
+    assert census == [], census
+    assert pl[f"sglang_vradix-{__version__}.dist-info/top_level.txt"] == b"vradix\n"
     # the CPU aids' plugin metadata ships too (a HiCache, P/D, hybrid or VLM CPU server run from a wheel install needs it)
     assert {"vradix/testing/cpu_aids/plugin/vradix_cpu_aids-0.dist-info/entry_points.txt",
             "vradix/testing/cpu_aids/pd_plugin/vradix_cpu_aids_pd-0.dist-info/entry_points.txt",
@@ -161,7 +165,8 @@ def pip_show_version(py: Path) -> str:
 
 
 def serve_stale_prefix_scenario(py: Path, models):
-    with CpuServer(models[0], python=str(py), env={"PYTHONPATH": ""}) as s:
+    """A production server: no checkout on its path, and so no escape watch (its package is not installed there)."""
+    with CpuServer(models[0], python=str(py), env={"PYTHONPATH": "", "VRADIX_CENSUS": ""}) as s:
         return stale_prefix_publication(s, models[1]), s.logs()
 
 
@@ -182,6 +187,12 @@ def test_replacement_wheel_in_a_fresh_environment_then_stock_sglang_back(wheels,
     after = inspect(py)
     assert after["plugins"] == [["vradix", "vradix.plugin:register", "sglang", LOCAL_VERSION]]
     assert after["vradix"].startswith(env_dir)
+    # asked for, the escape watch fails the install closed there: its package is not in the wheel
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SGLANG_PLUGINS")}
+    watch = subprocess.run([str(py), "-c", "from sglang.srt.plugins import load_plugins; load_plugins()"],
+                           capture_output=True, text=True, timeout=600,
+                           env={**env, "PYTHONNOUSERSITE": "1", "VRADIX_CENSUS": "1"})
+    assert watch.returncode != 0 and "its package vradix_census cannot be imported" in watch.stderr, watch.stderr
     o, logs = serve_stale_prefix_scenario(py, models)
     assert f"vradix {__version__} active" in logs and "Traceback" not in logs
     assert o.warm_repeat_cached == 200 and o.cached_after == 0 and o.cached_again == 200  # no stale reuse

@@ -4,7 +4,7 @@
 `vradix.scheduler.publication.live_requests` reads (crossing or re-bound) after the overlap drain settled the forward in
 flight (`vradix.core.overlap`). A loop is served when every request holding KV it keeps is where `live_requests`
 reads (SGLang's `collect_inflight_reqs`, the waiting queue, the chunked request, the P/D queues) and no forward of
-it straddles the weight change; the census test mode checks the first at every bump (`vradix.scheduler.census`).
+it straddles the weight change; the escape watch (a test mode) checks the first at every bump (`vradix_census.watch`).
 Otherwise it is refused when the scheduler starts (`check`, from `hooks.startup.attach_to_scheduler`): the error
 names the flag that selects the loop and the alternative.
 

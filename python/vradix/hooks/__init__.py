@@ -2,7 +2,7 @@
 every vradix step; `vradix.plugin.register()` does so only inside its fail-closed install."""
 from __future__ import annotations
 
-from vradix.hooks import (admission, census, control, hicache, inspector, launcher, ledger, lora, pd, pd_launcher,
+from vradix.hooks import (admission, control, hicache, inspector, launcher, ledger, lora, pd, pd_launcher,
                           prefill, publication, ray_actor, reclaim, reconfigure, report, server_info, serving, startup,
                           storage, tokenizer_worker)
 
@@ -69,10 +69,6 @@ HOOKS = [
     # a pass admits count their prefix hits (the cache inspector)
     (f"{_SCHED}._get_new_batch_prefill_raw", "AROUND", serving.prefill_pass),
     ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req", "AROUND", prefill.hold_back_duplicate_prefill),
-    # the census test mode (VRADIX_CENSUS=1): no forward runs on weights that changed without a publication; the
-    # control requests answered since the last publication are named when one does
-    (f"{_SCHED}.run_batch", "BEFORE", census.check_weights_before_forward),
-    (f"{_SCHED}.send_control_output", "BEFORE", census.note_control_request),
     # forward: the strict guard's backstop fails a request whose cached KV (from the tree, a lent session record, a
     # restored backup, a load-back) was not written under its epoch; the KV page ledger records which epoch wrote
     # each page, and which pages are free. One hook per batch: the backstop's check first, then the stamp (a forward
@@ -201,7 +197,7 @@ HOOKS = [
     (f"{_SCHED}.load_lora_adapter", "AFTER", lora.identify_loaded_adapter),
     (f"{_SCHED}.load_lora_adapter_from_tensors", "AFTER", lora.identify_loaded_adapter),
     (f"{_SCHED}.unload_lora_adapter", "AFTER", lora.free_unloaded_adapter),
-    # 7. runtime reconfiguration (the runtime census, docs/runtime-census.md): a control request that changes the
+    # 7. runtime reconfiguration (the runtime census, docs/census/runtime.md): a control request that changes the
     # configuration is checked like a launch where the scheduler receives it (refused: nothing changed), and what
     # startup derived is derived again
     (f"{_SCHED}.attach_hicache_storage_wrapped", "AROUND", reconfigure.recheck_storage_attach),

@@ -7,7 +7,6 @@ from vradix.core import host_tier, mm_embeddings, provenance
 from vradix.observability import metrics, server_info
 from vradix.engine import state_of, state_of_scheduler
 from vradix.core.state import treeless_of
-from vradix.scheduler import census
 
 
 def attach_provenance(original, acc, *args, **kwargs):
@@ -53,9 +52,6 @@ def report_server_info(result, internal_state, *args, **kwargs):
         gauges = metrics.metrics_of(scheduler)
         if gauges is not None:
             gauges.export(block)
-    counts = census.of(scheduler)
-    if counts is not None:
-        block["census"] = counts.as_dict()
     ranks = tp_rank_blocks(block) if getattr(scheduler, "tp_size", 1) > 1 else None
     if ranks is not None:
         block["tp_ranks"] = ranks

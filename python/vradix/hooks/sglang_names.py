@@ -57,11 +57,6 @@ PRIVATE_NAMES = (
     PrivateName(_URC, "_finish_storage_prefetch", MEMBER, "l3.prefetch (revoking a prefetch at a publication)"),
     PrivateName(_URC, "_retire_ongoing_prefetch", MEMBER, "l3.prefetch (revoking a prefetch at a publication)"),
     PrivateName("sglang.srt.mem_cache.common", "_req_radix_key", MEMBER, "core.staleness (the key a match uses)"),
-    # the control census enumerates the scheduler's dispatcher and the settable internal-state keys
-    PrivateName(_SCHED, "_request_dispatcher", INSTANCE, "closed_world.census.control (request types)"),
-    PrivateName("sglang.utils:TypeBasedDispatcher", "_mapping", INSTANCE, "closed_world.census.control (request types)"),
-    PrivateName("sglang.srt.managers.scheduler_components.internal_state:SchedulerInternalStateController",
-                "_update_handlers", MEMBER, "closed_world.census.control (settable internal-state keys)"),
     # the scheduler
     PrivateName(_SCHED, "_engine_paused", INSTANCE, "scheduler.publication, hooks.server_info (is generation paused)"),
     PrivateName(_SCHED, "_pending_chunked_abort_req", INSTANCE, "hooks.ledger (a chunked request being aborted)"),

@@ -9,7 +9,7 @@ from vradix.closed_world import epd, loops
 from vradix.ledger import host as host_ledger
 from vradix.observability import metrics
 from vradix.core import deferred_reclaim, published, staleness
-from vradix.scheduler import census, launch, publication
+from vradix.scheduler import launch, publication
 from vradix.collectives import tp_cpu_group, tp_rank_and_size
 from vradix.scheduler.identity_proof import published_identity
 from vradix.scheduler.publication import current_label
@@ -39,8 +39,6 @@ def attach_to_scheduler(_result, scheduler, server_args=None, port_args=None, *a
     (`closed_world.loops`). The engine's nonces come from its launch (`port_args`), so all its ranks agree."""
     loops.check(scheduler)
     cache = scheduler.tree_cache
-    if census.attach(scheduler) is not None:
-        logger.info("vradix census on (test mode): requests checked at every epoch bump, weights before every forward")
     if not cache.supports_prefix_sharing():
         refuse_treeless_decode(scheduler)
         attach_treeless(cache)

@@ -35,7 +35,7 @@ from vradix.l3 import prefetch
 from vradix.ledger import guard
 from vradix.observability import metrics
 from vradix.pd import revocation
-from vradix.scheduler import census, identity_proof
+from vradix.scheduler import identity_proof
 
 logger = logging.getLogger("vradix")
 
@@ -377,9 +377,6 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
         guard.audit(state.guard.config, state.guard.stats, state.ledger, scheduler.tree_cache, live, state.epoch)
     logger.info(inv.summary() + " in %.3f ms; %d multimodal embedding(s), %d position grid(s) cleared",
                 inv.latency_ms, inv.mm_embeddings_cleared, inv.position_grids_cleared)
-    if is_publication and weights_changed:
-        census.record_weights(scheduler, f"the publication to epoch {inv.epoch_after} ({reason})")
-    census.check_requests(scheduler, live, inv.epoch_after)
     inv.took_bump((time.perf_counter() - t_bump) * 1e3)
     export_metrics(scheduler, bump_seconds=inv.latency_ms / 1e3,
                    pause_seconds=inv.pause_ms / 1e3 if is_publication else None)
@@ -439,8 +436,6 @@ def publish_without_tree(scheduler, reason: str, *, is_publication: bool = True)
     cleared = weight_derived.clear_at_publication(scheduler)
     treeless.record({"reason": reason, "label": current_label(), "mm_embeddings_cleared": cleared.mm_embeddings,
                      "position_grids_cleared": cleared.position_grids}, is_publication)
-    if is_publication:
-        census.record_weights(scheduler, f"the publication {treeless.publications} ({reason})")
     logger.info("vradix: %s without a radix cache: %d multimodal embedding(s), %d position grid(s) cleared", reason,
                 cleared.mm_embeddings, cleared.position_grids)
     return treeless.last

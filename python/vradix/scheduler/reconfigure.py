@@ -1,5 +1,5 @@
 """Runtime reconfiguration, checked like a launch: a control request that changes the engine's configuration while it
-runs (a HiCache storage attach or detach, `/set_internal_state`; the runtime census, `closed_world.census.runtime`,
+runs (a HiCache storage attach or detach, `/set_internal_state`; the runtime census, `vradix_census.runtime`,
 lists them all) is judged in the scheduler process, on the configuration it would leave, by the rules a launch runs.
 
 1. before the change (`refusal`): the launch rules (`vradix.scheduler.launch.RULES`, the ones a scheduler checks

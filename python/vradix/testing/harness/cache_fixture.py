@@ -26,7 +26,6 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-from vradix.scheduler import census
 
 
 def seq(start: int, n: int) -> list:
@@ -267,7 +266,7 @@ class SchedulerView:
     needs a model runner and cannot be built on CPU without one). It exposes only what vradix's scheduler hooks read:
     `tree_cache`, `req_to_token_pool`, `waiting_queue`, `collect_inflight_reqs()`, `chunked_req`, `_engine_paused`,
     `is_fully_idle()`. The cache, pools and requests behind it are all real. Under `VRADIX_CENSUS` (the suite) the
-    census is attached to it as to a real scheduler, so every bump through it runs the request census."""
+    escape watch attaches itself at its first bump, so every bump through it runs the watch's request check."""
 
     def __init__(self, fx: CacheFixture, waiting=(), running=(), chunked=None, paused: bool = False):
         self.tree_cache = fx.cache
@@ -277,7 +276,6 @@ class SchedulerView:
         self.chunked_req = chunked
         self._engine_paused = paused
         self.disaggregation_mode = DisaggregationMode.NULL
-        census.attach(self)
 
     def collect_inflight_reqs(self) -> list:
         return list(self.running)

@@ -129,9 +129,12 @@ class CpuServer(LoggedProcess, ServerClient):
     stop_grace = 20.0  # a scheduler mid-batch on a loaded CPU takes a while to drain
     #: server processes launched by this test process so far (start-up dominates a CPU suite's time)
     launches = 0
-    #: census failures (`vradix.scheduler.census`) found in the logs of the servers stopped so far, one line each:
-    #: test/conftest.py fails the test during which one is added
-    census_failures: List[str] = []
+    #: what reads a stopped server's log for a failure a test must see (each returns one line, or None): test/conftest.py
+    #: adds the escape watch's reader (`vradix_census.watch.failure_in`) when the suite runs that test mode
+    log_checks: List[Callable[[str], Optional[str]]] = []
+    #: what the log checks found in the logs of the servers stopped so far, one line each: test/conftest.py fails the
+    #: test during which one is added
+    log_failures: List[str] = []
 
     def __init__(self, model_path: str, *, vradix: bool = True, extra_args: Sequence[str] = (),
                  env: Optional[dict] = None, max_total_tokens: int = 8192, chunked_prefill_size: int = 1024,
@@ -210,27 +213,20 @@ class CpuServer(LoggedProcess, ServerClient):
         raise TimeoutError(f"server not ready in {timeout}s:\n{self.tail()}")
 
     def stop(self) -> None:
-        """Stop the server (`LoggedProcess.stop`), then add the census failure its log holds, if any, to
-        `CpuServer.census_failures` (once per server)."""
+        """Stop the server (`LoggedProcess.stop`), then add what the log checks (`CpuServer.log_checks`) find in its
+        log to `CpuServer.log_failures` (once per server)."""
         super().stop()
-        failure = census_failure(self.logs()) if not getattr(self, "census_read", False) else None
-        self.census_read = True
-        if failure is not None:
-            CpuServer.census_failures.append(failure)
+        if getattr(self, "log_read", False):
+            return
+        self.log_read = True
+        logs = self.logs()
+        CpuServer.log_failures.extend(f for f in (check(logs) for check in CpuServer.log_checks) if f is not None)
 
     def lost_a_port(self) -> bool:
         """Whether the log says a port this launch chose was held by another process when the server bound it."""
         logs = self.logs()
         return any(f"{BIND_RACE_LOST} ('127.0.0.1', {port})" in logs
                    for port in (self.port, *self.launch_ports.values()))
-
-
-def census_failure(logs: str) -> Optional[str]:
-    """The first census failure line a server log holds (the scheduler's `CensusViolation`), or None."""
-    from vradix.scheduler.census import MARKER
-
-    at = logs.find(MARKER)
-    return None if at < 0 else logs[at:].splitlines()[0]
 
 
 def start_servers(*factories: Callable[[], CpuServer]) -> List[CpuServer]:

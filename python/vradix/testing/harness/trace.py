@@ -14,8 +14,8 @@ STAND_INS = ROOT / "testing"
 
 def functions_entered(run) -> set:
     """(file relative to the `vradix` package, function name) of every Python call `run()` makes into the product,
-    `vradix.testing` left out; a setting read is recorded as ("settings.py", the setting's name)."""
-    product, stand_ins = str(ROOT), str(STAND_INS)
+    `vradix.testing` (and the escape watch's package, `vradix_census`, beside it) left out; a setting read is recorded as ("settings.py", the setting's name)."""
+    product, stand_ins = str(ROOT) + "/", str(STAND_INS) + "/"  # not python/vradix_census (the escape watch)
     entered = set()
 
     def profile(frame, event, arg):

@@ -1,7 +1,7 @@
 """The runtime census: every place SGLang 0.5.23 changes the engine's configuration, an engine step, a cache tier or
 the served adapters after the launch checked it, read from SGLang's live code and classified.
 
-Three enumerations, one table (`RUNTIME`, rendered on docs/runtime-census.md):
+Three enumerations, one table (`RUNTIME`, rendered on docs/census/runtime.md):
 
 - `override[<source>]`: every call that changes a resolved `ServerArgs` field after the launch, found in SGLang's
   installed sources by `ast`: `get_context().override(source, **fields)` and `record_config_updates(source,
@@ -14,7 +14,7 @@ Three enumerations, one table (`RUNTIME`, rendered on docs/runtime-census.md):
   detaches or clears a storage backend, loads or unloads an adapter, or overrides the configuration (`CHANGES`,
   matched in the handler's source).
 
-Verdicts: `re-checked` (the scheduler re-runs the launch rules on the resulting configuration, refusing what the
+Classes: `re-checked` (the scheduler re-runs the launch rules on the resulting configuration, refusing what the
 launch refuses with nothing changed, and derives again what startup derived: `vradix.scheduler.reconfigure`, hooked
 where the scheduler receives the request, `RECHECKED_BY`), `refused`, `publication`, `versioned`, `irrelevant` (the
 reason says why it cannot change served state). Startup-time overrides (inside the engine's construction, before it
@@ -32,10 +32,10 @@ import pathlib
 import re
 from typing import Iterable, Optional
 
-from vradix.closed_world.census import Entry, control
+from vradix_census import Entry, control
 
 #: the page the table is rendered on (docs/)
-DOC = "runtime-census.md"
+DOC = "census/runtime.md"
 #: what a dispatched handler's own code does when it changes a cache tier, the served adapters or the configuration
 CHANGES = re.compile(r"\.override\(|_storage_backend\(|_lora_adapter")
 #: the forwarders whose own definition passes a caller's source on (their callers are the sites)
@@ -203,7 +203,7 @@ RUNTIME = {
     "override[role_switch.flip]": _ROLE_SWITCH,
     "override[tokenizer.pd_role_switch]": _ROLE_SWITCH,
     "override[model_runner.ensure_decode_cuda_graphs]": Entry(
-        _ROLE_SWITCH.verdict, "captures decode graphs when a role switch makes prefill a decode role: the role "
+        _ROLE_SWITCH.class_, "captures decode graphs when a role switch makes prefill a decode role: the role "
         "switch does not start (row `PdRoleSwitchReqInput`)", _ROLE_SWITCH.tests, _ROLE_SWITCH.alternative),
     "override[elastic_ep.scale]": _ELASTIC_EP,
     "override[elastic_ep.scale_join]": _ELASTIC_EP,

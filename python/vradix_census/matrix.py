@@ -4,7 +4,7 @@ each of the flags in `COLUMNS`, decided.
 A cell is `supported` (its tests named; `pair` says whether one of them runs this very combination, or whether each
 path is tested alone and the text says why they do not interact), `refused at startup` (the test that shows the
 refusal; `by` says which check refuses: `launch` for vradix's launch checks on the combination, `engine start` for
-the scheduler's, `its row` for the field's own refusal, whose docs/coverage.md row is tested on SGLang's argument
+the scheduler's, `its row` for the field's own refusal, whose docs/paths.md row is tested on SGLang's argument
 pipeline) or `n/a` (the combination cannot be expressed; the text says why).
 
 Invariants (test/closed_world/test_flag_matrix.py): every such field has a decided cell in every column; every test a
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Dict, Tuple
 
-from vradix.closed_world.census import flags as F
+from vradix_census import flags as F
 
 DECISIONS = ("supported", "refused at startup", "n/a")
 
@@ -345,14 +345,14 @@ def cell(name: str, column: str) -> Cell:
 
 def _decided(name: str, column: str) -> Cell:
     entry = F.FLAGS[name]
-    if entry.verdict == "refused":
+    if entry.class_ == "refused":
         if (name, column) in REFUSED_NA:
             return REFUSED_NA[(name, column)]
         conditional = CONDITIONAL.get(name, {})
         if column in conditional:
             return conditional[column]
         return refused("refused whatever it is combined with", entry.tests, by="its row")
-    if entry.verdict != "versioned":
+    if entry.class_ != "versioned":
         raise KeyError(name)
     return _kind_cells(name)[column]
 
@@ -360,7 +360,7 @@ def _decided(name: str, column: str) -> Cell:
 def rows(flags=None) -> list:
     """The matrix's rows: every `versioned` or `refused` field, sorted."""
     flags = F.FLAGS if flags is None else flags
-    return sorted(n for n, e in flags.items() if e.verdict in ("versioned", "refused"))
+    return sorted(n for n, e in flags.items() if e.class_ in ("versioned", "refused"))
 
 
 def _render_cell(c: Cell) -> str:

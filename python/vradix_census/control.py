@@ -30,7 +30,7 @@ import importlib.util
 import inspect
 import os
 
-from vradix.closed_world.census import Entry
+from vradix_census import Entry
 
 #: routes vradix adds to SGLang's app (BEFORE `http_server.launch_server`, the cache inspector)
 OWN_ROUTES = ("GET /vradix/cache",)
@@ -206,15 +206,15 @@ _NGRAM_CORPUS = ("the NGRAM draft's external corpus: draft proposals only, which
 REQUESTS = {
     # the data path
     "TokenizedGenerateReqInput": Entry(
-        "versioned", "a generate request: stamped with its epoch's namespace at admission "
-        "(`_maybe_namespace_elastic_radix_cache`, again when queued) and matched only there; a request that crosses "
+        "versioned", "a generate request: bound to its epoch's namespace where it is queued "
+        "(`_add_request_to_queue`) and matched only there; a request that crosses "
         "a publication keeps its own KV and inserts none", _GENERATE_TESTS),
     "BatchTokenizedGenerateReqInput": Entry(
         "versioned", "a batch of generate requests: the scheduler hands each to `handle_generate_request`, so each "
         "is stamped like a single one", _GENERATE_TESTS),
     "TokenizedEmbeddingReqInput": Entry(
         "versioned", "an embedding, reward or classification request: it prefills through the same queue and tree "
-        "match as a generate request and is stamped by the same two hooks; no CPU test serves an embedding model",
+        "match as a generate request and is bound by the same hook; no CPU test serves an embedding model",
         _EMBEDDING_TESTS),
     "BatchTokenizedEmbeddingReqInput": Entry(
         "versioned", "a batch of embedding requests: each goes through `handle_embedding_request` (row "
@@ -339,7 +339,7 @@ REQUESTS = {
         "match, and prefetches queued at a publication are revoked; the scheduler checks the resulting "
         "configuration like a launch (an attach the launch would refuse, e.g. with streaming sessions or, on a P/D "
         "decode role, a restore policy other than `wait_complete`, is refused) and derives its publication steps "
-        "again (runtime census, docs/runtime-census.md)",
+        "again (runtime census, docs/census/runtime.md)",
         ("test_e2e_hicache.py::test_vradix_restart_on_new_weights_never_reads_the_old_weights_pages",
          "test_reconfigure.py::test_a_storage_attached_at_runtime_makes_the_next_publication_revoke_queued_prefetches",
          "test_reconfigure.py::test_a_runtime_attach_the_launch_refuses_is_refused_by_the_scheduler_and_changes_nothing",
@@ -347,7 +347,7 @@ REQUESTS = {
          "test_coverage.py::test_storage_keys_of_two_weight_identities_never_collide")),
     "DetachHiCacheStorageReqInput": Entry(
         "irrelevant", "stops using the L3 backend (idle engine only): nothing is read from it afterwards; the "
-        "scheduler derives its publication steps again (docs/runtime-census.md)"),
+        "scheduler derives its publication steps again (docs/census/runtime.md)"),
     "ClearHiCacheReqInput": Entry(
         "irrelevant", "deletes the L3 backend's pages (`clear_storage_backend`): later lookups miss"),
     "GetHiCacheL3LayoutReq": Entry("read-only", "reports the L3 object-key layout for external routers"),
@@ -575,6 +575,8 @@ ROUTES = {
         ("test_inspector.py::test_a_snapshot_changes_nothing_in_the_tree",)),
 }
 
+#: the page the tables are rendered on (docs/)
+DOC = "census/control.md"
 TABLES = {
     "requests": ("Request types the scheduler dispatches (`Scheduler._request_dispatcher`)", enumerate_requests,
                  REQUESTS),

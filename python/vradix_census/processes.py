@@ -13,7 +13,7 @@ whole `sglang serve`, whose processes this census lists) and is not a process of
 
 `PROCESSES` classifies each: `vradix present` (a test finds vradix's hooks installed in that process), `not needed`
 (why, in one line) or `refused` (the launch that would start it is refused; the alternative named). A thread runs in
-a process listed here and shares its verdict.
+a process listed here and shares its class.
 
 Invariants: `set(PROCESSES) == set(enumerate_processes())` (test/closed_world/test_census.py); a `vradix present`
 entry names the tests that find vradix there.
@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 import pathlib
 
-from vradix.closed_world.census import Entry
+from vradix_census import Entry
 
 #: callee names (`ast.unparse` of the call's function) that start a process, or a server inside one
 _WORKER_SUPERVISORS = ("uvicorn.run", "_ReusePortMultiprocess", "Server")
@@ -225,5 +225,7 @@ PROCESSES = {
     DIFFUSION: _not_needed("a diffusion pipeline: no KV cache, no radix cache, nothing vradix versions"),
 }
 
-TABLES = {"processes": ("Processes SGLang can start (`python -m vradix.closed_world.census`; docs/processes.md)",
+#: the page the tables are rendered on (docs/)
+DOC = "census/processes.md"
+TABLES = {"processes": ("Processes SGLang can start (`python -m vradix_census`; docs/processes.md)",
                         enumerate_processes, PROCESSES)}

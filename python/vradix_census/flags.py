@@ -2,7 +2,7 @@
 that keep KV, weights or weight-derived state.
 
 `enumerate_flags()` reads the live class (`ServerArgs.__struct_fields__`); `FLAGS` classifies each field by name
-(`irrelevant`, `versioned` or `refused`, `vradix.closed_world.census.VERDICTS`). Fields that share one reason are
+(`irrelevant`, `versioned` or `refused`, `vradix_census.CLASSES`). Fields that share one reason are
 built by `_same`, but every field has its own row, and every field that can keep KV, weights or weight-derived state
 has a reason of its own. A field whose refusal depends on its value or on another flag is classified by what vradix
 does with the value that turns the path on.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
-from vradix.closed_world.census import Entry
+from vradix_census import Entry, launch_rule
 
 # ---- tests the entries name (each exists; checked by the generic census test) --------------------------------------
 REFUSED_AT_LAUNCH = "test_coverage.py::test_a_refused_flag_stops_the_launch"
@@ -86,12 +86,15 @@ def enumerate_flags() -> list:
     return list(ServerArgs.__struct_fields__)
 
 
-def _same(names: str, verdict: str, why: str, tests: Tuple[str, ...] = ()) -> Dict[str, Entry]:
+def _same(names: str, class_: str, why: str, tests: Tuple[str, ...] = ()) -> Dict[str, Entry]:
     """One entry per field of the space-separated `names`, all with the same classification."""
-    return {name: Entry(verdict, why, tuple(tests)) for name in names.split()}
+    return {name: Entry(class_, why, tuple(tests)) for name in names.split()}
 
 
 def _refused(flag: str, why: str, alternative: str, tests=(REFUSED_AT_LAUNCH,)) -> Entry:
+    """A field refused at launch: the serving rule that refuses its flag (`launch_rule`) must exist."""
+    if REFUSED_AT_LAUNCH in tests or tests == EPD:
+        launch_rule(flag.split()[0])
     return Entry("refused", f"{flag}: {why}", tuple(tests), alternative)
 
 
@@ -136,7 +139,7 @@ _TEXT = _same(
     "watermark_enforce_all enable_deterministic_inference rl_on_policy_target random_seed mlx_enable_sampling",
     "irrelevant", "text in and out (tokenizers, templates, parsers, streaming, grammars, sampling rules): derived "
     "from the tokenizer and the request, not from the weights; the grammar cache is the tokenizer's "
-    "(docs/coverage.md row tokenizer-grammar); the response store keeps responses, which carry their own labels")
+    "(docs/paths.md row tokenizer-grammar); the response store keeps responses, which carry their own labels")
 _SCHEDULING = _same(
     "mem_fraction_static max_running_requests max_queued_requests max_total_tokens prefill_decode_interval "
     "prefill_decode_interval_min_bs enable_dynamic_chunking max_prefill_tokens prefill_max_requests schedule_policy "
@@ -151,7 +154,7 @@ _SCHEDULING = _same(
     "disaggregation_decode_allocation_policy disaggregation_enable_kv_checksum load_balance_method",
     "irrelevant", "how much memory, how many requests, in what order and when: which request runs or is retracted "
     "next, never which KV it may match (every match is namespaced, and a retracted request re-binds: "
-    "docs/coverage.md rows queued-rebind, retract-unified)")
+    "docs/paths.md rows queued-rebind, retract-unified)")
 _SIZES = _same(
     "c128_page_size swa_full_tokens_ratio _swa_full_tokens_ratio_explicitly_set disable_hybrid_swa_memory "
     "swa_prefix_tails max_mamba_cache_size mamba_full_memory_ratio mamba_ssm_dtype mamba_max_states_per_path "
@@ -189,7 +192,7 @@ _KERNELS = _same(
     "enable_profile_cuda_graph enable_cudagraph_gc debug_cuda_graph",
     "irrelevant", "which kernels compute a forward and how they communicate: each forward reads the weights the "
     "model holds now; a weight copy a backend builds after loading is the post-load step every update reruns, and "
-    "the copies an update would leave stale are refused at update per model family (docs/coverage.md row "
+    "the copies an update would leave stale are refused at update per model family (docs/paths.md row "
     "gpu-derived, which reads them off the live modules whatever flag selected them)")
 _PARALLEL = _same(
     "attn_dp_size attn_cp_size moe_dp_size dwdp_size pp_max_micro_batch_size pp_async_batch_depth enable_prefill_cp "
@@ -202,7 +205,7 @@ _PARALLEL = _same(
     "eplb_min_rebalancing_utilization_threshold expert_distribution_recorder_mode "
     "expert_distribution_recorder_buffer_size expert_balancedness_report_mode enable_waterfill",
     "irrelevant", "how one model is split over ranks and how experts are placed: every rank that keeps a tree runs "
-    "its own scheduler, attached and bumped by the same broadcast control requests (docs/coverage.md rows tp-ranks, "
+    "its own scheduler, attached and bumped by the same broadcast control requests (docs/paths.md rows tp-ranks, "
     "dp-attention); expert rebalancing moves the experts the model holds now, not a copy of older ones")
 _MM_INPUT = _same(
     "enable_broadcast_mm_inputs_process mm_enable_dp_encoder mm_process_config mm_processor_worker_num "
@@ -275,7 +278,7 @@ _KT = _same(
 _OWN: Dict[str, Entry] = {
     "model_path": Entry("versioned", "the weights: every publication's identity is proven from what reaches "
                         "`load_weights` (startup included), and every epoch's namespace carries it "
-                        "(docs/coverage.md row weight-identity)", IDENTITY),
+                        "(docs/paths.md row weight-identity)", IDENTITY),
     "load_format": Entry("versioned", "how the startup checkpoint is read; weights written outside `load_weights` "
                          "get the fingerprint of the loaded shards, and a `direct` tensor update of a model with "
                          "post-load derivations is refused at update (rows weight-identity, mla-derived)",
@@ -476,7 +479,7 @@ _OWN: Dict[str, Entry] = {
                                "outside the queues a publication re-binds or marks crossing",
                                "autoregressive serving (leave --dllm-algorithm unset)"),
     "cpu_offload_gb": Entry("irrelevant", "weights kept in host memory are the weights themselves, written in place "
-                            "by the loader at every publication (docs/coverage.md row cpu-offload), not a cache of "
+                            "by the loader at every publication (docs/paths.md row cpu-offload), not a cache of "
                             "older ones"),
     "ple_offload_embedding": Entry("irrelevant", "Qwen4 PLE n-gram embedding weights kept in pinned host memory (or a "
                                    "file-backed table): a parameter whose `weight_loader` an update writes in place"),
@@ -540,11 +543,13 @@ IDENTITY_FIELDS = frozenset((
 #: versioned fields that lay one model out over ranks, each keeping its own tree
 RANK_FIELDS = frozenset("tp_size dp_size enable_dp_attention".split())
 
+#: the page the tables are rendered on (docs/)
+DOC = "census/flags.md"
 TABLES = {"flags": ("ServerArgs fields", enumerate_flags, FLAGS)}
 
 
 def _render_matrix() -> str:
-    from vradix.closed_world.census import matrix
+    from vradix_census import matrix
 
     return matrix.render(FLAGS)
 

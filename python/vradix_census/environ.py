@@ -4,7 +4,7 @@
 name to an `Entry`. Settings that share one reason are grouped (`_group`), by what they switch: logging, ports,
 timeouts, profiling, a kernel or a communication pattern that computes the same thing from the weights loaded now.
 Every setting that switches a path able to keep KV, weights or weight-derived state across requests, or to relax
-correctness, has its own entry (`_own`), with the tests that prove its verdict.
+correctness, has its own entry (`_own`), with the tests that prove its class.
 
 Invariants: `set(ENVIRON) == set(enumerate_environ())` (checked by test/closed_world/test_census.py); a name is
 classified once (`_table` raises on a second entry); a `refused` entry names a refusal
@@ -12,7 +12,7 @@ classified once (`_table` raises on a second entry); a `refused` entry names a r
 """
 from __future__ import annotations
 
-from vradix.closed_world.census import Entry
+from vradix_census import Entry, launch_rule
 
 #: the launch refusals of `vradix.closed_world.unversioned` (docs/coverage.md's "refused at launch" rows)
 REFUSED_AT_LAUNCH = ("test_coverage.py::test_a_refused_flag_stops_the_launch",)
@@ -42,11 +42,13 @@ def _group(names: str, why: str) -> list:
     return [(name, Entry("irrelevant", why)) for name in names.split()]
 
 
-def _own(name: str, verdict: str, why: str, tests: tuple = (), alternative: str = "") -> list:
-    return [(name, Entry(verdict, why, tests, alternative))]
+def _own(name: str, class_: str, why: str, tests: tuple = (), alternative: str = "") -> list:
+    return [(name, Entry(class_, why, tests, alternative))]
 
 
 def _refused_at_launch(name: str, why: str, alternative: str) -> list:
+    """A setting refused at launch: the serving rule that refuses it (`launch_rule`) must exist."""
+    launch_rule(name)
     return _own(name, "refused", f"vradix refuses the launch: {why}", REFUSED_AT_LAUNCH, alternative)
 
 
@@ -649,5 +651,7 @@ ENVIRON = _table(RUNTIME, WEIGHT_LOADING, PLE, HTTP_LOGGING_PORTS, TESTS_AND_DIA
                  ENCODER, SGLANG_REFUSES_UPDATES, GPU_DERIVED_COPIES, LOADER_DERIVED, REFUSED_SETTINGS,
                  KV_CANARY_PERTURBATIONS, WEIGHTS_THEMSELVES, QUANTIZATION, KERNELS, PLATFORM)
 
+#: the page the tables are rendered on (docs/)
+DOC = "census/environ.md"
 TABLES = {"environ": ("Environment settings SGLang 0.5.23 declares (`sglang.srt.environ.Envs`)", enumerate_environ,
                       ENVIRON)}

@@ -1,12 +1,12 @@
-"""`python -m vradix.closed_world.census --write`: regenerate the census blocks of docs/coverage.md and of the pages a
-census module names (`DOC`; without `--write`: exit 1 and name the blocks that are out of date)."""
+"""`python -m vradix_census --write`: regenerate the census blocks of the pages under docs/census/ each table module
+names (`DOC`); without `--write`: exit 1 and name the blocks that are out of date."""
 from __future__ import annotations
 
 import argparse
 import pathlib
 import sys
 
-from vradix.closed_world import census
+import vradix_census as census
 
 
 def rendered_blocks() -> dict:
@@ -29,7 +29,7 @@ def block_docs() -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--docs", default=str(pathlib.Path(__file__).resolve().parents[4] / "docs"))
+    parser.add_argument("--docs", default=str(pathlib.Path(__file__).resolve().parents[2] / "docs"))
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args(argv)
     pages, stale = {}, []
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
         print(f"wrote {len(stale)} block(s): {', '.join(stale) or 'none changed'}")
         return 0
     if stale:
-        print(f"out of date: {', '.join(stale)} (run python -m vradix.closed_world.census --write)")
+        print(f"out of date: {', '.join(stale)} (run python -m vradix_census --write)")
         return 1
     return 0
 
