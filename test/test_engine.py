@@ -26,8 +26,13 @@ MAX_HOOKS = 4
 REQUESTS = 96
 
 
+#: the most product modules a plain request's walk (queue, match, prefill pass, forward batch, result, release) enters
+MAX_MODULES = 6
+
+
 def count_plain_requests(core: str) -> tuple[float, float, Counter]:
-    """(vradix calls per request, hook invocations per request, calls by function) over `REQUESTS` plain requests."""
+    """(vradix calls per request, hook invocations per request, calls by module.function) over `REQUESTS` plain
+    requests."""
     from vradix.hooks import HOOKS
 
     fx = build_cache(core, 1, kv_tokens=1 << 16, max_reqs=64)
@@ -67,6 +72,16 @@ def test_a_plain_request_costs_at_most_twelve_vradix_calls_and_four_hook_invocat
     table = "\n".join(f"{n / REQUESTS:6.3f}  {name}" for name, n in by_function.most_common())
     assert calls <= MAX_CALLS, f"{calls:.3f} vradix calls per plain request (budget {MAX_CALLS}):\n{table}"
     assert hooks <= MAX_HOOKS, f"{hooks:.3f} hook invocations per plain request (budget {MAX_HOOKS}):\n{table}"
+
+
+def test_a_plain_request_walks_through_at_most_six_product_modules():
+    """A newcomer following one plain request reads: the serving hooks, the engine, the request record, and the KV
+    page ledger (its guard, its page table, its kernels)."""
+    _, _, by_function = count_plain_requests("rust")
+    modules = {name.rsplit(".", 1)[0] for name in by_function}
+    assert len(modules) <= MAX_MODULES, sorted(modules)
+    assert modules == {"vradix.hooks.serving", "vradix.engine", "vradix.request", "vradix.ledger.guard",
+                       "vradix.ledger.device", "vradix.kernels.reference"}
 
 
 def test_the_count_sees_one_planted_call_per_request(monkeypatch):

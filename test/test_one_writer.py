@@ -19,13 +19,12 @@ PKG = pathlib.Path(__file__).resolve().parents[1] / "python" / "vradix"
 
 #: owner module -> the records it defines (each record's fields are written only there)
 RECORDS = {
-    "vradix.engine": ("Engine",),
+    "vradix.engine": ("Engine", "PrefixHits"),
     "vradix.core.state": ("Bump", "GuardRecord", "LoraRecord", "DedupRecord", "FreedCounters",
                           "StorageCounters", "SessionRecord", "WeightSession", "TreelessState"),
     "vradix.request": ("ReqState",),
     "vradix.core.deferred_reclaim": ("DeferredReclaim",),
     "vradix.core.staleness": ("StalenessRecord",),
-    "vradix.core.prefix_hits": ("PrefixHits",),
 }
 #: dataclasses of the state modules that are not checked, and why
 NOT_RECORDS = {

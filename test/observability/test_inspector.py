@@ -6,7 +6,7 @@ import msgspec
 import pytest
 from sglang.srt.mem_cache import common
 
-from vradix.core import prefix_hits
+from vradix import engine as prefix_hits
 from vradix.observability import snapshot
 from vradix.core import epochs
 from vradix.engine import attach

@@ -5,5 +5,5 @@
 3. `reclaim`, `deferred_reclaim`, `host_tier`: free stale KV lock-aware (device now or later, host copies at the bump);
 then the paths that hand a request KV or state besides the tree match: `sessions`, `retraction`, `dedup`, `overlap`,
 `lora`, `mm_embeddings`/`weight_derived`; `published`, what was published into the model (the layout-invariant weight
-identity); and the records: `provenance`, `prefix_hits`. `state` holds the engine's
-records. Imports only the root vocabulary, `kernels` and `ledger`."""
+identity); and `provenance`. `state` holds the records of the engine's parts (`vradix.engine.Engine` holds the parts).
+Imports only the root vocabulary, `kernels` and `ledger`."""

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Optional
 
 from vradix.core import host_tier
-from vradix.core.prefix_hits import MAX_HEAD_TOKENS, PrefixHit
+from vradix.engine import MAX_HEAD_TOKENS, PrefixHit
 
 if TYPE_CHECKING:
     from vradix.engine import Engine
