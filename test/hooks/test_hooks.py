@@ -33,7 +33,7 @@ DRIVEN_BY = {
     "vradix.hooks.startup.tap_startup_load": "test_publication_hooks.py::test_fingerprint_mode_proves_equal_weights_and_tells_different_ones_apart",
     "vradix.hooks.startup.refuse_unversioned_launch": "test_coverage.py::test_a_refused_flag_stops_the_engine_start_too",
     "vradix.hooks.control.refuse_requests_inside_held_session": "test_scheduler_refusals.py::test_a_session_the_launcher_did_not_hold_pauses_the_scheduler_and_refuses_new_requests",
-    "vradix.hooks.pd.refuse_decode_request_without_bootstrap": "test_scheduler_refusals.py::test_a_decode_request_without_bootstrap_fields_is_refused_by_the_decode_scheduler",
+    "vradix.hooks.serving.accept_generate": "test_scheduler_refusals.py::test_a_decode_request_without_bootstrap_fields_is_refused_by_the_decode_scheduler",
     "vradix.hooks.startup.attach_to_scheduler": "test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix",
     "vradix.hooks.startup.refuse_encoder_server": "test_weight_derived.py::test_an_encoder_only_server_does_not_build_its_encoder",
     "vradix.hooks.publication.fail_ipc_update_on_post_hook_failure": "test_weight_derived.py::test_an_ipc_update_whose_post_hook_failed_is_not_published",

@@ -113,8 +113,9 @@ HOOKS = [
     # resuming generation inside an open weight-update session (here, and in the launcher, below), relaxing
     # speculative acceptance at runtime (launcher), an RPC to a state-changing scheduler method
     (f"{_SCHED}.continue_generation", "AROUND", control.refuse_continue_inside_session),
-    # a request reaching a scheduler whose session holds generation itself (the launcher's hold absent) is refused
-    (f"{_SCHED}.handle_generate_request", "AROUND", control.refuse_requests_inside_held_session),
+    # a request reaching a scheduler whose session holds generation itself (the launcher's hold absent) is refused;
+    # so is a decode request without bootstrap fields (below), whatever frontend sent it: one hook per generate request
+    (f"{_SCHED}.handle_generate_request", "AROUND", serving.accept_generate),
     (f"{_SCHED}.handle_embedding_request", "AROUND", control.refuse_requests_inside_held_session),
     (f"{_SCHED}.handle_rpc_request", "AROUND", control.refuse_state_changing_rpc),
     # a weight-update session holds generation (in place) from its begin to its end (launcher process; the scheduler
@@ -132,8 +133,7 @@ HOOKS = [
     # bad input on a P/D decode role: a request without bootstrap fields is refused before it reaches the scheduler
     (f"{_TM}._validate_one_request", "BEFORE", pd_launcher.reject_decode_request_without_bootstrap),
     (f"{_TCM}.attach_hicache_storage", "AROUND", pd_launcher.refuse_unsafe_restore_policy_at_attach),
-    # ... and again where the decode scheduler receives it, whatever frontend sent it
-    (f"{_SCHED}.handle_generate_request", "AROUND", pd.refuse_decode_request_without_bootstrap),
+    # ... and again where the decode scheduler receives it (`serving.accept_generate`, above)
     # P/D handshake: prefill's KV carries its weight identity to decode, which refuses KV of other weights
     ("sglang.srt.disaggregation.utils.MetadataBuffers.set_buf", "AFTER", pd.send_prefill_identity),
     ("sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req", "AROUND",

@@ -1,27 +1,46 @@
-"""The serving hooks (scheduler process): the six places every request and every forward batch pass through, each a
+"""The serving hooks (scheduler process): the seven places every request and every forward batch pass through, each a
 short adapter that finds the engine (`vradix.engine.Engine`, the `_vradix` attribute of the tree cache) once and makes
 one call into it.
 
 A plain request (no user key, salt, adapter, custom parameters or staleness bound, between publications) enters
-three of them (`admit`, `before_match`, `release`); the other three run once per prefill pass or forward batch
-(`prefill_pass`, `before_forward`, `at_result`). `test/test_engine.py` counts what they cost.
+four of them (`accept_generate`, `admit`, `before_match`, `release`); the other three run once per prefill pass or
+forward batch (`prefill_pass`, `before_forward`, `at_result`). `test/test_engine.py` counts what they cost.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.managers.schedule_policy import IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD
 
 from vradix import request
 from vradix.core import dedup
-from vradix.hooks import reclaim
+from vradix.hooks import control, pd, reclaim
 from vradix.hooks.ledger import fail_stale_reads
 from vradix.observability import metrics
+
+_NO_DISAGGREGATION = DisaggregationMode.NULL
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+
+def accept_generate(original: Callable, scheduler: "Scheduler", recv_req: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND Scheduler.handle_generate_request: the scheduler's own refusals of a generate request, decided before
+    SGLang builds anything of it: inside a weight-update session that holds generation here
+    (`control.refuse_requests_inside_held_session`), and, on a P/D role, a decode request without bootstrap fields
+    (`pd.refuse_decode_request_without_bootstrap`). A scheduler with no P/D role whose engine has no publication open
+    runs SGLang's handler after one look at each."""
+    engine = getattr(scheduler.tree_cache, "_vradix", None)
+    if engine is not None and engine.publication is None and scheduler.disaggregation_mode is _NO_DISAGGREGATION:
+        return original(scheduler, recv_req, *args, **kwargs)
+
+    def checked_for_bootstrap(s: "Scheduler", r: Any, *a: Any, **k: Any) -> Any:
+        return pd.refuse_decode_request_without_bootstrap(original, s, r, *a, **k)
+
+    return control.refuse_requests_inside_held_session(checked_for_bootstrap, scheduler, recv_req, *args, **kwargs)
 
 
 def admit(scheduler: "Scheduler", req: "Req", *args: Any, **kwargs: Any) -> None:
