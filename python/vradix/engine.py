@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, Sequence
 
 from vradix import identity, request, settings
 from vradix.core import admission, dedup, host_tier, lora, sessions, staleness
@@ -23,6 +23,14 @@ from vradix.ledger.device import PageLedger
 from vradix.ledger import guard
 from vradix.ledger.guard import GuardConfig
 from vradix.request import HistoryEntry, ReqState
+
+if TYPE_CHECKING:
+    import torch
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    from vradix.scheduler.publication import Publication
 
 
 # ---- the engine's parts defined here -------------------------------------------------------------------------------
@@ -66,7 +74,8 @@ class PrefixHits:
         hit.tokens = max(hit.tokens, tokens)
         hit.last_hit = time.time() if now is None else now
 
-    def record_admitted(self, reqs: Iterable, continuing: Any, virtual: Optional[Callable[[Any], bool]]) -> None:
+    def record_admitted(self, reqs: Iterable["Req"], continuing: Optional["Req"],
+                        virtual: Optional[Callable[[Any], bool]]) -> None:
         """The requests a prefill pass admitted (`reqs`, less the `continuing` chunk of an earlier admission): one hit
         for each that reuses cached KV (`req.prefix_len > 0`, ending at `req.last_node`), in one pass with no call per
         request; a request vradix never bound, or one standing on a virtual node (`virtual`: a streaming-session
@@ -232,17 +241,17 @@ class Engine:
     def count_forged_key(self) -> None:
         self.forged_keys_rejected += 1
 
-    def add_crossing(self, req) -> None:
+    def add_crossing(self, req: "Req") -> None:
         self.crossing[id(req)] = req
 
     def forget_crossing(self, key: int) -> None:
         del self.crossing[key]
 
-    def release_crossing(self, req) -> bool:
+    def release_crossing(self, req: "Req") -> bool:
         """Forget `req` as a crossing request; whether it was one."""
         return self.crossing.pop(id(req), None) is not None
 
-    def open_publication(self, publication) -> None:
+    def open_publication(self, publication: "Publication") -> None:
         """`publication` is the engine's open one (`vradix.scheduler.publication.opened`) until `close_publication`."""
         self.publication = publication
 
@@ -299,7 +308,7 @@ class Engine:
 
 
     # ---- the hot path: what every request pays (one call per hook adapter) ------------------------------------------
-    def admit(self, req, scheduler=None) -> None:
+    def admit(self, req: "Req", scheduler: Optional["Scheduler"] = None) -> None:
         """Bind a request entering a queue to the current epoch (`vradix.core.admission`): its record and its
         namespace. A plain request takes one path (its record, its namespace: no other call); any other goes through
         `admission.stamp`. A request vradix refuses (a forged key, a bound above the window) is bound without its key
@@ -322,7 +331,7 @@ class Engine:
             admission.stamp_refused(self, req)  # bound without the forged key, so it can match nothing foreign
             req.set_finish_with_abort(f"Invalid request: {e}")
 
-    def before_match(self, req, cache, token_ids=None) -> None:
+    def before_match(self, req: "Req", cache: "UnifiedRadixCache", token_ids: Optional[Sequence[int]] = None) -> None:
         """Before every prefix match: a request holding no KV matches under the current epoch (re-bound, or, bounded,
         under one epoch of its window: `admission.prepare_for_match`), and a streaming-session slot a publication
         left stale is released before it can be lent (`sessions.release_before_lend`). A plain request bound to the
@@ -335,7 +344,7 @@ class Engine:
         if self.sessions.stale_slots:
             sessions.release_before_lend(self, cache, req)
 
-    def release_is_plain(self, req) -> bool:
+    def release_is_plain(self, req: "Req") -> bool:
         """Whether releasing `req` needs nothing of vradix: an exact request bound to one epoch all its life (no
         crossing, no retraction to reset), not awaited by the deferred reclaim. Then `epochs.on_release` would free
         nothing and change nothing, and no ledger spans are read (those are read for crossing or bounded requests)."""
@@ -343,7 +352,8 @@ class Engine:
         return (st is not None and not st.crossed and not st.max_staleness and id(req) not in self.crossing
                 and (not st.crossings or len(st.kv_history) == 1))
 
-    def before_forward(self, batch, req_to_token, fail) -> None:
+    def before_forward(self, batch: Optional["ScheduleBatch"], req_to_token: "torch.Tensor",
+                       fail: Callable[["Req", str], None]) -> None:
         """Once per forward batch, before it runs: the strict guard's backstop launches its check of every cached
         position an extend batch reads (read at the batch's result, `at_result`: no device synchronisation here;
         `fail(req, message)` fails a violating request then), then the ledger records that the batch's writes are
@@ -356,19 +366,19 @@ class Engine:
                                   req_to_token, fail)
         ledger.stamp_written(getattr(batch, "out_cache_loc", None), self.epoch)
 
-    def at_result(self, batch) -> bool:
+    def at_result(self, batch: Optional["ScheduleBatch"]) -> bool:
         """Where SGLang waits for a batch's output: read the verdicts launched with it and before it (their
         violating requests fail before the result commits anything of them). Whether a violation was caught."""
         return batch is not None and self.guard.verdicts.read_at_result(batch.out_cache_loc, self.guard.stats)
 
-    def count_prefix_hits(self, reqs, continuing=None) -> None:
+    def count_prefix_hits(self, reqs: Iterable["Req"], continuing: Optional["Req"] = None) -> None:
         """After a prefill admission pass: each request it admitted (`reqs`, less the `continuing` chunk of an
         earlier admission) that reuses cached KV is one hit on the node its prefix ends on (the cache inspector's
         ranking, `vradix.core.prefix_hits`). One call per pass."""
         self.prefix_hits.record_admitted(reqs, continuing, self.virtual_node)
 
 
-def attach(tree_cache, with_ledger: bool = True, weight_identity: Optional[identity.WeightIdentity] = None,
+def attach(tree_cache: "UnifiedRadixCache", with_ledger: bool = True, weight_identity: Optional[identity.WeightIdentity] = None,
            identity_mode: str = "nonce", scope: Optional[str] = None, staleness_window: int = 0,
            label: Optional[str] = None, streaming_sessions: bool = True,
            nonces: Optional[identity.EngineNonces] = None) -> Engine:
@@ -396,11 +406,11 @@ def attach(tree_cache, with_ledger: bool = True, weight_identity: Optional[ident
     return state
 
 
-def state_of(tree_cache) -> Optional[Engine]:
+def state_of(tree_cache: Any) -> Optional[Engine]:
     """The vradix state of a tree cache, or None when vradix is not versioning it."""
     return getattr(tree_cache, "_vradix", None)
 
 
-def state_of_scheduler(scheduler) -> Optional[Engine]:
+def state_of_scheduler(scheduler: Optional["Scheduler"]) -> Optional[Engine]:
     """The vradix state of `scheduler`'s tree cache, or None (no scheduler, or vradix is not versioning its cache)."""
     return state_of(scheduler.tree_cache) if scheduler is not None else None
