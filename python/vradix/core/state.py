@@ -20,12 +20,12 @@ from vradix.ledger.device import PageLedger
 from vradix.ledger import device as kv_ledger
 
 
-@dataclass
+@dataclass(frozen=True)
 class Bump:
-    """The bump's record: what one epoch bump (publication or lock-aware flush), or an idle flush, did. Built whole
-    by the bump (`vradix.core.epochs.bump`) or the idle flush; afterwards it changes only through `took_identity`,
-    `took_drain`, `took_bump`, `count_revoked` and `count_cleared` (the publication's own steps,
-    `vradix.scheduler.publication`).
+    """The bump's record: what one epoch bump (publication or lock-aware flush), or an idle flush, did. Built whole,
+    once, from values gathered first: by `vradix.core.epochs.finish` (an epoch bump: the core step's values, then
+    the scheduler step's identity, drain, revocation, cleared caches and its own duration) or
+    `vradix.core.epochs.record_reset` (the idle flush). Frozen: it changes only through its constructor, never after.
     `tokens_deferred` is what the bump left to the deferred reclaim at that moment, not the reclaim's live
     `DeferredReclaim.pending_tokens`."""
 
@@ -89,22 +89,6 @@ class Bump:
     def pause_ms(self) -> float:
         """The pause the publication added on the scheduler: drain + bump."""
         return self.drain_ms + self.bump_ms
-
-    def took_identity(self, ms: float) -> None:
-        self.identity_ms = ms
-
-    def took_drain(self, ms: float) -> None:
-        self.drain_ms = ms
-
-    def took_bump(self, ms: float) -> None:
-        self.bump_ms = ms
-
-    def count_revoked(self, promises: int) -> None:
-        self.promises_revoked = promises
-
-    def count_cleared(self, mm_embeddings: int, position_grids: int) -> None:
-        """The weight-derived caches the publication dropped."""
-        self.mm_embeddings_cleared, self.position_grids_cleared = mm_embeddings, position_grids
 
 
 @dataclass(frozen=True)
