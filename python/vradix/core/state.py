@@ -119,7 +119,7 @@ class GuardRecord:
 @dataclass
 class LoraRecord:
     """LoRA adapters and the KV their requests inserted. Changes only through `count_event` and `count_freed`
-    (`hooks.lora` at an adapter load, `scheduler.publication.unload_adapter` at an unload), `nodes_of` and
+    (`hooks.lora` at an adapter load, `scheduler.adapters.unload_adapter` at an unload), `nodes_of` and
     `take_nodes` (the nodes an adapter's requests inserted, `vradix.core.lora`), `identify`, `identity_or` and
     `forget` (the adapters' content identities, `vradix.core.lora`)."""
 
@@ -417,7 +417,7 @@ class EpochState:
 class WeightSession:
     """One `begin_weight_update ... end_weight_update` session: its buckets (update calls) so far. A session is one
     publication: its buckets apply their labels but never bump; `end_weight_update` bumps once. Changes only through
-    `count_bucket` (`hooks.publication`)."""
+    `count_bucket` (`scheduler.publication.record_bucket`)."""
 
     buckets: int = 0
     failed_buckets: int = 0
@@ -460,13 +460,13 @@ class TreelessState:
     """vradix on an engine without a radix cache (`--disable-radix-cache`): there is no tree to version, so there is
     no epoch; each publication drops the weight-derived caches (`vradix.core.weight_derived`) once. Its publications are
     counted the way an `EpochState` counts them: an update call outside a session is one, a session is one at its
-    end, a new label by itself is one. Changes only through `open_publication`, `close_publication`, `open_session`
-    and `close_session` (only `vradix.scheduler.publication.Publication`) and `record` (its
-    `publish_without_tree`)."""
+    end, a new label by itself is one; a flush by itself drops them too, recorded but not counted. Changes only
+    through `open_publication`, `close_publication`, `open_session` and `close_session` (only
+    `vradix.scheduler.publication.Publication`) and `record` (`vradix.scheduler.treeless.TreelessEngine.drop`)."""
 
     publications: int = 0
-    #: the publication open on this engine (`vradix.scheduler.publication.Publication`; its label change and flush
-    #: are part of it, not publications of their own)
+    #: the publication open on this engine (`vradix.scheduler.publication.Publication`; the label change and the
+    #: flush SGLang runs inside it are part of it, not publications of their own)
     publication: Optional[Any] = None
     #: a weight-update session is open (its end publishes once)
     session_open: bool = False

@@ -20,8 +20,8 @@ logger = logging.getLogger("vradix")
 def publish_after_version_record(original, updater, weight_version, *args, **kwargs):
     """AROUND SchedulerWeightUpdaterManager.record_weight_version_after_update: the success point of every
     update_weights_* call (weights changed, flush not yet run), handed to the open publication
-    (`Publication.version_recorded`: one bump per call outside a session, none inside one); a record outside every
-    update call vradix opened is a publication of its own."""
+    (`Publication.version_recorded`: it applies once per call outside a session, on a radix cache or without one,
+    and not inside one); a record outside every update call vradix opened is a publication of its own."""
     result = original(updater, weight_version, *args, **kwargs)
     pub = Publication.open(updater.scheduler, "weight update", drain=False)
     if pub is not None:
