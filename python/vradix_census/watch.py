@@ -372,12 +372,12 @@ def check_bump(original, scheduler, *args, **kwargs):
     return inv
 
 
-def record_treeless_publication(result, scheduler, reason, *args, is_publication: bool = True, **kwargs):
-    """AFTER vradix.scheduler.publication.publish_without_tree: a publication without a radix cache records the
-    weights it published."""
+def record_treeless_publication(result, engine, reason, *args, is_publication: bool = True, **kwargs):
+    """AFTER vradix.scheduler.treeless.TreelessEngine.drop: a publication without a radix cache records the weights
+    it published."""
     if is_publication:
-        attach(scheduler).record_weights(
-            scheduler, f"the publication {treeless_of(scheduler.tree_cache).publications} ({reason})")
+        attach(engine.scheduler).record_weights(
+            engine.scheduler, f"the publication {treeless_of(engine.scheduler.tree_cache).publications} ({reason})")
 
 
 def report_server_info(result, controller, *args, **kwargs):
@@ -399,7 +399,7 @@ HOOKS = [
     (f"{_SCHED}.run_batch", "BEFORE", check_weights_before_forward),
     (f"{_SCHED}.send_control_output", "BEFORE", note_control_request),
     (f"{_PUBLICATION}.bump_scheduler", "AROUND", check_bump),
-    (f"{_PUBLICATION}.publish_without_tree", "AFTER", record_treeless_publication),
+    ("vradix.scheduler.treeless.TreelessEngine.drop", "AFTER", record_treeless_publication),
     ("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
      "AFTER", report_server_info),
 ]

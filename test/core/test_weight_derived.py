@@ -147,7 +147,7 @@ def test_without_radix_cache_a_session_drops_them_once_at_its_end(mm_cache):
     assert len(mm_cache) == entries and engine.treeless.publications == 0  # a bucket is not a publication
     end_session(engine)
     assert engine.treeless.publications == 1 and not engine.treeless.session_open
-    assert_dropped(engine, mm_cache, entries, "weight-update session")
+    assert_dropped(engine, mm_cache, entries, "weight-update session (1 bucket(s), 0 failed)")
 
 
 def test_without_radix_cache_a_new_label_and_a_flush_drop_them(mm_cache):

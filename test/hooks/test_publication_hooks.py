@@ -626,9 +626,6 @@ ENTRY_POINTS = [
     ("P2P session", Engine, session_of(), 1),
     ("update_weight_version", Engine, lambda e: e.scheduler.record_weight_version_change("B9"), 1),
     ("check_weights reset_tensors", Engine, reset_tensors, 1),
-    ("lock-aware flush", Engine, lambda e: e.scheduler.flush_cache(), 1),
-    ("idle flush", idle_engine, lambda e: e.scheduler.flush_cache(), 0),
-    ("LoRA unload", Engine, unload_adapter, 0),
     ("without a tree: update_weights_from_disk", treeless_engine, lambda e: publication.publish_update_from_disk(
         succeeding_update(e), e.updater, disk_request("B1")), 1),
     ("without a tree: session", treeless_engine, session_of(
@@ -638,22 +635,42 @@ ENTRY_POINTS = [
 ]
 
 
+#: (operation, engine, how it is driven, epochs it advances, publications it counts): none is a publication
+OTHER_OPERATIONS = [
+    ("lock-aware flush", Engine, lambda e: e.scheduler.flush_cache(), 1, 0),
+    ("idle flush", idle_engine, lambda e: e.scheduler.flush_cache(), 0, 0),
+    ("LoRA unload", Engine, unload_adapter, 0, 0),
+    ("without a tree: flush", treeless_engine, lambda e: e.scheduler.flush_cache(), 0, 0),
+]
+
+
 def advanced(e) -> int:
     return e.treeless.publications if hasattr(e, "treeless") else e.state.epoch
 
 
-@pytest.mark.parametrize("name,make,drive,epochs", ENTRY_POINTS, ids=[p[0] for p in ENTRY_POINTS])
-def test_every_entry_point_applies_its_publication_once(name, make, drive, epochs, monkeypatch):
-    """Every entry point is one `Publication`, applied exactly once (its epoch bump, reset, adapter free or, without
-    a tree, its drop of the weight-derived caches), and nothing is left open on the engine afterwards."""
+def publications(e) -> int:
+    return e.treeless.publications if hasattr(e, "treeless") else e.state.publications
+
+
+def counting_applies(monkeypatch) -> list:
+    """The reasons `Publication.apply` is called with, from now on."""
     applied, real_apply = [], publication_glue.Publication.apply
 
     def counting_apply(self, reason, **kwargs):
         applied.append(reason)
         return real_apply(self, reason, **kwargs)
 
-    e = make()
     monkeypatch.setattr(publication_glue.Publication, "apply", counting_apply)
+    return applied
+
+
+@pytest.mark.parametrize("name,make,drive,epochs", ENTRY_POINTS, ids=[p[0] for p in ENTRY_POINTS])
+def test_every_entry_point_applies_its_publication_once(name, make, drive, epochs, monkeypatch):
+    """Every entry point that changes the weights or their label is one `Publication`, applied exactly once (its
+    epoch bump or, without a tree, its drop of the weight-derived caches), and nothing is left open on the engine
+    afterwards."""
+    e = make()
+    applied = counting_applies(monkeypatch)
     before = advanced(e)
     drive(e)
     assert len(applied) == 1, applied
@@ -661,7 +678,22 @@ def test_every_entry_point_applies_its_publication_once(name, make, drive, epoch
     assert publication_glue.opened(e.scheduler) is None
 
 
-def test_an_adapter_unload_inside_a_session_is_its_own_publication(engine):
+@pytest.mark.parametrize("name,make,drive,epochs,pubs", OTHER_OPERATIONS, ids=[p[0] for p in OTHER_OPERATIONS])
+def test_a_flush_or_an_adapter_unload_is_no_publication(name, make, drive, epochs, pubs, monkeypatch):
+    """A flush by itself (an idle reset, a lock-aware bump, without a tree a drop of the weight-derived caches) and an
+    adapter unload are operations of their own: no `Publication` applies, no publication is counted, and nothing is
+    left open on the engine afterwards."""
+    e = make()
+    applied = counting_applies(monkeypatch)
+    before, pubs_before = (e.state.epoch if hasattr(e, "state") else 0), publications(e)
+    drive(e)
+    assert applied == []
+    assert (e.state.epoch if hasattr(e, "state") else 0) == before + epochs
+    assert publications(e) == pubs_before + pubs
+    assert publication_glue.opened(e.scheduler) is None
+
+
+def test_an_adapter_unload_inside_a_session_frees_its_entries_and_leaves_the_session_open(engine):
     """Unloading an adapter while a weight-update session is open frees its entries at once and leaves the session
     open: its end still bumps, once."""
     epoch = engine.state.epoch

@@ -238,7 +238,7 @@ def test_a_malformed_disk_update_is_refused_by_the_scheduler_and_loads_nothing(f
 
 @pytest.mark.parametrize("label", ["", "x" * 1000, "a\nb"])
 def test_a_bad_version_label_is_refused_by_the_scheduler_and_the_label_stays(label):
-    from vradix.scheduler.publication import current_label
+    from vradix.core.epochs import current_label
     engine = Engine()
     before, label_before = engine.counters(), current_label()
     engine.scheduler.record_weight_version_change(label)  # SGLang's handler of /update_weight_version
@@ -246,7 +246,7 @@ def test_a_bad_version_label_is_refused_by_the_scheduler_and_the_label_stays(lab
 
 
 def test_a_reused_declared_label_is_refused_by_the_scheduler_and_the_label_stays(monkeypatch):
-    from vradix.scheduler.publication import current_label
+    from vradix.core.epochs import current_label
     engine = Engine()
     engine.state.identity_mode = "declared"
     engine.scheduler.record_weight_version_change("run1-step1")

@@ -1,6 +1,8 @@
 """Data-path step 2 (publication): one epoch bump per weight change (or lock-aware flush), and the release of crossing KV.
 
-`bump` is the whole contract of a publication, in order:
+`bump` is the whole contract of a publication, in order (`invalidate` runs steps 1-5; `finish` then builds the bump's
+record, `Bump`, once, whole, and keeps it; a scheduler's bump gathers its own values between the two,
+`vradix.scheduler.publication.bump_scheduler`):
 1. advance the epoch (and the label, when the publication names one) and bind the new epoch's weight identity
    (`identity`; a lock-aware flush keeps the weights and so the identity), which names its namespace;
 2. forget crossing requests whose lock was released by a path other than `release_kv_cache` (P/D decode, streaming
@@ -32,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import time
 import typing
+from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from vradix import identity as weight_identity, request
@@ -114,12 +117,44 @@ def check_load_format(load_format) -> None:
                                    f"valid LoadFormat (one of: {', '.join(valid)})")
 
 
+@dataclass(frozen=True)
+class Invalidation:
+    """What steps 1-5 of one epoch bump did (`invalidate`): the core values of its `Bump`, which `finish` builds once
+    the scheduler step gathered the rest."""
+
+    epoch_before: int
+    epoch_after: int
+    label: Optional[str]
+    reason: str
+    weight_id: str
+    session_slots_released: int
+    crossing_mid_prefill: int
+    requeued_rebound: int
+    tokens_freed: int
+    tokens_deferred: int
+    host_tokens_freed: Optional[int]
+    crossing_requests: int
+    tokens_pinned: int
+    latency_ms: float
+
+
 def bump(state: Engine, cache, live_reqs: Iterable, queued_reqs: Iterable, *, reason: str,
          label: Optional[str] = None, is_publication: bool = True,
          identity: Optional[weight_identity.WeightIdentity] = None) -> Bump:
-    """Advance the epoch and invalidate everything older, lock-aware. See the module docstring for the steps.
-    `identity` is the new weights' identity: None means the engine's nonce of the new epoch for a publication
-    (`state.nonces`), and the current identity for a lock-aware flush (same weights)."""
+    """Advance the epoch and invalidate everything older, lock-aware (`invalidate`), and record the bump (`finish`),
+    with nothing of a scheduler step around it. Returns the bump's record."""
+    done = invalidate(state, cache, live_reqs, queued_reqs, reason=reason, label=label,
+                      is_publication=is_publication, identity=identity)
+    return finish(state, done, is_publication)
+
+
+def invalidate(state: Engine, cache, live_reqs: Iterable, queued_reqs: Iterable, *, reason: str,
+               label: Optional[str] = None, is_publication: bool = True,
+               identity: Optional[weight_identity.WeightIdentity] = None) -> Invalidation:
+    """Steps 1-5 of the module docstring: advance the epoch and invalidate everything older, lock-aware. `identity`
+    is the new weights' identity: None means the engine's nonce of the new epoch for a publication
+    (`state.nonces`), and the current identity for a lock-aware flush (same weights). The bump is not recorded yet:
+    `finish` records it."""
     t0 = time.perf_counter()
     if identity is None:
         identity = (state.nonces.for_epoch(state.epoch + 1) if is_publication
@@ -136,12 +171,23 @@ def bump(state: Engine, cache, live_reqs: Iterable, queued_reqs: Iterable, *, re
         freed, deferred = reclaim_stale(state, cache, holders)
     state.freed.count(freed)
     state.freed.count_host(host.tokens)
-    inv = Bump(epoch_before=epoch_before, epoch_after=state.epoch, label=label, reason=reason,
-               weight_id=identity.weight_id, session_slots_released=slots_released,
-               crossing_mid_prefill=mid_prefill, requeued_rebound=rebound, tokens_freed=freed,
-               tokens_deferred=deferred, host_tokens_freed=host.tokens, crossing_requests=len(state.crossing),
-               tokens_pinned=stale_tokens_pinned(state, cache),
-               latency_ms=(time.perf_counter() - t0) * 1e3)
+    return Invalidation(epoch_before=epoch_before, epoch_after=state.epoch, label=label, reason=reason,
+                        weight_id=identity.weight_id, session_slots_released=slots_released,
+                        crossing_mid_prefill=mid_prefill, requeued_rebound=rebound, tokens_freed=freed,
+                        tokens_deferred=deferred, host_tokens_freed=host.tokens,
+                        crossing_requests=len(state.crossing), tokens_pinned=stale_tokens_pinned(state, cache),
+                        latency_ms=(time.perf_counter() - t0) * 1e3)
+
+
+def finish(state: Engine, done: Invalidation, is_publication: bool, *, identity_ms: float = 0.0,
+           drain_ms: float = 0.0, promises_revoked: int = 0, mm_embeddings_cleared: int = 0,
+           position_grids_cleared: int = 0, bump_ms: float = 0.0) -> Bump:
+    """Build the bump's record once, whole, from the epoch step's values (`done`) and those the scheduler step
+    gathered around it (`vradix.scheduler.publication.bump_scheduler`), and keep it as the engine's last publication
+    or last flush. Returns it."""
+    inv = Bump(**vars(done), identity_ms=identity_ms, drain_ms=drain_ms,
+               promises_revoked=promises_revoked, mm_embeddings_cleared=mm_embeddings_cleared,
+               position_grids_cleared=position_grids_cleared, bump_ms=bump_ms)
     state.record_bump(inv, is_publication)
     return inv
 
@@ -258,3 +304,9 @@ def record_reset(state: Engine, reason: str, tokens_freed: int, host_tokens_free
     state.record_bump(inv, is_publication=False)
     state.freed.count_host(host_tokens_freed)
     return inv
+
+
+def current_label() -> Optional[str]:
+    """The label SGLang serves now (`weight_version`), which a publication records."""
+    from sglang.srt.runtime_context import get_serving
+    return get_serving().weight_version

@@ -9,7 +9,7 @@ hash only, so neither `flush_cache` nor a weight update touches it: after a publ
 embeddings would be fed to the new language model.
 
 `clear_all()` empties it. vradix calls it on every epoch bump (`scheduler.publication.bump_scheduler`: every
-publication, once, and every lock-aware flush) and on the idle flush (`scheduler.publication.record_idle_reset`), from
+publication, once, and every lock-aware flush) and on the idle flush (`scheduler.flush.reset_idle`), from
 the scheduler thread of each rank, which every rank reaches through the same control message. Between two batches
 nothing on that thread holds a cache entry, so clearing there is race-free; entries are rebuilt on the next miss with
 the current weights.

@@ -14,12 +14,12 @@ from vradix.core import dedup
 from vradix.ledger.guard import GuardConfig, GuardStats, PendingVerdicts
 
 
-@dataclass
+@dataclass(frozen=True)
 class Bump:
-    """The bump's record: what one epoch bump (publication or lock-aware flush), or an idle flush, did. Built whole
-    by the bump (`vradix.core.epochs.bump`) or the idle flush; afterwards it changes only through `took_identity`,
-    `took_drain`, `took_bump`, `count_revoked` and `count_cleared` (the publication's own steps,
-    `vradix.scheduler.publication`).
+    """The bump's record: what one epoch bump (publication or lock-aware flush), or an idle flush, did. Built whole,
+    once, from values gathered first: by `vradix.core.epochs.finish` (an epoch bump: the core step's values, then
+    the scheduler step's identity, drain, revocation, cleared caches and its own duration) or
+    `vradix.core.epochs.record_reset` (the idle flush). Frozen: it changes only through its constructor, never after.
     `tokens_deferred` is what the bump left to the deferred reclaim at that moment, not the reclaim's live
     `DeferredReclaim.pending_tokens`."""
 
@@ -84,22 +84,6 @@ class Bump:
         """The pause the publication added on the scheduler: drain + bump."""
         return self.drain_ms + self.bump_ms
 
-    def took_identity(self, ms: float) -> None:
-        self.identity_ms = ms
-
-    def took_drain(self, ms: float) -> None:
-        self.drain_ms = ms
-
-    def took_bump(self, ms: float) -> None:
-        self.bump_ms = ms
-
-    def count_revoked(self, promises: int) -> None:
-        self.promises_revoked = promises
-
-    def count_cleared(self, mm_embeddings: int, position_grids: int) -> None:
-        """The weight-derived caches the publication dropped."""
-        self.mm_embeddings_cleared, self.position_grids_cleared = mm_embeddings, position_grids
-
 
 @dataclass(frozen=True)
 class EpochIdentity:
@@ -129,8 +113,8 @@ class GuardRecord:
 @dataclass
 class LoraRecord:
     """LoRA adapters and what their unloads freed. Changes only through `count_event` and `count_freed` (`hooks.lora`
-    at an adapter load, the adapter unload), `identify`, `identity_or` and `forget` (the adapters' content identities,
-    `vradix.core.lora`)."""
+    at an adapter load, `scheduler.adapters.unload_adapter` at an unload), `identify`, `identity_or` and `forget` (the
+    adapters' content identities, `vradix.core.lora`)."""
 
     #: adapter loads/unloads seen
     events: int = 0
@@ -244,7 +228,7 @@ class SessionRecord:
 class WeightSession:
     """One `begin_weight_update ... end_weight_update` session: its buckets (update calls) so far. A session is one
     publication: its buckets apply their labels but never bump; `end_weight_update` bumps once. Changes only through
-    `count_bucket` (`hooks.publication`)."""
+    `count_bucket` (`scheduler.publication.record_bucket`)."""
 
     buckets: int = 0
     failed_buckets: int = 0
@@ -262,13 +246,13 @@ class TreelessState:
     """vradix on an engine without a radix cache (`--disable-radix-cache`): there is no tree to version, so there is
     no epoch; each publication drops the weight-derived caches (`vradix.core.weight_derived`) once. Its publications are
     counted the way an `Engine` counts them: an update call outside a session is one, a session is one at its
-    end, a new label by itself is one. Changes only through `open_publication`, `close_publication`, `open_session`
-    and `close_session` (only `vradix.scheduler.publication.Publication`) and `record` (its
-    `publish_without_tree`)."""
+    end, a new label by itself is one; a flush by itself drops them too, recorded but not counted. Changes only
+    through `open_publication`, `close_publication`, `open_session` and `close_session` (only
+    `vradix.scheduler.publication.Publication`) and `record` (`vradix.scheduler.treeless.TreelessEngine.drop`)."""
 
     publications: int = 0
-    #: the publication open on this engine (`vradix.scheduler.publication.Publication`; its label change and flush
-    #: are part of it, not publications of their own)
+    #: the publication open on this engine (`vradix.scheduler.publication.Publication`; the label change and the
+    #: flush SGLang runs inside it are part of it, not publications of their own)
     publication: Optional[Any] = None
     #: a weight-update session is open (its end publishes once)
     session_open: bool = False

@@ -12,7 +12,7 @@ publication must drop it for the next request to recompute it from the new weigh
   clearing them makes the next forward interpolate the current weights.
 
 `clear_at_publication` runs from the scheduler thread of each rank at every publication (an epoch bump, or on an
-engine without a radix cache, `scheduler.publication.publish_without_tree`), after the weights changed and before the next
+engine without a radix cache, `scheduler.treeless.TreelessEngine.publish`), after the weights changed and before the next
 forward pass. On a radix cache it is a step of the engines whose model can fill a weight-derived cache (`present`, read
 once at startup): a text-only model never runs the encoder routine that fills the multimodal embedding cache, nor a
 vision tower with a grid memo. Invariant: after it, no cached embedding or position grid predates the current

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from vradix.core import lora
-from vradix.scheduler.publication import Publication
+from vradix.scheduler import adapters
 from vradix.engine import state_of
 
 logger = logging.getLogger("vradix")
@@ -24,7 +24,7 @@ def identify_loaded_adapter(result, scheduler, recv_req, *args, **kwargs):
 
 
 def free_unloaded_adapter(result, scheduler, recv_req, *args, **kwargs):
-    """AFTER Scheduler.unload_lora_adapter: free the entries of the unloaded adapter, and only those: a publication
-    of its own, even inside a weight-update session (`Publication.apply`: no epoch changes)."""
+    """AFTER Scheduler.unload_lora_adapter: free the entries of the unloaded adapter, and only those
+    (`scheduler.adapters.unload_adapter`): no publication, no epoch changes, even inside a weight-update session."""
     if state_of(scheduler.tree_cache) is not None and result.success:
-        Publication(scheduler, "adapter unload").apply("adapter unload", adapter=recv_req)
+        adapters.unload_adapter(scheduler, recv_req)

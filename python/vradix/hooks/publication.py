@@ -1,21 +1,18 @@
 """Publication hooks (data-path step 2, scheduler process): every way the weights (or their label) change is one publication
-(`vradix.scheduler.publication.Publication`), which bumps the epoch once. A flush enters through it too
-(`lock_aware_flush`): an idle engine's reset, a lock-aware bump that is no publication, or part of the publication
-already open. Each hook here only opens it, runs SGLang's change and closes it."""
+(`vradix.scheduler.publication.Publication`), which applies once (an epoch bump; without a radix cache, a drop of the
+weight-derived caches). Each hook here only opens it, runs SGLang's change and closes it. The flush hook
+(`lock_aware_flush`) hands a flush SGLang runs inside an open publication to it; a flush by itself is no publication:
+the engine's own operation (`vradix.scheduler.flush`: an idle reset, or a lock-aware bump)."""
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from vradix import collectives, identity
+from vradix import collectives
 from vradix.closed_world import post_load
 from vradix.core import epochs, overlap
-from vradix.engine import state_of_scheduler
-from typing import TYPE_CHECKING
-if TYPE_CHECKING:
-    from vradix.engine import Engine
-from vradix.scheduler.publication import Publication, discard_drain, opened
+from vradix.scheduler.publication import Publication, engine_of, opened
 
 logger = logging.getLogger("vradix")
 
@@ -23,11 +20,12 @@ logger = logging.getLogger("vradix")
 def publish_after_version_record(original, updater, weight_version, *args, **kwargs):
     """AROUND SchedulerWeightUpdaterManager.record_weight_version_after_update: the success point of every
     update_weights_* call (weights changed, flush not yet run), handed to the open publication
-    (`Publication.version_recorded`: one bump per call outside a session, none inside one); a record outside every
-    update call vradix opened is a publication of its own."""
+    (`Publication.version_recorded`: it applies once per call outside a session, on a radix cache or without one,
+    and not inside one); a record outside every update call vradix opened is a publication of its own."""
     result = original(updater, weight_version, *args, **kwargs)
-    if state_of_scheduler(updater.scheduler) is not None:
-        Publication.open(updater.scheduler, "weight update", drain=False).version_recorded()
+    pub = Publication.open(updater.scheduler, "weight update", drain=False)
+    if pub is not None:
+        pub.version_recorded()
     return result
 
 
@@ -35,17 +33,24 @@ def publish_on_version_change(original, scheduler, new_version, *args, **kwargs)
     """AROUND Scheduler.record_weight_version_change: `/update_weight_version` alone is a publication
     (`Publication.relabel`); inside an update call or a weight-update session it only relabels."""
     pub = Publication.open(scheduler, "update_weight_version", drain=False)
-    if pub.is_open or not pub.attached:
+    if pub is None or pub.is_open:
         return original(scheduler, new_version, *args, **kwargs)
     return pub.relabel(lambda: original(scheduler, new_version, *args, **kwargs), new_version)
 
 
 def lock_aware_flush(original, scheduler, *args, **kwargs):
-    """AROUND Scheduler.flush_cache: with KV holders present, invalidate lock-aware instead of refusing
-    (`Publication.flush`). Never a second bump for one publication: the flush an update call asks for after its bump
-    is part of that publication, and a flush inside a weight-update session is part of the session's."""
-    pub = Publication.open(scheduler, "flush", drain=False)
-    return pub.flush(lambda: original(scheduler, *args, **kwargs))
+    """AROUND Scheduler.flush_cache: a flush inside an open publication is part of it (`Publication.flush`), never a
+    second bump: the flush an update call asks for after its bump, a flush inside a weight-update session. A flush by
+    itself is the engine's own operation (its `flush`: `vradix.scheduler.flush` on a versioned engine, an idle reset
+    or, with KV holders present, a lock-aware bump instead of SGLang's refusal)."""
+    def sglang_flush():
+        return original(scheduler, *args, **kwargs)
+
+    pub = opened(scheduler)
+    if pub is not None:
+        return pub.flush(sglang_flush)
+    engine = engine_of(scheduler)
+    return engine.flush(sglang_flush) if engine is not None else sglang_flush()
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,7 @@ def publish_update(path: UpdatePath, original, updater, recv_req, *args, **kwarg
       exactly as stock SGLang does, rather than serve on weights nobody can name.
     """
     pub = Publication.open(updater.scheduler, path.source)
-    if not pub.attached:
+    if pub is None:
         return original(updater, recv_req, *args, **kwargs)
     refused = refusal(path, pub, updater, recv_req)
     if refused is not None:
@@ -98,11 +103,10 @@ def refusal(path: UpdatePath, pub: Publication, updater, recv_req):
         refused = path.refuse_malformed(recv_req)
         if refused is not None:
             return refused
-    if pub.state is not None:
-        refused = refuse_reused_declaration(pub.state, getattr(recv_req, "weight_version", None),
-                                            io_output_type(path.output_type_name))
-        if refused is not None:
-            return refused
+    refused = refuse_reused_declaration(pub, getattr(recv_req, "weight_version", None),
+                                        io_output_type(path.output_type_name))
+    if refused is not None:
+        return refused
     return first_refusal(path.refusals(), updater, recv_req)
 
 
@@ -126,20 +130,12 @@ def publish_update_from_ipc(original, updater, recv_req, *args, **kwargs):
     return publish_update(FROM_IPC, original, updater, recv_req, *args, **kwargs)
 
 
-def refuse_reused_declaration(state: Engine, label, output_type):
+def refuse_reused_declaration(pub: Publication, label, output_type):
     """In `declared` mode, a publication naming a declared identity an earlier publication of this engine already
-    used is refused before any weight changes: returns the failed response, or None."""
-    if state.identity_mode != "declared" or not identity.is_declaration(label) or label == state.label:
-        return None
-    try:
-        identity.check_declared(label)
-    except identity.InvalidIdentityError as e:
-        return output_type(success=False, message=f"vradix refused the update: {e}")
-    if state.declared_before(label):
-        return output_type(success=False, message=(
-            f"vradix refused the update: declared weight identity {label!r} was already used by an earlier "
-            "publication of this engine; declare a new identity (for example run id + step)"))
-    return None
+    used (or an invalid declaration) is refused before any weight changes (the engine's `declaration_refusal`):
+    returns the failed response, or None."""
+    message = pub.engine.declaration_refusal(label)
+    return None if message is None else output_type(success=False, message=message)
 
 
 def first_refusal(refusals, updater, recv_req):
@@ -273,13 +269,13 @@ def open_weight_session(original, updater, recv_req, *args, **kwargs):
     (`refuse_session_before_begin`): no session, no bump, nothing restored."""
     scheduler = updater.scheduler
     pub = Publication.open(scheduler, post_load.BEGIN)
-    refused = refuse_session_before_begin(updater, recv_req) if pub.attached else None
+    refused = refuse_session_before_begin(updater, recv_req) if pub is not None else None
     if refused is not None:
         logger.error("vradix: begin_weight_update refused: %s", refused.message)
-        discard_drain(pub.state)
+        pub.engine.discard_drain()
         return refused
     out = original(updater, recv_req, *args, **kwargs)
-    if pub.attached and out.success:
+    if pub is not None and out.success:
         pub.begin_session()
     return out
 
@@ -318,7 +314,7 @@ def publish_weights_checker_reset(original, updater, recv_req, *args, **kwargs):
     try:
         return original(updater, recv_req, *args, **kwargs)
     finally:
-        logger.info(pub.write(reason))
+        logger.info(pub.write(reason) if pub is not None else f"vradix: {reason}")
 
 
 def weights_restored_from_backup(updater) -> bool:
@@ -342,5 +338,6 @@ def publish_weights_resumed_without_backup(original, updater, recv_req, *args, *
     tags = recv_req.tags or [GPU_MEMORY_TYPE_WEIGHTS]
     if updater.scheduler is not None and GPU_MEMORY_TYPE_WEIGHTS in tags and not weights_restored_from_backup(updater):
         reason = "weights resumed without a CPU backup"
-        logger.info(Publication.open(updater.scheduler, reason, drain=False).write(reason))
+        pub = Publication.open(updater.scheduler, reason, drain=False)
+        logger.info(pub.write(reason) if pub is not None else f"vradix: {reason}")
     return out

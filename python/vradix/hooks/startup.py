@@ -12,7 +12,7 @@ from vradix.core import deferred_reclaim, published, staleness
 from vradix.scheduler import launch, publication
 from vradix.collectives import tp_cpu_group, tp_rank_and_size
 from vradix.scheduler.identity_proof import published_identity
-from vradix.scheduler.publication import current_label
+from vradix.core.epochs import current_label
 from vradix.pd import layout
 from vradix.engine import attach
 from vradix.core.state import attach_treeless

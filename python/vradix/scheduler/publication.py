@@ -1,21 +1,28 @@
-"""A publication: every change of what one scheduler serves from (its weights, their label, a flush of its cache, an
-adapter unload) is one `Publication`, which runs the same sequence:
+"""A publication: a change of the weights one scheduler serves from, or of their label (docs/architecture.md), and
+nothing else: an `update_weights_*` call, a weight-update session, a new label by itself, and the weight writes of
+`check_weights` and `resume_memory_occupation`. Each is one `Publication`, which runs the same sequence:
 
 1. open (`Publication.open`): the in-flight batches drain (`drain_for_publication`); a weight-update session already
    open on the engine is joined, not doubled; refusals answer before anything changes (`refuse`); SGLang's change
    runs inside `running`, which registers the publication on the engine's state (`Engine.publication`,
    `TreelessState.publication`), so the hooks SGLang calls from inside the change hand their events to it
-   (`version_recorded`, `flush`), and taps the tensors it publishes (`identity_proof.tapping_publication`);
-2. apply (`Publication.apply`), at most once: the engine's step, calling the core functions: an epoch bump
-   (`bump_scheduler`: identity, crossing marks, re-binds, sessions, deferred reclaim, L3 and P/D revocations, derived
-   caches, audit, census, metrics), the record of an idle reset (`core.epochs.record_reset`), an adapter's entries
-   freed (`core.lora`), or, on an engine without a radix cache, the weight-derived caches dropped
-   (`publish_without_tree`);
-3. close (`close_update`, `end_session`, ...): the response says what the publication did.
+   (`version_recorded`, `flush`), and taps the tensors it publishes (the engine's `tapping`);
+2. apply (`Publication.apply`), at most once: the engine's publication step (`publish`);
+3. close (`close_update`, `end_session`, ...): the response says what the publication did (the engine's
+   `describe`).
+
+The engine is the scheduler-side object a publication runs on (`engine_of`), one of two variants with the same
+small interface (`holder`, `tapping`, `declaration_refusal`, `prepare_relabel`, `publish`, `describe`,
+`discard_drain`, `flush_within`, `flush`): `VersionedEngine` (a radix cache vradix versions: its step is an epoch
+bump, `bump_scheduler`: identity, crossing marks, re-binds, sessions, deferred reclaim, L3 and P/D revocations,
+derived caches, audit, metrics) and `scheduler.treeless.TreelessEngine` (no radix cache: its step drops the
+weight-derived caches). What is not a publication has its own operation: a flush by itself (`scheduler.flush`: an
+idle reset or a lock-aware bump, through the engine's `flush`) and an adapter unload (`scheduler.adapters`); a flush
+SGLang runs inside an open publication is that publication's (`Publication.flush`).
 
 A step the engine lacks is never entered: what it has (overlap scheduler, external KV lookups, weight-derived caches,
-metrics) is read at startup and after each runtime reconfiguration (`EngineSteps`), like the cache's host tier and streaming sessions inside the bump
-(`Engine.host_tier`, `Engine.streaming_sessions`).
+metrics) is read at startup and after each runtime reconfiguration (`EngineSteps`), like the cache's host tier and
+streaming sessions inside the bump (`Engine.host_tier`, `Engine.streaming_sessions`).
 """
 from __future__ import annotations
 
@@ -23,19 +30,19 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
-from vradix.core import deferred_reclaim, epochs, host_tier, lora, mm_embeddings, overlap, weight_derived
-from vradix.engine import state_of_scheduler
-from typing import TYPE_CHECKING
-if TYPE_CHECKING:
-    from vradix.engine import Engine
+from vradix import identity
+from vradix.core import deferred_reclaim, epochs, overlap, weight_derived
+from vradix.core.epochs import current_label
 from vradix.core.state import Bump, WeightSession, treeless_of
+from vradix.engine import Engine, state_of_scheduler
 from vradix.l3 import prefetch
 from vradix.ledger import guard
 from vradix.observability import metrics
 from vradix.pd import revocation
-from vradix.scheduler import identity_proof
+from vradix.scheduler import flush, identity_proof
+from vradix.scheduler.treeless import TreelessEngine
 
 logger = logging.getLogger("vradix")
 
@@ -85,117 +92,115 @@ def opened(scheduler) -> Optional["Publication"]:
     return holder.publication if holder is not None else None
 
 
+def engine_of(scheduler) -> Optional[Union["VersionedEngine", TreelessEngine]]:
+    """The scheduler-side engine vradix attached to: `VersionedEngine` on a radix cache it versions,
+    `TreelessEngine` without one, None when vradix is not attached (or there is no scheduler)."""
+    if scheduler is None:
+        return None
+    state = state_of_scheduler(scheduler)
+    if state is not None:
+        return VersionedEngine(scheduler, state)
+    treeless = treeless_of(scheduler.tree_cache)
+    return TreelessEngine(scheduler, treeless) if treeless is not None else None
+
+
 class Publication:
-    """One change of what one scheduler serves from; see the module docstring for its sequence.
+    """One change of the weights one scheduler serves from, or of their label; see the module docstring for its
+    sequence. It runs on its engine (`engine`, a `VersionedEngine` or a `TreelessEngine`) through their shared
+    interface only.
 
     Invariants: `apply` runs at most once (`result` holds what it did); while open, the publication is the engine's
     only open one (`opened`), from `running` to the end of the call, or from `begin_session` to `end_session`; an
     update call inside a session is a bucket of the session's publication and never applies."""
 
-    def __init__(self, scheduler, source: str):
-        self.scheduler, self.source = scheduler, source
-        self.state: Optional[Engine] = state_of_scheduler(scheduler)
-        self.treeless = treeless_of(scheduler.tree_cache) if scheduler is not None and self.state is None else None
+    def __init__(self, engine: Union["VersionedEngine", TreelessEngine], source: str):
+        self.engine, self.source = engine, source
         #: the bucket counts, while this publication is a weight-update session
         self.session: Optional[WeightSession] = None
-        #: what `apply` did: a `Bump` on a radix cache, the treeless record without one
+        #: what `apply` did: the engine's record (a `Bump` on a radix cache, the treeless record without one)
         self.result = None
         #: whether this session holds generation itself (`hold_generation`): it then refuses the requests that reach
         #: the scheduler (`refuses_requests`) and resumes generation at `end_session`
         self.holds_generation = False
 
     @classmethod
-    def open(cls, scheduler, source: str, *, drain: bool = True) -> "Publication":
-        """The publication of a change about to run: the engine's open one (a session's), or a new one. With `drain`,
-        the in-flight batches finish first."""
+    def open(cls, scheduler, source: str, *, drain: bool = True) -> Optional["Publication"]:
+        """The publication of a change about to run: the engine's open one (a session's), or a new one; None when
+        vradix is not attached to the scheduler. With `drain`, the in-flight batches finish first."""
         if drain and scheduler is not None:
             drain_for_publication(scheduler)
-        return opened(scheduler) or cls(scheduler, source)
+        engine = engine_of(scheduler)
+        if engine is None:
+            return None
+        return engine.holder.publication or cls(engine, source)
 
     @property
-    def attached(self) -> bool:
-        return self.state is not None or self.treeless is not None
-
-    @property
-    def holder(self):
-        return self.state if self.state is not None else self.treeless
+    def scheduler(self):
+        return self.engine.scheduler
 
     @property
     def is_open(self) -> bool:
-        return self.holder is not None and self.holder.publication is self
+        return self.engine.holder.publication is self
 
     def refuse(self, refused, source: str):
         """A change (`source`: a bucket of a session names its own) refused before it touched anything: no apply;
         its drain is no later publication's (a session's drains stay the session's). Returns the refusal."""
         logger.error("vradix: %s refused before loading: %s", source, refused.message)
         if self.session is None:
-            discard_drain(self.state)
+            self.engine.discard_drain()
         return refused
 
     @contextlib.contextmanager
     def running(self):
-        """SGLang's change runs inside: the publication is the engine's open one, and (fingerprint mode) the tensors
-        it loads are recorded. A session's publication stays open after one of its calls."""
-        self.holder.open_publication(self)
-        tap = (identity_proof.tapping_publication(self.scheduler)
-               if self.state is not None and self.state.identity_mode == "fingerprint" else contextlib.nullcontext())
+        """SGLang's change runs inside: the publication is the engine's open one, and (the engine's `tapping`,
+        fingerprint mode) the tensors it loads are recorded. A session's publication stays open after one of its
+        calls."""
+        self.engine.holder.open_publication(self)
         try:
-            with tap:
+            with self.engine.tapping():
                 yield self
         finally:
             if self.session is None:
-                self.holder.close_publication()
+                self.engine.holder.close_publication()
 
-    def apply(self, reason: str, *, label=None, is_publication: bool = True, weights_changed: bool = True,
-              reset: Optional[tuple] = None, adapter=None):
-        """The publication's one step on the engine (see the module docstring): `reset` is the (device, host) tokens
-        an idle reset freed; `adapter` the unload request of a LoRA adapter. Returns what it did (`result`)."""
+    def apply(self, reason: str, *, weights_changed: bool = True):
+        """The publication's one step on its engine (`publish`) under the label SGLang serves now; `weights_changed`
+        is False for a new label by itself. Returns what it did (`result`)."""
         assert self.result is None, f"{self.source}: a publication applies once"
-        if self.treeless is not None:
-            self.result = publish_without_tree(self.scheduler, reason, is_publication=is_publication)
-        elif reset is not None:
-            self.result = record_idle_reset(self.scheduler, reason, *reset)
-        elif adapter is not None:
-            self.result = unload_adapter(self.scheduler, adapter)
-        else:
-            self.result = bump_scheduler(self.scheduler, reason=reason, label=label, is_publication=is_publication,
-                                         weights_changed=weights_changed)
+        self.result = self.engine.publish(reason, label=current_label(), weights_changed=weights_changed)
         return self.result
+
+    def apply_conservatively(self) -> None:
+        """A failed change that may have touched the weights is a publication all the same, applied once."""
+        self.apply(f"failed {self.source} (conservative)")
 
     def version_recorded(self) -> None:
         """SGLang recorded the new weights' label: the success point of an update call. Outside a session it applies
         (the flush SGLang runs after it is part of it); inside one, the session's end applies."""
-        if self.state is not None and self.session is None and self.result is None:
-            self.apply(self.source, label=current_label())
+        if self.session is None and self.result is None:
+            self.apply(self.source)
 
     def close_update(self, out, may_touch_weights: bool):
         """The end of an update call: a bucket of a session is counted; a returned failure that may have touched the
         weights applies once, conservatively, when nothing applied yet. Returns `out`, saying what was done."""
-        if self.treeless is not None:
-            return self.close_update_without_tree(out, may_touch_weights)
         if self.session is not None:
-            return record_bucket(self.session, out)
+            return record_bucket(self.session, out, self.engine.PUBLISHES)
         if self.result is None and may_touch_weights and not out.success:
-            self.apply(f"failed {self.source} (conservative)", label=current_label())
+            self.apply_conservatively()
         if self.result is not None:
-            out.message = f"{out.message} [{self.result.summary()}]"
+            out.message = f"{out.message} [{self.engine.describe(self.result)}]"
         return out
 
-    def close_update_without_tree(self, out, may_touch_weights: bool):
-        if self.session is not None or not (out.success or may_touch_weights):
-            return out
-        reason = self.source if out.success else f"failed {self.source} (conservative)"
-        cleared = self.apply(reason)
-        out.message = (f"{out.message} [vradix: {reason} without a radix cache: "
-                       f"{cleared['mm_embeddings_cleared']} multimodal embedding(s), "
-                       f"{cleared['position_grids_cleared']} position grid(s) cleared]")
-        return out
+    def flush(self, sglang_flush) -> bool:
+        """The flush SGLang runs inside this open publication (`sglang_flush` runs SGLang's): part of it, never a
+        second publication (the engine's `flush_within`). Returns whether the cache was flushed."""
+        return self.engine.flush_within(self, sglang_flush)
 
     def begin_session(self) -> None:
         """A successful begin_weight_update: this publication stays open until `end_session`, which applies once."""
         self.session = WeightSession()
-        self.holder.open_session(self.session)
-        self.holder.open_publication(self)
+        self.engine.holder.open_session(self.session)
+        self.engine.holder.open_publication(self)
         self.hold_generation()
 
     def hold_generation(self, *, take_over: bool = False) -> None:
@@ -237,16 +242,12 @@ class Publication:
         """A successful end_weight_update: the session closes and applies, once, with the last label a bucket
         applied, whatever the number of buckets (none: a P2P/RDMA write)."""
         session, self.session = self.session, None
-        self.holder.close_publication()
-        self.holder.close_session()
-        if self.state is None:
-            self.apply("weight-update session")
-            self.close_hold(out)
-            return out
+        self.engine.holder.close_publication()
+        self.engine.holder.close_session()
         how = (f"{session.buckets} bucket(s), {session.failed_buckets} failed" if session.buckets
                else "no bucket: P2P/RDMA")
-        inv = self.apply(f"weight-update session ({how})", label=current_label())
-        out.message = f"{out.message} [{inv.summary()}]"
+        self.apply(f"weight-update session ({how})")
+        out.message = f"{out.message} [{self.engine.describe(self.result)}]"
         self.close_hold(out)
         return out
 
@@ -257,93 +258,145 @@ class Publication:
 
     def relabel(self, sglang_relabel, new_version):
         """`/update_weight_version` by itself: a new label is one publication of the same weights; the same label
-        again is none. An invalid label (`epochs.check_label`), and in `declared` mode a label an earlier publication
-        declared, is refused and the label stays (SGLang's reply to this call has no failure field: the launcher
-        refuses both first, with HTTP 400). Returns SGLang's result."""
+        again is none. An invalid label (`epochs.check_label`), and a label the engine refuses
+        (`prepare_relabel`: in `declared` mode, one an earlier publication declared), is refused and the label stays
+        (SGLang's reply to this call has no failure field: the launcher refuses both first, with HTTP 400). Returns
+        SGLang's result."""
         try:
             epochs.check_label(new_version)
         except epochs.InvalidLabelError as e:
             logger.error("vradix: refused update_weight_version: %s; the label stays %r", e, current_label())
             return None
-        state = self.state
-        if state is not None:
-            if (state.identity_mode == "declared" and new_version is not None and new_version != state.label
-                    and state.declared_before(new_version)):
-                logger.error("vradix: refused label %r: declared identity already used by an earlier publication",
-                             new_version)
-                return None
-            drain_for_publication(self.scheduler)
+        if not self.engine.prepare_relabel(new_version):
+            return None
         before = current_label()
         result = sglang_relabel()
         if new_version is not None and new_version != before:
-            self.apply(self.source, label=current_label(), weights_changed=False)
+            self.apply(self.source, weights_changed=False)
         else:
-            discard_drain(self.state)
+            self.engine.discard_drain()
         return result
 
     def write(self, reason: str) -> str:
         """A control request that wrote the weights outside every update call: one publication, or, inside a
         session, one more write of it (its end applies). Returns what was done, for the log and the response."""
         if self.session is not None:
-            return (f"vradix: {reason} inside a weight-update session; the epoch bumps at end_weight_update"
-                    if self.state is not None else f"vradix: {reason}")
-        if self.state is not None:
-            return self.apply(reason, label=current_label()).summary()
-        if self.treeless is None:
-            return f"vradix: {reason}"
-        self.apply(reason)
-        return f"vradix: {reason} without a radix cache: weight-derived caches dropped"
+            return f"vradix: {reason} inside a weight-update session; {self.engine.PUBLISHES} at end_weight_update"
+        return self.engine.describe(self.apply(reason))
 
-    def flush(self, sglang_flush) -> bool:
-        """A flush of the cache (`sglang_flush` runs SGLang's): inside an open publication, the flush it asked for
-        (never a second bump: it ages the window out, or it is the failed update's conservative bump); by itself,
-        an idle engine's reset or, with KV holders, a lock-aware bump. Returns whether the cache was flushed."""
-        if self.state is None:
-            ok = sglang_flush()
-            if ok and self.treeless is not None and not self.is_open:
-                self.apply("flush", is_publication=False)
-            return ok
-        cache = self.scheduler.tree_cache
-        if self.session is not None or self.result is not None:
-            deferred_reclaim.age_out_on_flush(self.state, cache, after_next_bump=self.session is not None)
-            return True
-        if self.scheduler.is_fully_idle(ignore_waiting=self.scheduler._engine_paused):
-            return (Publication(self.scheduler, "flush") if self.is_open else self).reset(sglang_flush)
-        if self.is_open:
-            # SGLang flushes after an update whose target runner loaded although the call failed (a draft runner
-            # after it): the weights may have changed, so this flush is that update's conservative bump
-            self.apply(f"failed {self.source} (conservative)", label=current_label())
-            return True
-        self.apply("lock-aware flush", is_publication=False)
-        deferred_reclaim.age_out_on_flush(self.state, cache)
+
+class VersionedEngine:
+    """A scheduler whose radix cache vradix versions (`Engine`): a publication on it is one epoch bump
+    (`bump_scheduler`). The variant of `scheduler.treeless.TreelessEngine`, with the same interface; built per use
+    (`engine_of`), it keeps no state of its own."""
+
+    #: what a publication does on this engine, for the responses that announce it
+    PUBLISHES = "the epoch bumps"
+
+    def __init__(self, scheduler, state: Engine):
+        self.scheduler, self.state = scheduler, state
+
+    @property
+    def holder(self) -> Engine:
+        """Where the open publication and session are registered."""
+        return self.state
+
+    def tapping(self):
+        """In `fingerprint` mode the tensors an update publishes are recorded (`identity_proof.tapping_publication`)."""
+        if self.state.identity_mode == "fingerprint":
+            return identity_proof.tapping_publication(self.scheduler)
+        return contextlib.nullcontext()
+
+    def declaration_refusal(self, label) -> Optional[str]:
+        """Why an update call declaring `label` is refused before it loads (`declared` mode: an invalid declaration,
+        or one an earlier publication of this engine already used), or None."""
+        state = self.state
+        if state.identity_mode != "declared" or not identity.is_declaration(label) or label == state.label:
+            return None
+        try:
+            identity.check_declared(label)
+        except identity.InvalidIdentityError as e:
+            return f"vradix refused the update: {e}"
+        if state.declared_before(label):
+            return (f"vradix refused the update: declared weight identity {label!r} was already used by an earlier "
+                    "publication of this engine; declare a new identity (for example run id + step)")
+        return None
+
+    def prepare_relabel(self, new_version) -> bool:
+        """Before a new label by itself: in `declared` mode a label an earlier publication declared is refused
+        (False, logged); otherwise the in-flight batches drain (True)."""
+        state = self.state
+        if (state.identity_mode == "declared" and new_version is not None and new_version != state.label
+                and state.declared_before(new_version)):
+            logger.error("vradix: refused label %r: declared identity already used by an earlier publication",
+                         new_version)
+            return False
+        drain_for_publication(self.scheduler)
         return True
 
-    def reset(self, sglang_flush) -> bool:
-        """SGLang's own flush of an idle engine, recorded as this publication's reset."""
-        cache = self.scheduler.tree_cache
-        cached = cache.evictable_size() + cache.protected_size()
-        with host_tier.counting_freed(cache) as host:
-            ok = sglang_flush()
-        if ok:
-            self.apply("flush (idle reset)", reset=(cached, host.tokens))
-        return ok
+    def publish(self, reason: str, *, label, weights_changed: bool = True) -> Bump:
+        """A publication's step: one epoch bump (`bump_scheduler`)."""
+        return bump_scheduler(self.scheduler, reason=reason, label=label, weights_changed=weights_changed)
+
+    def describe(self, record: Bump) -> str:
+        return record.summary()
+
+    def discard_drain(self) -> None:
+        """A publication refused before it touched the weights does not bump: its drain is no later publication's."""
+        self.state.discard_drain()
+
+    def flush_within(self, publication: Publication, sglang_flush) -> bool:
+        """A flush inside an open publication: never a second bump. Once it applied, or inside a session, the flush
+        ages the staleness window out (`deferred_reclaim.age_out_on_flush`: the floor is the bump it applied, or
+        the session's coming one). Before it applied, an idle engine's flush is SGLang's own reset
+        (`scheduler.flush.reset_idle`, its own record); with KV holders it is the open update's conservative bump:
+        SGLang flushes after an update whose target runner loaded although the call failed (a draft runner after
+        it), so the weights may have changed."""
+        if publication.session is not None or publication.result is not None:
+            deferred_reclaim.age_out_on_flush(self.state, self.scheduler.tree_cache,
+                                              after_next_bump=publication.session is not None)
+            return True
+        if self.is_idle():
+            return flush.reset_idle(self, sglang_flush)
+        publication.apply_conservatively()
+        return True
+
+    def flush(self, sglang_flush) -> bool:
+        """A flush by itself (`scheduler.flush.by_itself`): an idle reset, or a lock-aware bump."""
+        return flush.by_itself(self, sglang_flush)
+
+    def is_idle(self) -> bool:
+        """Whether the scheduler holds no request (waiting ones count only while generation runs)."""
+        return self.scheduler.is_fully_idle(ignore_waiting=self.scheduler._engine_paused)
+
+    def bump(self, reason: str, *, is_publication: bool) -> Bump:
+        """One epoch bump on this engine (`bump_scheduler`), under the current label."""
+        return bump_scheduler(self.scheduler, reason=reason, is_publication=is_publication)
+
+    def export_metrics(self) -> None:
+        export_metrics(self.scheduler)
 
 
-def record_bucket(session: WeightSession, out):
-    """Count one update call of an open session and say, in its response, that the bump waits for the session end."""
+def record_bucket(session: WeightSession, out, publishes: str):
+    """Count one update call of an open session and say, in its response, that the publication (`publishes`: what it
+    does on the engine) waits for the session end."""
     session.count_bucket(failed=not out.success)
-    out.message = (f"{out.message} [vradix: bucket {session.buckets} of a weight-update session; the epoch bumps once "
+    out.message = (f"{out.message} [vradix: bucket {session.buckets} of a weight-update session; {publishes} once "
                    "at end_weight_update]")
     return out
 
 
 def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool = True,
                    weights_changed: bool = True) -> Bump:
-    """One epoch bump on the scheduler's engine. With an external KV store, the queued requests the bump re-binds
-    end their cache attempt first (their storage prefetches are revoked) and are looked up again afterwards under the
-    new namespace (`vradix.l3.prefetch`). On a P/D decode role a publication also revokes the prefix promises prefill
-    has not fulfilled yet (`vradix.pd.revocation`). `weights_changed` is False for a publication of a label alone.
-    """
+    """One epoch bump on the scheduler's engine: a publication's step, or (`is_publication` False) a lock-aware
+    flush's. With an external KV store, the queued requests the bump re-binds end their cache attempt first (their
+    storage prefetches are revoked) and are looked up again afterwards under the new namespace
+    (`vradix.l3.prefetch`). On a P/D decode role a publication also revokes the prefix promises prefill has not
+    fulfilled yet (`vradix.pd.revocation`). `weights_changed` is False for a publication of a label alone.
+
+    The bump's record is built once, whole, at the end (`epochs.finish`), from the epoch step's values
+    (`epochs.invalidate`) and those gathered here: the identity's time, the drain, the revoked promises, the cleared
+    caches and the whole step's duration (`Bump.bump_ms`)."""
     t_bump = time.perf_counter()
     state = state_of_scheduler(scheduler)
     # the publication drained the in-flight batches, so no check is left in flight; read any a dropped result left
@@ -358,26 +411,28 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     steps = steps_of(scheduler)
     lookups = steps.storage_lookups
     revoked = prefetch.end_queued_attempts(scheduler.tree_cache, queued) if lookups else 0
-    inv = epochs.bump(state, scheduler.tree_cache, live, queued,
-                      reason=reason, label=label, is_publication=is_publication, identity=ident)
-    inv.took_identity(identity_ms)
+    done = epochs.invalidate(state, scheduler.tree_cache, live, queued,
+                             reason=reason, label=label, is_publication=is_publication, identity=ident)
+    drain_ms, promises_revoked = 0.0, 0
     if is_publication:
-        inv.took_drain(state.take_drain())
+        drain_ms = state.take_drain()
         queue = getattr(scheduler, "disagg_decode_transfer_queue", None)  # only a decode role promises prefixes
         if queue is not None:
-            inv.count_revoked(revocation.revoke_unfulfilled(queue, inv.weight_id, inv.epoch_after))
+            promises_revoked = revocation.revoke_unfulfilled(queue, done.weight_id, done.epoch_after)
     # multimodal embeddings (keyed by content only) and vision position grids the old weights computed
     cleared = weight_derived.clear_at_publication(scheduler) if steps.derived_caches else weight_derived.Cleared()
-    inv.count_cleared(cleared.mm_embeddings, cleared.position_grids)
     if lookups:
         reissued = prefetch.reissue(scheduler, state, queued)
         logger.info("vradix: %d storage prefetch(es) revoked, %d lookup(s) re-issued under the new namespace",
                     revoked, reissued)
     if state.ledger is not None:
         guard.audit(state.guard.config, state.guard.stats, state.ledger, scheduler.tree_cache, live, state.epoch)
+    inv = epochs.finish(state, done, is_publication, identity_ms=identity_ms, drain_ms=drain_ms,
+                        promises_revoked=promises_revoked, mm_embeddings_cleared=cleared.mm_embeddings,
+                        position_grids_cleared=cleared.position_grids,
+                        bump_ms=(time.perf_counter() - t_bump) * 1e3)
     logger.info(inv.summary() + " in %.3f ms; %d multimodal embedding(s), %d position grid(s) cleared",
                 inv.latency_ms, inv.mm_embeddings_cleared, inv.position_grids_cleared)
-    inv.took_bump((time.perf_counter() - t_bump) * 1e3)
     export_metrics(scheduler, bump_seconds=inv.latency_ms / 1e3,
                    pause_seconds=inv.pause_ms / 1e3 if is_publication else None)
     return inv
@@ -387,28 +442,6 @@ def export_metrics(scheduler, **observed) -> None:
     """Export the engine's values after a publication step (`metrics.export_metrics`), on an engine with metrics."""
     if steps_of(scheduler).metrics:
         metrics.export_metrics(scheduler, **observed)
-
-
-def record_idle_reset(scheduler, reason: str, tokens_freed: int, host_tokens_freed) -> Bump:
-    """The record of a flush that reset an idle engine (`epochs.record_reset`): it also drops the multimodal
-    embeddings, as every flush does."""
-    inv = epochs.record_reset(state_of_scheduler(scheduler), reason, tokens_freed, host_tokens_freed,
-                              mm_embeddings.clear_all())
-    export_metrics(scheduler)
-    return inv
-
-
-def unload_adapter(scheduler, recv_req) -> int:
-    """A LoRA adapter unloaded: its entries, and only those, are freed; no epoch changes. Returns the tokens freed."""
-    state = state_of_scheduler(scheduler)
-    state.lora.count_event()
-    freed = lora.free_adapter_entries(state, scheduler.tree_cache, recv_req.lora_id)
-    lora.forget_adapter(state, recv_req.lora_id)
-    state.lora.count_freed(freed)
-    logger.info("vradix: adapter %r (lora_id %s) unloaded: freed %d of its cached tokens; other namespaces untouched",
-                recv_req.lora_name, recv_req.lora_id, freed)
-    export_metrics(scheduler)
-    return freed
 
 
 def drain_for_publication(scheduler) -> int:
@@ -421,24 +454,6 @@ def drain_for_publication(scheduler) -> int:
     if state is not None:
         state.add_drain((time.perf_counter() - t0) * 1e3)
     return drained
-
-
-def discard_drain(state: Optional[Engine]) -> None:
-    """A publication refused before it touched the weights does not bump: its drain is no later publication's."""
-    if state is not None:
-        state.discard_drain()
-
-
-def publish_without_tree(scheduler, reason: str, *, is_publication: bool = True) -> dict:
-    """One publication on an engine without a radix cache (`state.TreelessState`): no tree, no epoch, but the
-    weight-derived caches the old weights filled are dropped, once (`weight_derived.clear_at_publication`)."""
-    treeless = treeless_of(scheduler.tree_cache)
-    cleared = weight_derived.clear_at_publication(scheduler)
-    treeless.record({"reason": reason, "label": current_label(), "mm_embeddings_cleared": cleared.mm_embeddings,
-                     "position_grids_cleared": cleared.position_grids}, is_publication)
-    logger.info("vradix: %s without a radix cache: %d multimodal embedding(s), %d position grid(s) cleared", reason,
-                cleared.mm_embeddings, cleared.position_grids)
-    return treeless.last
 
 
 def live_requests(scheduler) -> set:
@@ -477,8 +492,3 @@ def disagg_requests(scheduler) -> list:
         reqs += list(bootstrap.queue)
     reqs += list(getattr(scheduler, "disagg_prefill_inflight_queue", None) or ())
     return reqs
-
-
-def current_label():
-    from sglang.srt.runtime_context import get_serving
-    return get_serving().weight_version
