@@ -1,5 +1,5 @@
 """A LoRA adapter unloaded (`hooks.lora.free_unloaded_adapter`): no publication, no epoch changes; the entries its
-requests inserted, and only those, are freed (`core.lora`), even inside a weight-update session."""
+requests inserted (every node whose key carries its adapter tag), and only those, are freed (`core.lora`), even inside a weight-update session."""
 from __future__ import annotations
 
 import logging
@@ -16,8 +16,8 @@ def unload_adapter(scheduler, recv_req) -> int:
     Returns the tokens freed."""
     state = state_of_scheduler(scheduler)
     state.lora.count_event()
+    freed = lora.free_adapter_entries(state, scheduler.tree_cache, recv_req.lora_id)  # found by its identity's tag
     lora.forget_adapter(state, recv_req.lora_id)
-    freed = lora.free_adapter_entries(state, scheduler.tree_cache, recv_req.lora_id)
     state.lora.count_freed(freed)
     logger.info("vradix: adapter %r (lora_id %s) unloaded: freed %d of its cached tokens; other namespaces untouched",
                 recv_req.lora_name, recv_req.lora_id, freed)
