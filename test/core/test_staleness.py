@@ -113,21 +113,24 @@ def test_a_flush_ages_the_whole_window_out(env):
 def test_a_bound_above_the_window_is_refused_with_a_400_error(monkeypatch):
     """The launcher's check (a ValueError: HTTP 400) before the request reaches a scheduler."""
     from sglang.srt.managers.io_struct import GenerateReqInput
-    from vradix.hooks.launcher import reject_bad_staleness_bound
+    from vradix.hooks.launcher import launcher_window, check_generate_request
 
     def req(k):
         return GenerateReqInput(input_ids=[1, 2], sampling_params={"custom_params": {staleness.PARAM: k}})
 
     monkeypatch.setenv(staleness.ENV, "2")
-    reject_bad_staleness_bound(None, req(2))
-    reject_bad_staleness_bound(None, req(0))
-    reject_bad_staleness_bound(None, GenerateReqInput(input_ids=[1], sampling_params={"custom_params": {"x": 1}}))
+    launcher_window.cache_clear()  # read once per launcher process; this test plays two launches
+    check_generate_request(None, req(2))
+    check_generate_request(None, req(0))
+    check_generate_request(None, GenerateReqInput(input_ids=[1], sampling_params={"custom_params": {"x": 1}}))
     for bad in (3, -1, "1", True, 1.0):
         with pytest.raises(staleness.StalenessError, match="vradix_max_staleness"):
-            reject_bad_staleness_bound(None, req(bad))
+            check_generate_request(None, req(bad))
     monkeypatch.setenv(staleness.ENV, "0")
+    launcher_window.cache_clear()
     with pytest.raises(staleness.StalenessError, match="exceeds this server's window"):
-        reject_bad_staleness_bound(None, req(1))
+        check_generate_request(None, req(1))
+    launcher_window.cache_clear()
 
 
 def test_a_window_is_refused_at_startup_with_the_paths_it_does_not_support():

@@ -23,7 +23,7 @@ from vradix.testing.models.llama import generate_lora, load_lora_adapter
 
 #: hook body (module.function) -> "test_file.py::test_name" that runs it
 DRIVEN_BY = {
-    "vradix.hooks.launcher.reject_bad_staleness_bound": "test_staleness.py::test_a_bound_above_the_window_is_refused_with_a_400_error",
+    "vradix.hooks.launcher.check_generate_request": "test_staleness.py::test_a_bound_above_the_window_is_refused_with_a_400_error",
     "vradix.hooks.launcher.add_identity_flag": "test_identity.py::test_server_flag_sets_the_mode_for_scheduler_processes",
     "vradix.hooks.launcher.refuse_reused_declared_label": "test_e2e_identity.py::test_a_reused_declaration_is_refused_on_every_path_and_changes_nothing",
     "vradix.hooks.launcher.export_identity_flag": "test_identity.py::test_server_flag_sets_the_mode_for_scheduler_processes",
@@ -75,7 +75,6 @@ DRIVEN_BY = {
     "vradix.hooks.launcher.refuse_unversioned_paths_at_startup": "test_coverage.py::test_a_refused_flag_stops_the_launch",
     "vradix.hooks.pd_launcher.refuse_unsafe_restore_policy_at_startup": "test_pd_rules.py::test_a_decode_role_with_l3_starts_only_with_wait_complete",
     "vradix.hooks.pd_launcher.refuse_unmatchable_identity_at_startup": "test_pd_rules.py::test_a_pd_role_starts_only_with_an_identity_both_roles_share",
-    "vradix.hooks.pd_launcher.reject_decode_request_without_bootstrap": "test_e2e_pd.py::test_decode_refuses_a_request_without_bootstrap_fields_and_keeps_serving",
     "vradix.hooks.pd_launcher.refuse_unsafe_restore_policy_at_attach": "test_pd_rules.py::test_a_runtime_attach_with_another_policy_is_refused_before_any_scheduler",
     "vradix.hooks.pd.send_prefill_identity": "test_e2e_pd.py::test_skew_with_decode_updated_first_fails_the_request_and_caches_nothing",
     "vradix.hooks.ledger.backstop_prebuilt_batch": "test_pd_ledger.py::test_stale_kv_in_front_of_a_decode_requests_first_read_fails_it_and_inserts_nothing",

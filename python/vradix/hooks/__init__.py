@@ -28,8 +28,9 @@ DEFERRED_MODULES = ("sglang.srt.ray.scheduler_actor", "sglang.srt.disaggregation
 HOOKS = [
     # server flags (launcher process): --vradix-weight-identity, --vradix-max-staleness
     ("sglang.srt.server_args.ServerArgs.add_cli_args", "AFTER", launcher.add_identity_flag),
-    # a staleness bound above the server window is refused per request (HTTP 400)
-    (f"{_TM}._validate_one_request", "BEFORE", launcher.reject_bad_staleness_bound),
+    # a staleness bound above the server window, and on a decode role a request without bootstrap fields, are
+    # refused per request (HTTP 400)
+    (f"{_TM}._validate_one_request", "BEFORE", launcher.check_generate_request),
     ("sglang.srt.server_args.prepare_server_args", "AROUND", launcher.export_identity_flag),
     # the closed world: a flag that turns on a path vradix cannot version does not start (docs/coverage.md)
     ("sglang.srt.server_args.ServerArgs.check_server_args", "AFTER", launcher.refuse_unversioned_paths_at_startup),
@@ -131,9 +132,9 @@ HOOKS = [
     (f"{_TCM}.update_weight_version", "AROUND", launcher.refuse_reused_declared_label),
     (f"{_TM}.update_weights_from_disk", "AROUND", launcher.reject_bad_update_request),
     # bad input on a P/D decode role: a request without bootstrap fields is refused before it reaches the scheduler
-    (f"{_TM}._validate_one_request", "BEFORE", pd_launcher.reject_decode_request_without_bootstrap),
+    # (`launcher.check_generate_request`, above), and again where the decode scheduler receives it
+    # (`serving.accept_generate`, above)
     (f"{_TCM}.attach_hicache_storage", "AROUND", pd_launcher.refuse_unsafe_restore_policy_at_attach),
-    # ... and again where the decode scheduler receives it (`serving.accept_generate`, above)
     # P/D handshake: prefill's KV carries its weight identity to decode, which refuses KV of other weights
     ("sglang.srt.disaggregation.utils.MetadataBuffers.set_buf", "AFTER", pd.send_prefill_identity),
     ("sglang.srt.disaggregation.decode.DecodeTransferQueue._commit_transfer_to_req", "AROUND",

@@ -6,10 +6,12 @@ guaranteed, decides each one again where it receives the call (docs/fail-closed.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 
 from vradix import identity
+from vradix.hooks import pd_launcher
 from vradix.closed_world import epd, unversioned
 from vradix.core import epochs, staleness
 from vradix.core.epochs import InvalidUpdateRequest, check_disk_update_request
@@ -196,11 +198,21 @@ async def refuse_reused_declared_label(original, tokenizer_manager, obj, *args, 
     return result
 
 
-def reject_bad_staleness_bound(tokenizer_manager, obj, *args, **kwargs):
-    """BEFORE TokenizerManager._validate_one_request (per request, and per element of a batch): a
-    `custom_params.vradix_max_staleness` that is not an integer from 0 to the server window raises StalenessError,
-    which SGLang's HTTP layer answers with HTTP 400, before the request reaches a scheduler."""
+def check_generate_request(tokenizer_manager, obj, *args, **kwargs):
+    """BEFORE TokenizerManager._validate_one_request (per request, and per element of a batch; one hook for both
+    launcher-side checks, raising errors SGLang's HTTP layer answers with HTTP 400 before the request reaches a
+    scheduler): a `custom_params.vradix_max_staleness` that is not an integer from 0 to the server window
+    (StalenessError), and, on a decode role, a request without bootstrap fields
+    (`pd_launcher.reject_decode_request_without_bootstrap`)."""
     from sglang.srt.managers.io_struct import GenerateReqInput
 
     if isinstance(obj, GenerateReqInput):
-        staleness.check_request(obj, staleness.server_window())
+        staleness.check_request(obj, launcher_window())
+        pd_launcher.reject_decode_request_without_bootstrap(tokenizer_manager, obj)
+
+
+@functools.cache
+def launcher_window() -> int:
+    """The server window, read once in this (the launcher's) process: the flag is exported before any request
+    (`export_identity_flag`), and a window never changes while the server runs."""
+    return staleness.server_window()

@@ -7,7 +7,7 @@ attribute 'startswith'`) and the whole engine exits. A request with no room at a
 only after it was tokenized and sent there. The router always adds all three fields; a client that calls the decode
 server directly may not.
 
-Invariant (enforced by `vradix.hooks.pd_launcher.reject_decode_request_without_bootstrap` in the tokenizer manager, before
+Invariant (enforced by `vradix.hooks.pd_launcher.reject_decode_request_without_bootstrap`, from the launcher's request check, in the tokenizer manager, before
 anything is sent to a scheduler): every request a decode-role engine accepts carries a non-empty `bootstrap_host`, a
 `bootstrap_port` in 1..65535 and a `bootstrap_room` in 0..2**64-1. Two exceptions are SGLang's own: the `fake`
 transfer backend assigns the room itself, so there it may be missing; and a request to SGLang's fake bootstrap host
