@@ -10,14 +10,14 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, Sequence, Union
 
 from vradix import identity, request, settings
 from vradix.core import admission, dedup, host_tier, lora, sessions, staleness
 from vradix.core.deferred_reclaim import DeferredReclaim
 from vradix.core.staleness import StalenessRecord
 from vradix.core.state import (Bump, DedupRecord, EpochIdentity, FreedCounters, GuardRecord, LoraRecord,
-                               SessionRecord, StorageCounters, WeightSession)
+                               SessionRecord, StorageCounters, TreelessState, WeightSession, treeless_of)
 from vradix.ledger import device as kv_ledger
 from vradix.ledger.device import PageLedger
 from vradix.ledger import guard
@@ -197,6 +197,11 @@ class Engine:
     #: the test-only fault switch VRADIX_FAULT_NO_NAMESPACE (a bind writes no namespace, so only the ledger's guard
     #: stands between a request and stale KV), read once at `attach`
     fault_no_namespace: bool = False
+    #: the publication steps this engine runs (`vradix.scheduler.publication.EngineSteps`: derived at startup and
+    #: after every runtime reconfiguration, `use_steps`) and its Prometheus series (`vradix.observability.metrics
+    #: .Metrics`, None without --enable-metrics; `use_metrics`, at startup)
+    steps: Optional[Any] = None
+    metrics: Optional[Any] = None
     #: SGLang's streaming-session virtual-node test (None on an engine without streaming sessions, where no request
     #: can stand on a virtual node), resolved once at `attach`
     virtual_node: Optional[Callable[[Any], bool]] = None
@@ -226,6 +231,12 @@ class Engine:
         """Requests bound from now on are bound to the current epoch, its label and its weight identity."""
         self.current = HistoryEntry(0, self.epoch, self.label, self.weight_id)
         self.current_prefix = self.prefix_of_epoch(self.epoch)
+
+    def use_steps(self, steps: Any) -> None:
+        self.steps = steps
+
+    def use_metrics(self, series: Any) -> None:
+        self.metrics = series
 
     def record_bump(self, inv: Bump, is_publication: bool) -> None:
         """Keep `inv` as the last publication, or as the last flush."""
@@ -409,6 +420,17 @@ def attach(tree_cache: "UnifiedRadixCache", with_ledger: bool = True, weight_ide
 def state_of(tree_cache: Any) -> Optional[Engine]:
     """The vradix state of a tree cache, or None when vradix is not versioning it."""
     return getattr(tree_cache, "_vradix", None)
+
+
+def of_scheduler(scheduler: Any) -> Optional[Union[Engine, TreelessState]]:
+    """vradix on `scheduler`: its `Engine`, or the `TreelessState` of an engine without a radix cache, or None. The
+    one attribute vradix sets on a scheduler (`scheduler._vradix`, at startup); a stand-in scheduler a test builds
+    is looked up through its tree cache."""
+    found = getattr(scheduler, "_vradix", None)
+    if found is None and scheduler is not None:
+        cache = getattr(scheduler, "tree_cache", None)
+        found = state_of(cache) or treeless_of(cache)
+    return found
 
 
 def state_of_scheduler(scheduler: Optional["Scheduler"]) -> Optional[Engine]:

@@ -36,6 +36,7 @@ from sglang.srt.mem_cache.multimodal_cache import EmbeddingResult
 
 from vradix.closed_world import epd, post_load
 from vradix.core import weight_derived
+from vradix.engine import of_scheduler
 from vradix.hooks import publication
 from vradix.testing.harness.engine import (Engine, disk_request, end_session, open_session,
                                            succeeding_update, tensor_bucket)
@@ -110,8 +111,8 @@ def test_the_derived_caches_step_is_read_from_the_served_model():
     assert weight_derived.present(scheduler(types.SimpleNamespace(is_multimodal=True)))
     assert weight_derived.present(scheduler(None))
     assert weight_derived.present(scheduler(text, vision_tower()))
-    assert Engine(multimodal=True).scheduler._vradix_steps.derived_caches
-    assert not Engine().scheduler._vradix_steps.derived_caches
+    assert of_scheduler(Engine(multimodal=True).scheduler).steps.derived_caches
+    assert not of_scheduler(Engine().scheduler).steps.derived_caches
 
 # ---- no radix cache ------------------------------------------------------------------------------------------------
 

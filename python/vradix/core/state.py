@@ -248,7 +248,8 @@ class TreelessState:
     counted the way an `Engine` counts them: an update call outside a session is one, a session is one at its
     end, a new label by itself is one; a flush by itself drops them too, recorded but not counted. Changes only
     through `open_publication`, `close_publication`, `open_session` and `close_session` (only
-    `vradix.scheduler.publication.Publication`) and `record` (`vradix.scheduler.treeless.TreelessEngine.drop`)."""
+    `vradix.scheduler.publication.Publication`), `record` (`vradix.scheduler.treeless.TreelessEngine.drop`), and
+    `use_steps` / `use_metrics` (at startup and after a runtime reconfiguration)."""
 
     publications: int = 0
     #: the publication open on this engine (`vradix.scheduler.publication.Publication`; the label change and the
@@ -259,12 +260,22 @@ class TreelessState:
     #: what the last publication (or flush) dropped: reason, mm_embeddings_cleared, position_grids_cleared
     last: Optional[dict] = None
     last_publication: Optional[dict] = None
+    #: the publication steps this engine runs (`vradix.scheduler.publication.EngineSteps`) and its Prometheus series
+    #: (`vradix.observability.metrics.Metrics`, None without --enable-metrics)
+    steps: Optional[Any] = None
+    metrics: Optional[Any] = None
 
     def open_publication(self, publication) -> None:
         self.publication = publication
 
     def close_publication(self) -> None:
         self.publication = None
+
+    def use_steps(self, steps: Any) -> None:
+        self.steps = steps
+
+    def use_metrics(self, series: Any) -> None:
+        self.metrics = series
 
     def open_session(self, _session) -> None:
         self.session_open = True

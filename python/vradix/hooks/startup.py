@@ -41,7 +41,7 @@ def attach_to_scheduler(_result, scheduler, server_args=None, port_args=None, *a
     cache = scheduler.tree_cache
     if not cache.supports_prefix_sharing():
         refuse_treeless_decode(scheduler)
-        attach_treeless(cache)
+        scheduler._vradix = attach_treeless(cache)
         publication.install_steps(scheduler)
         logger.info("vradix %s active without a radix cache: no prefix tree to version; every publication drops the "
                     "weight-derived caches (multimodal embedding cache, vision position-embedding grids)",
@@ -68,6 +68,7 @@ def attach_to_scheduler(_result, scheduler, server_args=None, port_args=None, *a
                    identity_mode=mode, scope=scope, staleness_window=window, label=current_label(),
                    streaming_sessions=bool(getattr(scheduler.server_args, "enable_streaming_session", True)),
                    nonces=nonces)
+    scheduler._vradix = state  # the one attribute vradix sets on the scheduler (`engine.of_scheduler`)
     if state.ledger is not None and getattr(scheduler, "enable_hierarchical_cache", False):
         host_ledger.attach(cache, state.ledger)
     state.guard.narrow_to_ranks(getattr(scheduler, "tp_size", 1), getattr(scheduler, "pp_size", 1))

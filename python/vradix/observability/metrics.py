@@ -18,7 +18,7 @@ from __future__ import annotations
 import weakref
 from typing import Optional
 
-from vradix.engine import state_of
+from vradix.engine import of_scheduler, state_of
 
 #: gauge name suffix: (server-info key, documentation)
 GAUGES = {
@@ -117,16 +117,16 @@ _attached: Optional[weakref.ref] = None
 
 
 def attach(scheduler) -> None:
-    """Give `scheduler` its series (`metrics_for`). The handle is kept on the scheduler, apart from the engine's
-    versioned-cache state: it is an output of that state, never part of it."""
+    """Give `scheduler`'s engine its series (`metrics_for`; `Engine.metrics`)."""
     global _attached
-    scheduler._vradix_metrics = metrics_for(scheduler)
+    of_scheduler(scheduler).use_metrics(metrics_for(scheduler))
     _attached = weakref.ref(scheduler)
 
 
 def metrics_of(scheduler) -> Optional[Metrics]:
     """The series `attach` gave `scheduler`, or None (no --enable-metrics, or vradix is not versioning its cache)."""
-    return getattr(scheduler, "_vradix_metrics", None)
+    holder = of_scheduler(scheduler)
+    return holder.metrics if holder is not None else None
 
 
 def export_metrics(scheduler, bump_seconds: Optional[float] = None, pause_seconds: Optional[float] = None) -> None:

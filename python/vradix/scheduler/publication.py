@@ -36,7 +36,7 @@ from vradix import identity
 from vradix.core import deferred_reclaim, epochs, overlap, weight_derived
 from vradix.core.epochs import current_label
 from vradix.core.state import Bump, WeightSession, treeless_of
-from vradix.engine import Engine, state_of_scheduler
+from vradix.engine import Engine, of_scheduler, state_of_scheduler
 from vradix.l3 import prefetch
 from vradix.ledger import guard
 from vradix.observability import metrics
@@ -73,22 +73,22 @@ class EngineSteps:
 
 
 def install_steps(scheduler) -> EngineSteps:
-    """Read the engine's publication steps (`EngineSteps`) once; called where vradix attaches to a scheduler."""
-    scheduler._vradix_steps = EngineSteps.of_scheduler(scheduler)
-    return scheduler._vradix_steps
+    """Read the engine's publication steps (`EngineSteps`) and give them to its engine; called where vradix attaches
+    to a scheduler, and again after a runtime reconfiguration."""
+    steps = EngineSteps.of_scheduler(scheduler)
+    of_scheduler(scheduler).use_steps(steps)
+    return steps
 
 
 def steps_of(scheduler) -> EngineSteps:
     """The engine's publication steps (read now for a scheduler vradix attached to without `install_steps`)."""
-    steps = getattr(scheduler, "_vradix_steps", None)
+    steps = of_scheduler(scheduler).steps
     return steps if steps is not None else install_steps(scheduler)
 
 
 def opened(scheduler) -> Optional["Publication"]:
     """The publication open on the scheduler's engine (an update call's, or a weight-update session's), or None."""
-    if scheduler is None:
-        return None
-    holder = state_of_scheduler(scheduler) or treeless_of(scheduler.tree_cache)
+    holder = of_scheduler(scheduler)
     return holder.publication if holder is not None else None
 
 

@@ -22,7 +22,7 @@ import types
 from typing import Iterable, Mapping, Optional
 
 from vradix.core import deferred_reclaim, staleness
-from vradix.engine import state_of_scheduler
+from vradix.engine import of_scheduler, state_of_scheduler
 from vradix.scheduler import launch, publication
 
 logger = logging.getLogger("vradix")
@@ -98,7 +98,8 @@ def refusal(scheduler, changes: Mapping[str, object], blind_spots: Iterable[str]
 def rederive(scheduler) -> Optional[publication.EngineSteps]:
     """After a runtime change: derive the engine's publication steps again (module docstring, step 2). A scheduler
     whose steps were never read (vradix did not attach to it) is left alone: its steps are read when first needed."""
-    before = getattr(scheduler, "_vradix_steps", None)
+    holder = of_scheduler(scheduler)
+    before = holder.steps if holder is not None else None
     if before is None:
         return None
     steps = publication.install_steps(scheduler)
