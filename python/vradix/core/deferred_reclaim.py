@@ -6,8 +6,11 @@ native call that drops a namespace's subtree while part of it is locked (`root_n
 `drop_subtree_no_host` only drops a device leaf whose descendants are host-only), so the bump now only *defers* the
 reclaim (`defer`), and the stale nodes are freed afterwards, by the same per-node eviction, in three places:
 
-1. `step`: one bounded slice per scheduler iteration (at most `SLICE_NODES` nodes freed and `SLICE_VISITS` eviction
-   candidates looked at), before the scheduler picks its next batch;
+1. `step`: one bounded slice per scheduler iteration (at most `SLICE_NODES` nodes and about `SLICE_TOKENS` tokens
+   freed, `SLICE_VISITS` candidates looked at), before the scheduler picks its next batch. A slice's work does not
+   grow with the cache: on the Rust TreeCore it opens SGLang's eviction walk (started natively, no per-leaf Python
+   work); on the Python TreeCore, whose walk builds a heap over every evictable leaf at each start, the slices draw
+   their candidates from a frontier of stale leaves kept across slices (`_Frontier`) and never open that walk;
 2. `reclaim`: eagerly, stale first, whenever SGLang evicts for any reason (an allocation that needs memory): before
    SGLang's own walk, whatever its eviction policy (LRU, LFU, priority, ...), so fresh KV is evicted only once no
    stale KV is left to free;
@@ -40,10 +43,11 @@ Invariants:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
 
 from vradix import settings
 from vradix.core import staleness
@@ -51,10 +55,13 @@ from vradix.core.reclaim import batched_frees, free_stale_leaf
 
 #: nodes one scheduler iteration frees at most (~20 us each on the Rust TreeCore, plus one allocator free per slice)
 #: (VRADIX_RECLAIM_SLICE_NODES, read at import: an unusable value fails the import with `settings.SettingsError`)
-SLICE_NODES = settings.value("VRADIX_RECLAIM_SLICE_NODES")
+SLICE_NODES: int = settings.value("VRADIX_RECLAIM_SLICE_NODES")
 #: eviction candidates one iteration looks at at most (fresh ones are skipped: under LFU or priority policies the
 #: stale nodes need not come first in SGLang's eviction order)
-SLICE_VISITS = 2 * SLICE_NODES + 32
+SLICE_VISITS: int = 2 * SLICE_NODES + 32
+#: stale tokens after which a slice stops (it finishes the node it is on: a node is never split): the copy of freed
+#: slots a slice hands the allocator grows with tokens, not nodes, and one node can hold a whole long prompt
+SLICE_TOKENS: int = 256 * SLICE_NODES
 
 
 @dataclass
@@ -71,18 +78,59 @@ class DeferredReclaim:
     tokens_freed_on_demand: int = 0
     tokens_freed_at_idle: int = 0
     slices: int = 0
-    #: the most nodes a slice freed and looked at (bounded by SLICE_NODES / SLICE_VISITS)
+    #: the most nodes, candidates and tokens a slice freed / looked at (bounded by SLICE_NODES / SLICE_VISITS /
+    #: SLICE_TOKENS plus the last node's tokens)
     max_slice_nodes: int = 0
     max_slice_visits: int = 0
+    max_slice_tokens: int = 0
     completed: int = 0
+    #: the Python TreeCore slices' candidates, kept across slices (not reported)
+    frontier: "_Frontier" = field(default_factory=lambda: _Frontier(), repr=False, compare=False)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"active": self.active, "pending_tokens": self.pending_tokens,
                 "tokens_freed_by_slices": self.tokens_freed_by_slices,
                 "tokens_freed_on_demand": self.tokens_freed_on_demand,
                 "tokens_freed_at_idle": self.tokens_freed_at_idle, "slices": self.slices,
                 "max_slice_nodes": self.max_slice_nodes, "max_slice_visits": self.max_slice_visits,
-                "completed": self.completed, "slice_nodes": SLICE_NODES}
+                "max_slice_tokens": self.max_slice_tokens,
+                "completed": self.completed, "slice_nodes": SLICE_NODES, "slice_tokens": SLICE_TOKENS}
+
+
+class _Frontier:
+    """Candidate stale leaves of the Python TreeCore, kept across slices, so that a slice costs O(its budget) instead
+    of the O(evictable leaves) heap SGLang's Python eviction walk builds at every start.
+
+    Invariants: it holds tree nodes (SGLang's `UnifiedTreeNode`), each checked when taken, against the core's own
+    evictable device-leaf set and `reclaimable`, so a node freed, locked, grown a child or fresh since it joined is
+    skipped, never freed. It is seeded with a snapshot of the evictable device leaves (one C-level list copy, no
+    per-leaf Python work), and a freed leaf's parent joins it when the free made the parent a leaf, so one pass
+    reaches every unlocked stale node. When it runs dry while stale tokens are pending (stale nodes unlocked since,
+    or frees by other paths) it is seeded again; a pass that freed nothing means nothing stale is left to free."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Any] = []
+        self.seeded = False
+        self.freed_since_seed = False
+
+    def clear(self) -> None:
+        self.nodes, self.seeded, self.freed_since_seed = [], False, False
+
+    def take(self, leaves: set[Any]) -> tuple[Any, bool]:
+        """The next candidate (None when there is none), and whether the candidates ran out for good."""
+        if not self.nodes:
+            if self.seeded and not self.freed_since_seed:
+                return None, True
+            self.nodes, self.seeded, self.freed_since_seed = list(leaves), True, False
+            if not self.nodes:
+                return None, True
+        return self.nodes.pop(), False
+
+    def note_freed(self, parent: Any, leaves: set[Any]) -> None:
+        """A candidate was freed: its parent joins when it became an evictable leaf."""
+        self.freed_since_seed = True
+        if parent is not None and parent in leaves:
+            self.nodes.append(parent)
 
 
 def supported(cache) -> bool:
@@ -100,6 +148,7 @@ def defer(state, cache) -> int:
     q.active = True
     q.watermark = None
     q.pending_tokens = cache.evictable_size()
+    q.frontier.clear()
     return q.pending_tokens
 
 
@@ -107,6 +156,7 @@ def cancel(state) -> None:
     """The whole tree was dropped (reset): nothing is pending any more."""
     q = state.deferred
     q.active, q.watermark, q.pending_tokens = False, None, 0
+    q.frontier.clear()
 
 
 def is_stale(q: DeferredReclaim, node_id) -> bool:
@@ -153,10 +203,12 @@ def step(state, cache) -> int:
     q = state.deferred
     if not q.active:
         return 0
-    freed, nodes, visits = _walk(state, cache, max_nodes=SLICE_NODES, max_visits=SLICE_VISITS)
+    freed, nodes, visits = _walk(state, cache, max_nodes=SLICE_NODES, max_visits=SLICE_VISITS,
+                                 need_tokens=SLICE_TOKENS, from_frontier=isinstance(cache.tree_core, UnifiedTreeCore))
     q.slices += 1
     q.max_slice_nodes = max(q.max_slice_nodes, nodes)
     q.max_slice_visits = max(q.max_slice_visits, visits)
+    q.max_slice_tokens = max(q.max_slice_tokens, freed)
     q.tokens_freed_by_slices += freed
     return freed
 
@@ -204,13 +256,24 @@ def evict_older_in_window(state, cache, need_tokens: int) -> int:
     return freed
 
 
-def _walk(state, cache, *, max_nodes=None, max_visits=None, need_tokens=None) -> tuple[int, int, int]:
+def _walk(state, cache, *, max_nodes: Optional[int] = None, max_visits: Optional[int] = None,
+          need_tokens: Optional[int] = None, from_frontier: bool = False) -> tuple[int, int, int]:
     """The deferred reclaim's walk: free reclaimable leaves until a bound is reached, nothing stale is pending, or the
-    candidates run out (then the reclaim is complete). Returns (tokens freed, nodes freed, candidates visited)."""
+    candidates run out (then the reclaim is complete). Candidates come from SGLang's device eviction order, or, with
+    `from_frontier` (Python TreeCore slices), from the frontier kept across slices. Returns (tokens freed, nodes
+    freed, candidates visited)."""
     q = state.deferred
     budget = q.pending_tokens if need_tokens is None else min(q.pending_tokens, need_tokens)
-    freed, nodes, visits, exhausted = _free_leaves(cache, lambda node_id: reclaimable(state, cache, node_id),
-                                                   max_tokens=budget, max_nodes=max_nodes, max_visits=max_visits)
+
+    def is_victim(node_id) -> bool:
+        return reclaimable(state, cache, node_id)
+
+    if from_frontier:
+        freed, nodes, visits, exhausted = _free_frontier_leaves(cache, q.frontier, is_victim, max_tokens=budget,
+                                                                max_nodes=max_nodes, max_visits=max_visits)
+    else:
+        freed, nodes, visits, exhausted = _free_leaves(cache, is_victim, max_tokens=budget, max_nodes=max_nodes,
+                                                       max_visits=max_visits)
     state.freed.count(freed)
     q.pending_tokens = max(0, q.pending_tokens - freed)
     if q.pending_tokens == 0 or exhausted:
@@ -220,7 +283,35 @@ def _walk(state, cache, *, max_nodes=None, max_visits=None, need_tokens=None) ->
     return freed, nodes, visits
 
 
-def _free_leaves(cache, is_victim, *, max_tokens, max_nodes=None, max_visits=None) -> tuple[int, int, int, bool]:
+def _free_frontier_leaves(cache, frontier: _Frontier, is_victim: Callable[[Any], bool], *, max_tokens: int,
+                          max_nodes: Optional[int] = None,
+                          max_visits: Optional[int] = None) -> tuple[int, int, int, bool]:
+    """`_free_leaves` over `frontier` instead of SGLang's eviction walk (Python TreeCore): no walk is opened, so no
+    per-leaf heap is built; each candidate is checked against the core's evictable device-leaf set (unlocked, no
+    device child) before `is_victim`. Same returns."""
+    leaves = cache.tree_core.evictable_device_leaves
+    tracker = {ct: 0 for ct in cache.tree_components}
+    nodes = visits = 0
+    exhausted = False
+    with batched_frees(cache.token_to_kv_pool_allocator):
+        while tracker[ComponentType.FULL] < max_tokens:
+            if (max_nodes is not None and nodes >= max_nodes) or (max_visits is not None and visits >= max_visits):
+                break
+            node, exhausted = frontier.take(leaves)
+            if node is None:
+                break
+            visits += 1
+            if node not in leaves or not is_victim(node.id):
+                continue
+            parent = node.parent
+            if free_stale_leaf(cache, node.id, tracker):
+                nodes += 1
+                frontier.note_freed(parent, leaves)
+    return tracker[ComponentType.FULL], nodes, visits, exhausted
+
+
+def _free_leaves(cache, is_victim: Callable[[Any], bool], *, max_tokens: int, max_nodes: Optional[int] = None,
+                 max_visits: Optional[int] = None) -> tuple[int, int, int, bool]:
     """Walk SGLang's device eviction order once, freeing only the leaves `is_victim` names (a freed leaf's parent
     joins the walk when it becomes a leaf), until `max_tokens` are freed, a bound is reached, or the candidates run
     out. Returns (tokens freed, nodes freed, candidates visited, whether the candidates ran out)."""
