@@ -112,9 +112,11 @@ class _Frontier:
         self.nodes: list[Any] = []
         self.seeded = False
         self.freed_since_seed = False
+        #: seeds taken since the last bump (each one list copy of the evictable leaves)
+        self.seeds = 0
 
     def clear(self) -> None:
-        self.nodes, self.seeded, self.freed_since_seed = [], False, False
+        self.nodes, self.seeded, self.freed_since_seed, self.seeds = [], False, False, 0
 
     def take(self, leaves: set[Any]) -> tuple[Any, bool]:
         """The next candidate (None when there is none), and whether the candidates ran out for good."""
@@ -122,6 +124,7 @@ class _Frontier:
             if self.seeded and not self.freed_since_seed:
                 return None, True
             self.nodes, self.seeded, self.freed_since_seed = list(leaves), True, False
+            self.seeds += 1
             if not self.nodes:
                 return None, True
         return self.nodes.pop(), False
