@@ -44,7 +44,7 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
@@ -52,6 +52,11 @@ from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
 from vradix import settings
 from vradix.core import staleness
 from vradix.core.reclaim import batched_frees, free_stale_leaf
+
+if TYPE_CHECKING:  # vradix.core.state imports this module (EpochState owns a DeferredReclaim)
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    from vradix.core.state import EpochState
 
 #: nodes one scheduler iteration frees at most (~20 us each on the Rust TreeCore, plus one allocator free per slice)
 #: (VRADIX_RECLAIM_SLICE_NODES, read at import: an unusable value fails the import with `settings.SettingsError`)
@@ -136,7 +141,7 @@ class _Frontier:
             self.nodes.append(parent)
 
 
-def supported(cache) -> bool:
+def supported(cache: UnifiedRadixCache) -> bool:
     """Whether the stale KV of `cache` can be reclaimed after the bump: full-attention KV only, no HiCache host tier,
     no external cache linker (their stale host copies are freed at the bump, `host_tier`)."""
     return (tuple(cache.tree_components) == (ComponentType.FULL,)
@@ -145,7 +150,7 @@ def supported(cache) -> bool:
             and getattr(cache, "buffer_pipeline", None) is None)
 
 
-def defer(state, cache) -> int:
+def defer(state: EpochState, cache: UnifiedRadixCache) -> int:
     """At a bump: everything evictable is now stale (the new namespace is empty). O(1). Returns the pending tokens."""
     q = state.deferred
     q.active = True
@@ -155,18 +160,18 @@ def defer(state, cache) -> int:
     return q.pending_tokens
 
 
-def cancel(state) -> None:
+def cancel(state: EpochState) -> None:
     """The whole tree was dropped (reset): nothing is pending any more."""
     q = state.deferred
     q.active, q.watermark, q.pending_tokens = False, None, 0
     q.frontier.clear()
 
 
-def is_stale(q: DeferredReclaim, node_id) -> bool:
+def is_stale(q: DeferredReclaim, node_id: int) -> bool:
     return q.watermark is None or node_id < q.watermark
 
 
-def reclaimable(state, cache, node_id) -> bool:
+def reclaimable(state: EpochState, cache: UnifiedRadixCache, node_id: int) -> bool:
     """Whether the deferred reclaim may free `node_id`: below the watermark; with a staleness window
     (`vradix.core.staleness`), in a namespace older than the window (bounded requests insert into older namespaces, so
     node ids no longer order the epochs: the node's own key names its namespace)."""
@@ -176,13 +181,13 @@ def reclaimable(state, cache, node_id) -> bool:
     return epoch is None or epoch < staleness.window_floor(state)
 
 
-def namespace_epoch(state, cache, node_id):
+def namespace_epoch(state: EpochState, cache: UnifiedRadixCache, node_id: int) -> Optional[int]:
     """The epoch of the namespace `node_id`'s key names (None: no namespace vradix knows)."""
     extra_key, _ = cache.tree_core.prefetch_anchor_info(node_id)
     return state.epoch_of(extra_key)
 
 
-def note_insert(state, cache, node_id) -> None:
+def note_insert(state: EpochState, cache: UnifiedRadixCache, node_id: Optional[int]) -> None:
     """After an insert: the first one after the bump fixes the watermark (the lowest id on the path it ended on,
     all of which it created: its namespace was empty)."""
     q = state.deferred
@@ -192,7 +197,7 @@ def note_insert(state, cache, node_id) -> None:
     q.watermark = min(info.node_id for info in path)
 
 
-def note_release(state, evictable_before: int, evictable_after: int) -> None:
+def note_release(state: EpochState, evictable_before: int, evictable_after: int) -> None:
     """A crossing request released its lock while reclaim is pending: stale nodes it unlocked that the release-time
     reclaim could not free (they still have unlocked stale children) are now pending too. A crossing request locks
     only stale nodes and never inserts, so the change in evictable tokens is exactly the change in stale ones."""
@@ -201,7 +206,7 @@ def note_release(state, evictable_before: int, evictable_after: int) -> None:
         q.pending_tokens = max(0, q.pending_tokens + evictable_after - evictable_before)
 
 
-def step(state, cache) -> int:
+def step(state: EpochState, cache: UnifiedRadixCache) -> int:
     """One bounded slice (a scheduler iteration). Returns stale tokens freed."""
     q = state.deferred
     if not q.active:
@@ -216,7 +221,7 @@ def step(state, cache) -> int:
     return freed
 
 
-def reclaim(state, cache, need_tokens: int) -> int:
+def reclaim(state: EpochState, cache: UnifiedRadixCache, need_tokens: int) -> int:
     """Eviction on demand: free up to `need_tokens` stale tokens before SGLang evicts anything. Returns tokens freed."""
     q = state.deferred
     if not q.active or need_tokens <= 0:
@@ -226,7 +231,7 @@ def reclaim(state, cache, need_tokens: int) -> int:
     return freed
 
 
-def finish(state, cache) -> int:
+def finish(state: EpochState, cache: UnifiedRadixCache) -> int:
     """Reclaim everything still pending (the engine is idle: nothing waits for this thread). Returns tokens freed."""
     q = state.deferred
     if not q.active:
@@ -236,7 +241,7 @@ def finish(state, cache) -> int:
     return freed
 
 
-def evict_older_in_window(state, cache, need_tokens: int) -> int:
+def evict_older_in_window(state: EpochState, cache: UnifiedRadixCache, need_tokens: int) -> int:
     """The second eviction tier (window above 0, under memory pressure, after the deferred reclaim and before
     SGLang's own eviction): free up to `need_tokens` of KV in namespaces older than the current epoch but still in the
     window, in SGLang's device eviction order. Returns tokens freed, also counted in
@@ -250,7 +255,7 @@ def evict_older_in_window(state, cache, need_tokens: int) -> int:
     if need_tokens <= 0 or staleness.window_floor(state) >= state.epoch:
         return 0
 
-    def older_in_window(node_id) -> bool:
+    def older_in_window(node_id: int) -> bool:
         epoch = namespace_epoch(state, cache, node_id)
         return epoch is not None and epoch < state.epoch
 
@@ -259,8 +264,9 @@ def evict_older_in_window(state, cache, need_tokens: int) -> int:
     return freed
 
 
-def _walk(state, cache, *, max_nodes: Optional[int] = None, max_visits: Optional[int] = None,
-          need_tokens: Optional[int] = None, from_frontier: bool = False) -> tuple[int, int, int]:
+def _walk(state: EpochState, cache: UnifiedRadixCache, *, max_nodes: Optional[int] = None,
+          max_visits: Optional[int] = None, need_tokens: Optional[int] = None,
+          from_frontier: bool = False) -> tuple[int, int, int]:
     """The deferred reclaim's walk: free reclaimable leaves until a bound is reached, nothing stale is pending, or the
     candidates run out (then the reclaim is complete). Candidates come from SGLang's device eviction order, or, with
     `from_frontier` (Python TreeCore slices), from the frontier kept across slices. Returns (tokens freed, nodes
@@ -268,7 +274,7 @@ def _walk(state, cache, *, max_nodes: Optional[int] = None, max_visits: Optional
     q = state.deferred
     budget = q.pending_tokens if need_tokens is None else min(q.pending_tokens, need_tokens)
 
-    def is_victim(node_id) -> bool:
+    def is_victim(node_id: int) -> bool:
         return reclaimable(state, cache, node_id)
 
     if from_frontier:
@@ -286,8 +292,8 @@ def _walk(state, cache, *, max_nodes: Optional[int] = None, max_visits: Optional
     return freed, nodes, visits
 
 
-def _free_frontier_leaves(cache, frontier: _Frontier, is_victim: Callable[[Any], bool], *, max_tokens: int,
-                          max_nodes: Optional[int] = None,
+def _free_frontier_leaves(cache: UnifiedRadixCache, frontier: _Frontier, is_victim: Callable[[int], bool], *,
+                          max_tokens: int, max_nodes: Optional[int] = None,
                           max_visits: Optional[int] = None) -> tuple[int, int, int, bool]:
     """`_free_leaves` over `frontier` instead of SGLang's eviction walk (Python TreeCore): no walk is opened, so no
     per-leaf heap is built; each candidate is checked against the core's evictable device-leaf set (unlocked, no
@@ -313,8 +319,8 @@ def _free_frontier_leaves(cache, frontier: _Frontier, is_victim: Callable[[Any],
     return tracker[ComponentType.FULL], nodes, visits, exhausted
 
 
-def _free_leaves(cache, is_victim: Callable[[Any], bool], *, max_tokens: int, max_nodes: Optional[int] = None,
-                 max_visits: Optional[int] = None) -> tuple[int, int, int, bool]:
+def _free_leaves(cache: UnifiedRadixCache, is_victim: Callable[[int], bool], *, max_tokens: int,
+                 max_nodes: Optional[int] = None, max_visits: Optional[int] = None) -> tuple[int, int, int, bool]:
     """Walk SGLang's device eviction order once, freeing only the leaves `is_victim` names (a freed leaf's parent
     joins the walk when it becomes a leaf), until `max_tokens` are freed, a bound is reached, or the candidates run
     out. Returns (tokens freed, nodes freed, candidates visited, whether the candidates ran out)."""
@@ -340,7 +346,7 @@ def _free_leaves(cache, is_victim: Callable[[Any], bool], *, max_tokens: int, ma
     return tracker[ComponentType.FULL], nodes, visits, exhausted
 
 
-def age_out_on_flush(state, cache, after_next_bump: bool = False) -> None:
+def age_out_on_flush(state: EpochState, cache: UnifiedRadixCache, after_next_bump: bool = False) -> None:
     """A flush with a staleness window: nothing computed before it stays reusable, not even by bounded requests (a
     flush is a flush). The floor is the current epoch (the flush's own bump, or the bump of the update that asked
     for it), or the next one inside a weight-update session (its bump comes at `end_weight_update`); the deferred

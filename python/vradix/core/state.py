@@ -160,7 +160,7 @@ class LoraRecord:
 
     def take_nodes(self, lora_id: Optional[str]) -> Any:
         """The nodes adapter `lora_id`'s requests inserted (None: none), forgotten here."""
-        return self.adapter_nodes.pop(lora_id, None)
+        return self.adapter_nodes.pop(lora_id, None) if lora_id is not None else None
 
     def identify(self, lora_id: str, adapter_id: str) -> None:
         self.adapter_ids[lora_id] = adapter_id
@@ -170,7 +170,8 @@ class LoraRecord:
         return self.adapter_ids.setdefault(lora_id, fallback)
 
     def forget(self, lora_id: Optional[str]) -> None:
-        self.adapter_ids.pop(lora_id, None)
+        if lora_id is not None:  # no adapter is keyed None
+            self.adapter_ids.pop(lora_id, None)
 
 
 @dataclass
@@ -417,11 +418,14 @@ class EpochState:
 
     def epoch_of(self, extra_key: Optional[str]) -> Optional[int]:
         """The epoch whose namespace `extra_key` was stamped with, or None (unstamped, or another engine's)."""
-        return self._epoch_by_prefix.get(identity.prefix_of(extra_key))
+        prefix = identity.prefix_of(extra_key)
+        return self._epoch_by_prefix.get(prefix) if prefix is not None else None
 
     def label_of(self, epoch: Optional[int]) -> Optional[str]:
         """The label epoch `epoch` was published under (the current label for the current epoch)."""
-        return self.label if epoch == self.epoch else self.epoch_labels.get(epoch)
+        if epoch == self.epoch:
+            return self.label
+        return self.epoch_labels.get(epoch) if epoch is not None else None
 
     def declared_before(self, text: str) -> bool:
         """Whether an epoch of this process already carries the declared identity `text`."""

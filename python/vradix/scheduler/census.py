@@ -146,7 +146,7 @@ def check_requests(scheduler, live, epoch: int) -> None:
 def outside(found: dict, live_ids: set) -> str:
     """Where the walk found requests `live_requests` does not hold, by attribute path (indices and keys dropped),
     with how many and how many of them hold KV."""
-    counts = collections.Counter()
+    counts: collections.Counter[tuple[str, bool]] = collections.Counter()
     for path, req in found.values():
         if id(req) not in live_ids:
             where = re.sub(r"\[[^\]]*\]", "[]", path)
@@ -175,7 +175,8 @@ def find_requests(root, max_depth: int = MAX_DEPTH, max_objects: int = MAX_OBJEC
     into (what it points at is its own state). The root's attributes are always read, whatever its class."""
     from sglang.srt.managers.schedule_batch import Req
 
-    found, seen = {}, {id(root)}
+    found: dict[int, tuple[str, Req]] = {}
+    seen = {id(root)}
     queue = collections.deque([(root, "scheduler", 0)])
     visited = 0
     while queue:

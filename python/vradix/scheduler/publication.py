@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 from vradix.core import deferred_reclaim, epochs, host_tier, lora, mm_embeddings, overlap, weight_derived
 from vradix.core.state import Bump, EpochState, WeightSession, state_of_scheduler, treeless_of
@@ -95,7 +95,7 @@ class Publication:
         #: the bucket counts, while this publication is a weight-update session
         self.session: Optional[WeightSession] = None
         #: what `apply` did: a `Bump` on a radix cache, the treeless record without one
-        self.result = None
+        self.result: Union[Bump, dict, int, None] = None
         #: whether this session holds generation itself (`hold_generation`): it then refuses the requests that reach
         #: the scheduler (`refuses_requests`) and resumes generation at `end_session`
         self.holds_generation = False
@@ -173,7 +173,7 @@ class Publication:
             return record_bucket(self.session, out)
         if self.result is None and may_touch_weights and not out.success:
             self.apply(f"failed {self.source} (conservative)", label=current_label())
-        if self.result is not None:
+        if isinstance(self.result, Bump):
             out.message = f"{out.message} [{self.result.summary()}]"
         return out
 
@@ -341,7 +341,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     has not fulfilled yet (`vradix.pd.revocation`). `weights_changed` is False for a publication of a label alone.
     """
     t_bump = time.perf_counter()
-    state = state_of_scheduler(scheduler)
+    state = versioned_state(scheduler)
     # the publication drained the in-flight batches, so no check is left in flight; read any a dropped result left
     state.guard.verdicts.read_all()
     live = live_requests(scheduler)
@@ -361,6 +361,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
         inv.took_drain(state.take_drain())
         queue = getattr(scheduler, "disagg_decode_transfer_queue", None)  # only a decode role promises prefixes
         if queue is not None:
+            assert inv.weight_id is not None, "a bump records the identity it published"
             inv.count_revoked(revocation.revoke_unfulfilled(queue, inv.weight_id, inv.epoch_after))
     # multimodal embeddings (keyed by content only) and vision position grids the old weights computed
     cleared = weight_derived.clear_at_publication(scheduler) if steps.derived_caches else weight_derived.Cleared()
@@ -382,6 +383,13 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     return inv
 
 
+def versioned_state(scheduler) -> EpochState:
+    """The epoch state of an engine with a radix cache (the steps that bump, reset or unload run only there)."""
+    state = state_of_scheduler(scheduler)
+    assert state is not None, "a publication step that needs the epoch state ran on an engine without one"
+    return state
+
+
 def export_metrics(scheduler, **observed) -> None:
     """Export the engine's values after a publication step (`metrics.export_metrics`), on an engine with metrics."""
     if steps_of(scheduler).metrics:
@@ -391,7 +399,7 @@ def export_metrics(scheduler, **observed) -> None:
 def record_idle_reset(scheduler, reason: str, tokens_freed: int, host_tokens_freed) -> Bump:
     """The record of a flush that reset an idle engine (`epochs.record_reset`): it also drops the multimodal
     embeddings, as every flush does."""
-    inv = epochs.record_reset(state_of_scheduler(scheduler), reason, tokens_freed, host_tokens_freed,
+    inv = epochs.record_reset(versioned_state(scheduler), reason, tokens_freed, host_tokens_freed,
                               mm_embeddings.clear_all())
     export_metrics(scheduler)
     return inv
@@ -399,7 +407,7 @@ def record_idle_reset(scheduler, reason: str, tokens_freed: int, host_tokens_fre
 
 def unload_adapter(scheduler, recv_req) -> int:
     """A LoRA adapter unloaded: its entries, and only those, are freed; no epoch changes. Returns the tokens freed."""
-    state = state_of_scheduler(scheduler)
+    state = versioned_state(scheduler)
     state.lora.count_event()
     lora.forget_adapter(state, recv_req.lora_id)
     freed = lora.free_adapter_entries(state, scheduler.tree_cache, recv_req.lora_id)
@@ -432,6 +440,7 @@ def publish_without_tree(scheduler, reason: str, *, is_publication: bool = True)
     """One publication on an engine without a radix cache (`state.TreelessState`): no tree, no epoch, but the
     weight-derived caches the old weights filled are dropped, once (`weight_derived.clear_at_publication`)."""
     treeless = treeless_of(scheduler.tree_cache)
+    assert treeless is not None, "an engine without a radix cache has a treeless record"
     cleared = weight_derived.clear_at_publication(scheduler)
     treeless.record({"reason": reason, "label": current_label(), "mm_embeddings_cleared": cleared.mm_embeddings,
                      "position_grids_cleared": cleared.position_grids}, is_publication)
@@ -439,7 +448,9 @@ def publish_without_tree(scheduler, reason: str, *, is_publication: bool = True)
         census.record_weights(scheduler, f"the publication {treeless.publications} ({reason})")
     logger.info("vradix: %s without a radix cache: %d multimodal embedding(s), %d position grid(s) cleared", reason,
                 cleared.mm_embeddings, cleared.position_grids)
-    return treeless.last
+    last = treeless.last
+    assert last is not None, "just recorded"
+    return last
 
 
 def live_requests(scheduler) -> set:
