@@ -103,39 +103,45 @@ class DeferredReclaim:
 
 
 class _Frontier:
-    """Candidate stale leaves of the Python TreeCore, kept across slices, so that a slice costs O(its budget) instead
+    """The Python TreeCore slices' walk over the tree, kept across slices, so that a slice costs O(its budget) instead
     of the O(evictable leaves) heap SGLang's Python eviction walk builds at every start.
 
+    A depth-first walk from the root, in each node's child order (insertion order: the same on every TP rank, so
+    every rank frees the same nodes in the same slices): a node taken is freed when it is an evictable device leaf,
+    else its children join (one C-level list extend); a node the reclaim may not free (`reclaimable` false: a
+    current-epoch or in-window namespace) is not descended into. A freed leaf's parent joins again when the free made
+    it a leaf, so one pass reaches every unlocked stale node, bottom up.
+
     Invariants: it holds tree nodes (SGLang's `UnifiedTreeNode`), each checked when taken, against the core's own
-    evictable device-leaf set and `reclaimable`, so a node freed, locked, grown a child or fresh since it joined is
-    skipped, never freed. It is seeded with a snapshot of the evictable device leaves (one C-level list copy, no
-    per-leaf Python work), and a freed leaf's parent joins it when the free made the parent a leaf, so one pass
-    reaches every unlocked stale node. When it runs dry while stale tokens are pending (stale nodes unlocked since,
-    or frees by other paths) it is seeded again; a pass that freed nothing means nothing stale is left to free."""
+    evictable device-leaf set and `reclaimable`, so a node freed, locked or fresh since it joined is skipped or
+    descended into, never freed. When a pass ends while stale tokens are pending (stale nodes unlocked since), a new
+    pass starts at the root; a pass that freed nothing means nothing stale is left to free."""
 
     def __init__(self) -> None:
         self.nodes: list[Any] = []
         self.seeded = False
         self.freed_since_seed = False
-        #: seeds taken since the last bump (each one list copy of the evictable leaves)
+        #: passes started since the last bump
         self.seeds = 0
 
     def clear(self) -> None:
         self.nodes, self.seeded, self.freed_since_seed, self.seeds = [], False, False, 0
 
-    def take(self, leaves: set[Any]) -> tuple[Any, bool]:
-        """The next candidate (None when there is none), and whether the candidates ran out for good."""
+    def take(self, root: Any) -> tuple[Any, bool]:
+        """The next node (None when there is none), and whether the candidates ran out for good."""
         if not self.nodes:
             if self.seeded and not self.freed_since_seed:
                 return None, True
-            self.nodes, self.seeded, self.freed_since_seed = list(leaves), True, False
+            self.nodes, self.seeded, self.freed_since_seed = [root], True, False
             self.seeds += 1
-            if not self.nodes:
-                return None, True
         return self.nodes.pop(), False
 
+    def descend(self, node: Any) -> None:
+        """`node` is not a leaf: its children join, the first child taken first."""
+        self.nodes.extend(reversed(node.children.values()))
+
     def note_freed(self, parent: Any, leaves: set[Any]) -> None:
-        """A candidate was freed: its parent joins when it became an evictable leaf."""
+        """A node was freed: its parent joins when the free made it an evictable leaf."""
         self.freed_since_seed = True
         if parent is not None and parent in leaves:
             self.nodes.append(parent)
@@ -296,9 +302,10 @@ def _free_frontier_leaves(cache: UnifiedRadixCache, frontier: _Frontier, is_vict
                           max_tokens: int, max_nodes: Optional[int] = None,
                           max_visits: Optional[int] = None) -> tuple[int, int, int, bool]:
     """`_free_leaves` over `frontier` instead of SGLang's eviction walk (Python TreeCore): no walk is opened, so no
-    per-leaf heap is built; each candidate is checked against the core's evictable device-leaf set (unlocked, no
-    device child) before `is_victim`. Same returns."""
+    per-leaf heap is built; a node is freed when `is_victim` and the core's evictable device-leaf set (unlocked, no
+    device child) both say so. Same returns."""
     leaves = cache.tree_core.evictable_device_leaves
+    root = cache.tree_core.root_node
     tracker = {ct: 0 for ct in cache.tree_components}
     nodes = visits = 0
     exhausted = False
@@ -306,11 +313,14 @@ def _free_frontier_leaves(cache: UnifiedRadixCache, frontier: _Frontier, is_vict
         while tracker[ComponentType.FULL] < max_tokens:
             if (max_nodes is not None and nodes >= max_nodes) or (max_visits is not None and visits >= max_visits):
                 break
-            node, exhausted = frontier.take(leaves)
+            node, exhausted = frontier.take(root)
             if node is None:
                 break
             visits += 1
-            if node not in leaves or not is_victim(node.id):
+            if node is not root and (node.component_data[ComponentType.FULL].value is None or not is_victim(node.id)):
+                continue  # freed since it joined (no KV on the device, no node), or fresh: nor anything below it
+            if node not in leaves:
+                frontier.descend(node)
                 continue
             parent = node.parent
             if free_stale_leaf(cache, node.id, tracker):
