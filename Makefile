@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup lint demo test test-long test-fast bench bench-kernels bench-rl bench-rl-train csrc wheel clean
+.PHONY: setup lint typecheck demo test test-long test-fast bench bench-kernels bench-rl bench-rl-train csrc wheel clean
 
 setup:  ## build .venv from nothing (idempotent; reruns are fast)
 	bash scripts/setup_env.sh
@@ -14,7 +14,10 @@ demo: setup  ## CPU server on a tiny model: stale-prefix publication scenario, s
 lint: setup  ## ruff with a small rule set (pyproject.toml: pyflakes and syntax errors)
 	$(VENV)/bin/ruff check python test benchmark scripts
 
-test: setup lint  ## lint, then the cache-level, plugin and end-to-end server tests on two workers (CPU; what CI runs)
+typecheck: setup  ## mypy on python/vradix (pyproject.toml [tool.mypy]: lenient globally, strict for the listed modules)
+	$(PY) -m mypy
+
+test: setup lint typecheck  ## lint, then the cache-level, plugin and end-to-end server tests on two workers (CPU; what CI runs)
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --timeout=1200 --durations=40 -m "not long" test $(PYTEST_ARGS)
 
 test-long: setup  ## the long profiles CI leaves out (benchmark smokes that repeat E2E coverage)

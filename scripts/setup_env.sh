@@ -48,7 +48,7 @@ step "install the CPU serving and test dependencies" "${PIP[@]}" -c "$VENV/const
   IPython aiohttp dill transformers sentencepiece compressed-tensors gguf openai \
   partial_json_parser setproctitle einops apache-tvm-ffi triton \
   fastapi starlette uvicorn uvloop python-multipart jsonschema xgrammar soundfile \
-  datasets "python-dateutil<3" pytest pytest-timeout pytest-xdist hypothesis prometheus-client matplotlib ruff==0.17.6
+  datasets "python-dateutil<3" pytest pytest-timeout pytest-xdist hypothesis prometheus-client matplotlib ruff==0.17.6 mypy==2.4.1
 # SGLang's Ray scheduler actor (fail-closed test) and the model gateway `smg` (publish-through-gateway tests)
 step "install ray and smg" "${PIP[@]}" -c "$VENV/constraints.txt" ray==2.60.0 smg==1.13.0
 # P/D on CPU: the mooncake transfer engine over TCP (its loader needs libibverbs; docs/pd.md)

@@ -9,7 +9,12 @@ requests, then one publication is timed (median of repeats, refill not timed):
     the unlocked stale KV is left to the deferred reclaim);
   - reclaim total / slices / max slice: the deferred reclaim of that stale KV, run as the scheduler runs it, one
     bounded slice per iteration (`deferred_reclaim.step`) until nothing is pending: the sum of the slices, their count,
-    the median one and the longest one (the most one scheduler iteration stalls for reclaim);
+    the median one and the longest one (wall time of each `step()` call: the most one scheduler iteration stalls for
+    reclaim); `max slice cpu`: the same slices' longest CPU time of this thread (`time.thread_time`: without the
+    time other processes held the core); `max free`: the longest allocator `free` inside a slice (SGLang's
+    allocator appends the freed slots to its free list with `torch.cat`, a copy of the whole list, on CPU a new
+    allocation each time the list grows); `max slice w/o free`: the longest slice less its allocator `free`
+    (vradix's own work: the tree walk and the per-node eviction);
   - bump, nothing locked: a vradix bump when no request holds KV (the tree is dropped at once, like stock's flush);
   - stock reset: `tree_cache.reset()` + allocator/req-pool clear, what `flush_cache` does (stock can only run it
     when *nothing* is locked, i.e. with retract; it would free the locked KV of live requests);
@@ -68,7 +73,9 @@ def bench_publication(core: str, sizes, repeats: int):
 
     rows = []
     for size in sizes:
-        res = {"publication": [], "reclaim total": [], "median slice": [], "max slice": [], "bump, nothing locked": [],
+        res = {"publication": [], "reclaim total": [], "median slice": [], "max slice": [], "max slice cpu": [],
+               "max free": [], "max slice w/o free": [],
+               "bump, nothing locked": [],
                "stock reset": [], "no-op": []}
         slices = []
         nodes = freed = 0
@@ -80,11 +87,27 @@ def bench_publication(core: str, sizes, repeats: int):
             t = time.perf_counter()
             epochs.bump(state, fx.cache, [], [], reason="bench")
             res["publication"].append(time.perf_counter() - t)
-            times = []
+            times, frees = [], []
+            free = fx.allocator.free
+
+            def timed_free(index, free=free, frees=frees, alloc=fx.allocator):
+                t0 = time.perf_counter()
+                free(index)
+                if alloc.free_group is None:  # inside a free group `free` only appends
+                    frees.append(time.perf_counter() - t0)
+            fx.allocator.free = timed_free
+            cpu, own = [], []
             while state.deferred.active:
-                t = time.perf_counter()
+                n = len(frees)
+                t, c = time.perf_counter(), time.thread_time()
                 deferred_reclaim.step(state, fx.cache)
                 times.append(time.perf_counter() - t)
+                cpu.append(time.thread_time() - c)
+                own.append(times[-1] - sum(frees[n:]))
+            del fx.allocator.free
+            res["max slice cpu"].append(max(cpu, default=0.0))
+            res["max free"].append(max(frees, default=0.0))
+            res["max slice w/o free"].append(max(own, default=0.0))
             res["reclaim total"].append(sum(times))
             res["median slice"].append(statistics.median(times) if times else 0.0)
             res["max slice"].append(max(times, default=0.0))
@@ -210,7 +233,8 @@ def main():
     print(f"# publication cost, ms, median of {a.repeats} (CPU: {os.cpu_count()} cores, torch {torch.__version__}; "
           f"deferred reclaim slices of {__import__('vradix.core.deferred_reclaim').core.deferred_reclaim.SLICE_NODES} nodes)")
     hdr = ["core", "inserted_tokens", "cached_tokens", "sequences", "freed", "publication", "reclaim total",
-           "slices", "median slice", "max slice", "bump, nothing locked", "stock reset", "reclaim / reset", "no-op"]
+           "slices", "median slice", "max slice", "max slice cpu", "max free", "max slice w/o free",
+           "bump, nothing locked", "stock reset", "reclaim / reset", "no-op"]
     print("| " + " | ".join(hdr) + " |")
     print("|" + "---|" * len(hdr))
     for core in a.cores.split(","):

@@ -83,7 +83,7 @@ class EngineResult:
     url: str
     plan: Optional[predicate.Plan] = None
     vradix: bool = False
-    epochs_before: List[Optional[int]] = field(default_factory=list)
+    epochs_before: List[int] = field(default_factory=list)
     epochs_after: List[Optional[int]] = field(default_factory=list)
     weight_ids_before: List[Optional[str]] = field(default_factory=list)
     weight_ids_after: List[Optional[str]] = field(default_factory=list)
@@ -98,6 +98,12 @@ class EngineResult:
     verified: bool = False  # only when every engine passed every check
     state: str = "running"  # running | paused(<mode>)
     error: Optional[str] = None
+
+    def planned(self) -> predicate.Plan:
+        """The plan phase 0 derived (`_plan_and_arm` plans every engine before any is paused)."""
+        if self.plan is None:
+            raise RuntimeError(f"{self.url}: not planned")
+        return self.plan
     worker_url: Optional[str] = None  # behind a gateway: the worker's own URL (`url` is its route on the gateway)
 
     def evidence(self) -> str:
@@ -111,7 +117,7 @@ class EngineResult:
                          f"/flush={self.plan.flush}")
         if self.vradix:
             parts.append(f"epochs {self.epochs_before}->{self.epochs_after}, label={self.label_after!r}, "
-                         f"weight_id {sorted(set(self.weight_ids_after)) or None} ({self.identity_mode})")
+                         f"weight_id {sorted(set(self.weight_ids_after), key=str) or None} ({self.identity_mode})")
         if self.probe_cached_after is not None:
             parts.append(f"probe cached_tokens {self.probe_cached_before}->{self.probe_cached_after}")
         if self.update_message:
@@ -378,8 +384,8 @@ def publish(urls: Union[str, Sequence[str]], update: Update, version: Optional[s
         fleet_modes(results)  # a fleet that can never agree is refused before any engine is paused
         for e, res in zip(engines, results):
             current = res
-            e.post_ok("/pause_generation", {"mode": res.plan.pause_mode})
-            res.state = f"paused({res.plan.pause_mode})"
+            e.post_ok("/pause_generation", {"mode": res.planned().pause_mode})
+            res.state = f"paused({res.planned().pause_mode})"
         for e, res in zip(engines, results):
             current = res
             _update(e, res, update, version)
@@ -427,9 +433,10 @@ def _plan_and_arm(e: EngineHandle, res: EngineResult, colocated, prefer_sharing,
     res.plan = predicate.derive(d)
     res.vradix = d.vradix
     if res.vradix:
-        res.epochs_before = [b["epoch"] for b in blocks]
-        res.weight_ids_before = [b.get("weight_id") for b in blocks]
-        res.identity_mode, res.identity_requested = identity_mode_of(blocks)
+        ranks = [b for b in blocks if b is not None]  # all of them: vradix means every rank has an active block
+        res.epochs_before = [b["epoch"] for b in ranks]
+        res.weight_ids_before = [b.get("weight_id") for b in ranks]
+        res.identity_mode, res.identity_requested = identity_mode_of(ranks)
         return None
     if not res.plan.radix_enabled:
         return None
@@ -454,12 +461,12 @@ def _update(e: EngineHandle, res: EngineResult, update: Update, version: str) ->
         res.update_message = "callable transfer"
     else:
         out = e.post("/update_weights_from_disk",
-                     {"model_path": update, "weight_version": version, "flush_cache": res.plan.flush})
+                     {"model_path": update, "weight_version": version, "flush_cache": res.planned().flush})
         body = out.json() if out.headers.get("content-type", "").startswith("application/json") else {}
         res.update_message = str(body.get("message", out.text))[:2000]
         if out.status_code != 200 or not body.get("success"):
             raise RuntimeError(f"update_weights_from_disk failed (HTTP {out.status_code}): {res.update_message}")
-    if res.plan.flush:
+    if res.planned().flush:
         res.flush_message = e.post_ok("/flush_cache").text.strip()
 
 
@@ -520,8 +527,8 @@ def _same_workers(gateway: str, before: List[dict], after: List[dict]) -> None:
 
 def _repause(e: EngineHandle, res: EngineResult) -> str:
     try:
-        e.post_ok("/pause_generation", {"mode": res.plan.pause_mode})
-        return f"paused({res.plan.pause_mode})"
+        e.post_ok("/pause_generation", {"mode": res.planned().pause_mode})
+        return f"paused({res.planned().pause_mode})"
     except Exception:  # noqa: BLE001
         return "running (re-pause failed)"
 

@@ -32,7 +32,8 @@ def main(argv=None) -> int:
     parser.add_argument("--docs", default=str(pathlib.Path(__file__).resolve().parents[2] / "docs"))
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args(argv)
-    pages, stale = {}, []
+    pages: dict[pathlib.Path, str] = {}
+    stale: list[str] = []
     where = block_docs()
     for block, text in rendered_blocks().items():
         path = pathlib.Path(args.docs) / where[block]

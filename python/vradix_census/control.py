@@ -84,8 +84,8 @@ def internal_state_keys(scheduler_class=None, controller_class=None) -> list[str
     """The keys `SetInternalStateReq` may change: those the internal-state controller (SGLang's
     `SchedulerInternalStateController` by default) has an update handler for."""
     if controller_class is None:
-        from sglang.srt.managers.scheduler_components.internal_state import (
-            SchedulerInternalStateController as controller_class)
+        from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
+        controller_class = SchedulerInternalStateController
     controller = controller_class(scheduler_probe(scheduler_class), record_step_time=False)
     return sorted(controller._update_handlers())
 

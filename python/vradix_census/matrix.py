@@ -49,7 +49,7 @@ def na(text: str) -> Cell:
 
 
 #: column -> (heading, the `ServerArgs` fields that turn it on, the server window it sets)
-COLUMNS = {
+COLUMNS: Dict[str, Tuple[str, Dict[str, object], int]] = {
     "radix-off": ("`--disable-radix-cache`", {"disable_radix_cache": True}, 0),
     "window": ("`--vradix-max-staleness` K > 0", {}, 1),
     "ledger-off": ("KV page ledger off (speculative decoding; also the decode host-staged receive, the external "
@@ -61,7 +61,7 @@ COLUMNS = {
 }
 
 #: the value a row's field takes where the combination turns its path on (default True)
-ROW_VALUE = {
+ROW_VALUE: Dict[str, object] = {
     "disaggregation_mode": "decode", "speculative_algorithm": "EAGLE", "hicache_host_memory_mode": "buffer_only",
     "hicache_storage_backend": "file", "offload_mode": "meta", "offload_group_size": 2, "elastic_ep_backend": "mooncake",
     "kt_weight_path": "/experts", "dllm_algorithm": "LowConfidence", "speculative_accept_threshold_single": 0.5,
@@ -71,7 +71,7 @@ ROW_VALUE = {
     "chunked_prefill_size": 512, "page_size": 16, "model_path": "/models/B", "weight_version": "v2",
 }
 #: fields a row's path needs besides its own (the launch check reads them together)
-ROW_NEEDS = {
+ROW_NEEDS: Dict[str, Dict[str, object]] = {
     "hicache_host_memory_mode": {"enable_hierarchical_cache": True},
     "hicache_storage_backend": {"enable_hierarchical_cache": True},
     "lora_paths": {"enable_lora": True},

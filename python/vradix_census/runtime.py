@@ -51,7 +51,9 @@ COMPONENTS = {
 
 def sglang_sources() -> list[pathlib.Path]:
     """SGLang's installed runtime sources (`sglang.srt`)."""
-    root = pathlib.Path(importlib.util.find_spec("sglang.srt").submodule_search_locations[0])
+    spec = importlib.util.find_spec("sglang.srt")
+    assert spec is not None and spec.submodule_search_locations, "sglang is not installed as a package"
+    root = pathlib.Path(spec.submodule_search_locations[0])
     return sorted(root.rglob("*.py"))
 
 
@@ -87,7 +89,7 @@ def override_sites(files: Optional[Iterable[pathlib.Path]] = None) -> dict[str, 
                                                              None)
                 if isinstance(source, ast.Name) and source.id in constants:  # `source = "..."` in the function
                     source = ast.Constant(constants[source.id])
-                name = source.value if isinstance(source, ast.Constant) else f"{module}:{function.name}"
+                name = str(source.value) if isinstance(source, ast.Constant) else f"{module}:{function.name}"
                 fields = ", ".join(k.arg or "**" for k in call.keywords if k.arg != "source")
                 sites.setdefault(f"override[{name}]", []).append(f"{module}:{function.name}({fields})")
     return sites

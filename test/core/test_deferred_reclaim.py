@@ -236,3 +236,114 @@ def test_node_ids_only_grow():
             new_ids.append(max(info.node_id for info in fx.cache.tree_core.collect_path_info([r.lock.node])[0]))
             fx.finish(r)
         assert new_ids == sorted(new_ids) and min(new_ids) > max(seen), (core, seen, new_ids)
+
+
+# ---- a slice's work does not grow with the cache ---------------------------------------------------------------------
+class SliceWork:
+    """Work units one slice spends, counted on the real tree core and allocator (not timed): every eviction walk
+    started (on the Python TreeCore the start builds a heap over every evictable leaf: it counts as that many units;
+    the Rust core starts natively: one unit), every candidate SGLang's walk yields, every leaf evicted, every frontier
+    candidate taken, and every allocator `free` (each one copies the allocator's whole free list)."""
+
+    def __init__(self, monkeypatch, fx):
+        from vradix.core import deferred_reclaim
+        self.units = self.frees = 0
+        core, alloc = fx.cache.tree_core, fx.allocator
+        python_core = hasattr(core, "evictable_device_leaves")
+        start, nxt, leaf, free = (core.evict_device_start, core.evict_device_next_node, core.evict_device_leaf,
+                                  alloc.free)
+        take = deferred_reclaim._Frontier.take
+
+        def count_start(*a, **k):
+            self.units += len(core.evictable_device_leaves) if python_core else 1
+            return start(*a, **k)
+
+        def count(fn):
+            def counted(*a, **k):
+                self.units += 1
+                return fn(*a, **k)
+            return counted
+
+        def count_free(*a, **k):
+            self.frees += getattr(alloc, "free_group", None) is None  # a free inside a free group only appends
+            return free(*a, **k)
+
+        monkeypatch.setattr(core, "evict_device_start", count_start)
+        monkeypatch.setattr(core, "evict_device_next_node", count(nxt))
+        monkeypatch.setattr(core, "evict_device_leaf", count(leaf))
+        monkeypatch.setattr(alloc, "free", count_free)
+        monkeypatch.setattr(deferred_reclaim._Frontier, "take", count(take))
+
+
+@pytest.mark.parametrize("core,page_size", CONFIGS, ids=IDS)
+def test_a_slice_does_bounded_work_whatever_the_cached_size(core, page_size, monkeypatch):
+    """Each slice's work (tree-core steps, candidates, heap elements built, allocator frees) stays under a bound set by
+    the slice budget alone, the same for a cache 10x larger: no slice rebuilds a collection over every leaf, restarts
+    a walk whose cost grows with the tree, or hands the allocator more than one free. The Python TreeCore's frontier
+    is seeded at most twice per reclaim (one list copy each)."""
+    from vradix.core import deferred_reclaim
+    from vradix.hooks.reclaim import reclaim_slice
+    bound = 1 + deferred_reclaim.SLICE_VISITS + deferred_reclaim.SLICE_NODES
+    worst = []
+    for groups in (8, 80):
+        fx = build_cache(core, page_size, kv_tokens=1 << 16)
+        state = attach(fx.cache)
+        holder = fill(fx, state, groups)
+        bump(fx, state, live=[holder])
+        fresh = fx.running(state, seq(90_000, 64) + [3])
+        fx.finish(fresh)
+        work = SliceWork(monkeypatch, fx)
+        scheduler = fx.scheduler_view(running=[holder])
+        per_slice = []
+        while state.deferred.active:
+            units, frees = work.units, work.frees
+            reclaim_slice(scheduler)
+            per_slice.append((work.units - units, work.frees - frees))
+            assert len(per_slice) < 1000, "the deferred reclaim does not progress"
+        monkeypatch.undo()
+        assert len(per_slice) > 1
+        assert max(f for _, f in per_slice) <= 1, f"a slice freed to the allocator more than once: {per_slice}"
+        assert max(u for u, _ in per_slice) <= bound, f"a slice's work grows with the cache ({groups} groups): {per_slice}"
+        assert state.deferred.frontier.seeds <= 2
+        assert state.deferred.max_slice_tokens <= deferred_reclaim.SLICE_TOKENS + 2 * 48
+        worst.append(max(u for u, _ in per_slice))
+        fx.finish(holder)
+        common.evict_from_tree_cache(fx.cache, fx.total)
+        assert pool_is_whole(fx), fx.accounting()
+    assert worst[1] <= bound and worst[0] <= bound, worst
+
+
+@pytest.mark.parametrize("core,page_size", CONFIGS, ids=IDS)
+def test_two_identical_caches_free_the_same_slots_in_the_same_slices(core, page_size, monkeypatch):
+    """What a slice frees depends only on the tree, not on the process (object addresses, hash order): every TP rank
+    holds the same tree and must free the same KV in the same scheduler iteration."""
+    from vradix.core import reclaim as core_reclaim
+    from vradix.hooks.reclaim import reclaim_slice
+    runs = []
+    for _ in range(2):
+        fx = build_cache(core, page_size, kv_tokens=1 << 14)
+        state = attach(fx.cache)
+        holder = fill(fx, state, 12)
+        bump(fx, state, live=[holder])
+        freed, free = [], core_reclaim.free_stale_leaf
+
+        def recording(cache, node_id, tracker, free=free, freed=freed):
+            (path,) = cache.tree_core.collect_path_info([node_id])
+            freed[-1].append((path[-1].path_start, path[-1].path_end, path[-1].full_value_len))
+            return free(cache, node_id, tracker)
+
+        monkeypatch.setattr("vradix.core.deferred_reclaim.free_stale_leaf", recording)
+        scheduler = fx.scheduler_view(running=[holder])
+        slots = set(fx.allocator.free_pages.tolist())
+        per_slice = []
+        while state.deferred.active:
+            freed.append([])
+            reclaim_slice(scheduler)
+            now = set(fx.allocator.free_pages.tolist())
+            per_slice.append((freed[-1], sorted(now - slots)))
+            slots = now
+        monkeypatch.undo()
+        runs.append(per_slice)
+        # the other run's objects live elsewhere: keep this one's alive so the next cache gets new addresses
+        runs.append(fx)
+    assert runs[0] == runs[2]

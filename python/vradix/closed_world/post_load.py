@@ -244,7 +244,7 @@ GPU_DERIVED_COPIES = (
 
 
 @functools.lru_cache(maxsize=None)
-def copies_held_by(cls) -> tuple:
+def copies_held_by(cls: type) -> tuple:
     """The entries of `GPU_DERIVED_COPIES` whose holder is `cls` or one of its bases, matched by module and name
     (a same-named class elsewhere is not SGLang's)."""
     names = {f"{c.__module__}:{c.__qualname__}" for c in cls.__mro__}
@@ -255,7 +255,7 @@ def derived_copies(model) -> list:
     """(module, DerivedCopy) for every copy `model` holds now."""
     if model is None or not hasattr(model, "modules"):
         return []
-    return [(module, copy) for module in model.modules() for copy in copies_held_by(type(module))
+    return [(module, copy) for module in model.modules() for copy in copies_held_by(module.__class__)
             if copy.present(module, getattr(module, copy.attr, None))]
 
 

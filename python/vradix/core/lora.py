@@ -133,7 +133,9 @@ def unknown_adapter_identity() -> str:
 def reidentify_loaded_adapter(state: Engine, scheduler, lora_id: str) -> str:
     """After a successful load of `lora_id`: (re)compute its identity from what was just loaded."""
     state.lora.forget(lora_id)
-    return identify_adapter(state, scheduler, lora_id)
+    ident = identify_adapter(state, scheduler, lora_id)
+    assert ident is not None, "a named adapter always gets an identity"
+    return ident
 
 
 def forget_adapter(state: Engine, lora_id: Optional[str]) -> None:

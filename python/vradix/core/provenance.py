@@ -24,7 +24,7 @@ request's KV and its `weight_id`, recorded when the weight-identity handshake ac
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from vradix import request
 
@@ -158,8 +158,9 @@ def response_provenance(req) -> Optional[dict]:
     prefix = prefix_cache(req)
     if prefix is None:
         return None
-    out = {"prefix_cache": prefix}
-    bounded = request.of(req).bounded_report
+    st = request.require(req)  # a prefix_cache means a stamped request
+    out: dict[str, Any] = {"prefix_cache": prefix}
+    bounded = st.bounded_report
     if bounded is not None:
         out.update(bounded)  # a bounded request's spans come from the ledger (`vradix.core.staleness`)
         out.update(upstream_fields(req, bounded["kv_weight_versions"]))
@@ -170,7 +171,7 @@ def response_provenance(req) -> Optional[dict]:
         out["pd_spans"] = roles
     if spans_several_epochs(req):
         out["kv_weight_versions"] = kv_weight_versions(req)
-        ledger_spans = request.of(req).ledger_spans
+        ledger_spans = st.ledger_spans
         if ledger_spans:
             # the KV page ledger's independent record (the `spans` kernel, page granularity) as a cross-check
             out["kv_ledger_spans"] = [{"epoch": e, "start": s, "end": t} for e, s, t in ledger_spans]

@@ -21,7 +21,7 @@ history; its first row allocation makes the session a new slot, written under th
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 from vradix.core import reclaim, deferred_reclaim
 from typing import TYPE_CHECKING
@@ -59,10 +59,13 @@ def release_before_lend(state: Engine, cache, req) -> bool:
     """Before SGLang lends a slot's record to `req`: release the slot when a crossing turn wrote it (stale), and free
     the stale tree path its lock kept. Returns True when a slot was released."""
     sid = getattr(getattr(req, "session", None), "session_id", None)
-    stale = state.sessions.stale_slots.get(sid) if sid is not None else None
+    if sid is None:
+        return False
+    stale: Any = state.sessions.stale_slots.get(sid)  # a `SessionSlot` of SGLang, or None
     if stale is None:
         return False
-    if slots_of(cache).get(sid) is not stale:
+    current = slots_of(cache).get(sid)
+    if current is None or current is not stale:
         state.sessions.forget(sid)  # SGLang already released it (the session closed, or a turn aborted)
         return False
     if stale.kv is req.kv:

@@ -259,7 +259,7 @@ def report_at_release(state, req) -> None:
     `kv_weight_versions` from the ledger (per span: epoch, label, weight_id) and `vradix_staleness`
     {max_staleness, admitted_epoch, namespace_epoch, staleness, stale_tokens}."""
     st = request.of(req)
-    if not is_bounded(st) or st.admitted_epoch is None:
+    if st is None or not is_bounded(st) or st.admitted_epoch is None:
         return
     spans = st.ledger_spans or []
     read = stale_reads(spans, st.admitted_epoch)

@@ -137,7 +137,8 @@ class LoraRecord:
         return self.adapter_ids.setdefault(lora_id, fallback)
 
     def forget(self, lora_id: Optional[str]) -> None:
-        self.adapter_ids.pop(lora_id, None)
+        if lora_id is not None:  # no adapter is keyed None
+            self.adapter_ids.pop(lora_id, None)
 
 
 @dataclass

@@ -43,7 +43,7 @@ class Cleared:
 
 def position_grid_memos(model) -> list:
     """(grid memo, its bookkeeping dicts) for each module of `model` that memoises position grids (module doc)."""
-    memos = []
+    memos: list[tuple[object, list[object]]] = []
     if model is None or not hasattr(model, "modules"):
         return memos
     for module in model.modules():

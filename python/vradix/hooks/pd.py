@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
 from vradix import request
 from vradix.ledger import device as ledger
 from vradix.core import retraction
@@ -175,5 +177,6 @@ def _stamp_restored(page_ledger, req_to_token, req) -> None:
     st = request.of(req)
     if page_ledger is None or st is None or st.backup_epochs is None:
         return
+    assert isinstance(st.backup_epochs, torch.Tensor), "kept by `_keep_backup_epochs` (`retraction.epochs_at_backup`)"
     retraction.stamp_restored(page_ledger, req_to_token, req, st.backup_epochs)
     st.forget_backup_epochs()

@@ -25,6 +25,7 @@ import importlib
 import importlib.util
 import re
 from dataclasses import dataclass
+from typing import Any
 
 MEMBER, INSTANCE, ASSIGNED = "member", "instance", "assigned"
 
@@ -126,7 +127,7 @@ def _resolve(owner: str):
     """The SGLang class or module `owner` names, or None when it is gone."""
     module_name, _, qualname = owner.partition(":")
     try:
-        obj = importlib.import_module(module_name)
+        obj: Any = importlib.import_module(module_name)
     except ImportError:
         return None
     for part in filter(None, qualname.split(".")):

@@ -34,7 +34,7 @@ IMPLS = ("cuda", "triton", "torch")
 
 class Violations(NamedTuple):
     """Result of `verify` on the host: offending positions and the first one, as (batch index, position)."""
-    count: int
+    count: int  # type: ignore[assignment]  # the field's public name shadows tuple.count, which nothing calls
     first_index: int
     first_pos: int
 

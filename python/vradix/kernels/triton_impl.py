@@ -192,7 +192,7 @@ def invalidate(page_epoch: torch.Tensor, epoch: int, pinned_mask: torch.Tensor |
     if blocks == 0:
         return torch.empty(0, dtype=torch.int64, device=page_epoch.device)
     has_pin = pinned_mask is not None
-    pinned = pinned_mask.contiguous().view(torch.uint8) if has_pin else page_epoch
+    pinned = pinned_mask.contiguous().view(torch.uint8) if pinned_mask is not None else page_epoch
     counts = torch.empty(blocks, dtype=torch.int64, device=page_epoch.device)
     _count_stale_kernel[(blocks,)](page_epoch, pinned, n, epoch, counts, HAS_PIN=has_pin, BLOCK=_BLOCK)
     ends = torch.cumsum(counts, 0)

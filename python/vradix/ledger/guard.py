@@ -52,13 +52,16 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Callable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 import torch
 
 from vradix import kernels, request, settings
 from vradix.ledger.device import PageLedger
 from vradix.request import ReqState
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
 
 logger = logging.getLogger("vradix")
 
@@ -140,6 +143,7 @@ class DeviceValues:
         if isinstance(self.values, list):
             return self.values
         if self.done is not None:
+            assert self.host is not None, "a check with a copy event has a host buffer"
             self.done.synchronize()
             return self.host.tolist()
         return self.values.tolist()
@@ -222,7 +226,7 @@ class PendingVerdicts:
 class PrefixRead:
     """The KV an extend batch's forward reads for one request without writing it: positions [0, length) of its row,
     each of which must lie on a page whose epoch is in [lo, hi]."""
-    req: object
+    req: Req
     row: int
     length: int
     lo: int

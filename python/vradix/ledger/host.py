@@ -119,7 +119,12 @@ def attach(cache, device_ledger: PageLedger) -> HostLedger:
 def ledgers_of(controller) -> tuple[Optional[PageLedger], Optional[HostLedger]]:
     """(device ledger, host ledger) of a HybridCacheController's KV pools; either may be None."""
     host_pool = getattr(getattr(controller.mem_pool_host, "anchor_entry", None), "host_pool", None)
-    return ledger_of(controller.mem_pool_device_allocator), ledger_of(host_pool)
+    return ledger_of(controller.mem_pool_device_allocator), host_ledger_of(host_pool)
+
+
+def host_ledger_of(host_pool) -> Optional[HostLedger]:
+    """The ledger `attach` gave `host_pool` (None: none)."""
+    return getattr(host_pool, "_vradix_ledger", None)
 
 
 def host_copies_to_load(cache, node_id) -> torch.Tensor:

@@ -16,7 +16,7 @@ steady state.
 from __future__ import annotations
 
 import weakref
-from typing import Optional
+from typing import Any, Optional
 
 from vradix.engine import of_scheduler, state_of
 
@@ -47,9 +47,11 @@ BUMP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05
 
 
 def lookup(block: dict, path: tuple) -> float:
+    """The number at `path` in `block` (0 where a level is missing or empty)."""
+    value: Any = block
     for key in path:
-        block = (block or {}).get(key)
-    return block or 0
+        value = (value or {}).get(key)
+    return value or 0
 
 
 class Metrics:
@@ -154,4 +156,5 @@ def state_block(scheduler) -> dict:
 
     cache = scheduler.tree_cache
     state = state_of(cache)
+    assert state is not None, "state_block is read only for a versioned cache"
     return server_info.engine_block(state, epochs.stale_tokens_pinned(state, cache))

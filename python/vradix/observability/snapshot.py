@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from vradix.core import host_tier
 from vradix.engine import MAX_HEAD_TOKENS, PrefixHit
@@ -139,14 +139,14 @@ def stale_view(state: Engine, cache, crossing: list, limit: int) -> dict:
 def epoch_rows(state: Engine, cached: int, stale: dict, census_view: Optional[dict], limit: int) -> list:
     """One row per epoch that holds KV in the tree, current first (`pinned_by`: the first `limit` rids)."""
     per_epoch = stale["_per_epoch"]
-    exact_nodes = census_view is not None and not census_view["truncated"]
+    exact_census = census_view if census_view is not None and not census_view["truncated"] else None
     current_tokens = cached - stale["pinned_tokens"] - stale["awaiting_reclaim_tokens"]
     rows = [{
         **epoch_names(state, state.epoch),
         "current": True,
         "cached_tokens": current_tokens,
         "includes_in_window_older": state.staleness.window > 0,
-        "nodes": census_view["epochs"].get(str(state.epoch), {}).get("nodes", 0) if exact_nodes else None,
+        "nodes": exact_census["epochs"].get(str(state.epoch), {}).get("nodes", 0) if exact_census else None,
         "pinned_tokens": 0,
         "crossing_requests": 0,
         "pinned_by": [],
@@ -178,15 +178,15 @@ def window_view(state: Engine, census_view: Optional[dict]) -> Optional[dict]:
     if state.staleness.window == 0:
         return None
     floor = staleness.window_floor(state)
-    complete = census_view is not None and not census_view["truncated"]
+    complete = census_view if census_view is not None and not census_view["truncated"] else None
     return {"window": state.staleness.window, "floor": floor,
             "epochs": [e for e in range(state.epoch, floor - 1, -1) if e in state.identities],
-            "tokens_by_namespace": {k: v["tokens"] for k, v in census_view["epochs"].items()} if complete else None,
+            "tokens_by_namespace": {k: v["tokens"] for k, v in complete["epochs"].items()} if complete else None,
             **state.staleness.as_dict()}
 
 
 def epoch_names(state: Engine, epoch: Optional[int]) -> dict:
-    ident = state.identities.get(epoch)
+    ident = state.identities.get(epoch) if epoch is not None else None
     return {"epoch": epoch, "label": state.label_of(epoch),
             "weight_id": ident.identity.weight_id if ident is not None else None}
 
@@ -195,7 +195,8 @@ def top_prefixes(state: Engine, cache, holders: list, query: Query) -> dict:
     """The tracked prefixes still in the tree, most hits first (ties: most recent), `query.offset` on, at most
     `query.limit`. Each one's tokens come from its node's path now (a later split keeps the node's end)."""
     ranked = sorted(state.prefix_hits.entries.values(), key=lambda h: (-h.hits, -h.last_hit, h.node_id))
-    items, seen_live, next_offset = [], 0, None
+    items: list[tuple[Any, Any]] = []
+    seen_live, next_offset = 0, None
     for hit in ranked:
         path = path_of(cache, hit.node_id)
         if path is None:

@@ -26,9 +26,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 from vradix import identity
+from vradix.request import HistoryEntry
 
 MAGIC = b"vradix1"
 FLAG_MIXED = 0x01
@@ -117,7 +118,7 @@ def adapter_side(prefill_adapter: bool, decode_adapter_id: Optional[str]) -> str
     return " with a LoRA adapter (its adapter content, or its weights, differ from decode's)"
 
 
-def sent_weight_ids(kv_history: Sequence[Tuple], prompt_len: int) -> list:
+def sent_weight_ids(kv_history: Sequence[HistoryEntry], prompt_len: int) -> list:
     """The weight_ids under which the KV prefill sends (positions `[0, prompt_len)`) was computed: the entries of the
     request's provenance history (`request.HistoryEntry`) that start inside the prompt, in order. A crossing after
     the prompt was computed adds an entry at `prompt_len`, which covers no sent position."""

@@ -57,6 +57,7 @@ def published_identity(scheduler, nonce: identity.WeightIdentity,
         record.start_names = merged.names
     logger.info("vradix: weight identity proven from %d published tensor(s) (%s; %d tensor(s), %.1f MB digested on "
                 "this rank)", len(merged.records), outcome, len(pending.lanes), pending.bytes_digested / 1e6)
+    assert hex_ is not None, "a complete or chained publication has a fingerprint"
     return identity.proven(hex_, basis=f"published ({outcome})")
 
 

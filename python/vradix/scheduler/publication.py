@@ -398,7 +398,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     (`epochs.invalidate`) and those gathered here: the identity's time, the drain, the revoked promises, the cleared
     caches and the whole step's duration (`Bump.bump_ms`)."""
     t_bump = time.perf_counter()
-    state = state_of_scheduler(scheduler)
+    state = versioned_state(scheduler)
     # the publication drained the in-flight batches, so no check is left in flight; read any a dropped result left
     state.guard.verdicts.read_all()
     live = live_requests(scheduler)
@@ -436,6 +436,13 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     export_metrics(scheduler, bump_seconds=inv.latency_ms / 1e3,
                    pause_seconds=inv.pause_ms / 1e3 if is_publication else None)
     return inv
+
+
+def versioned_state(scheduler) -> EpochState:
+    """The epoch state of an engine with a radix cache (the steps that bump, reset or unload run only there)."""
+    state = state_of_scheduler(scheduler)
+    assert state is not None, "a publication step that needs the epoch state ran on an engine without one"
+    return state
 
 
 def export_metrics(scheduler, **observed) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import types
-from typing import Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from vradix.core import deferred_reclaim, staleness
 from vradix.engine import of_scheduler, state_of_scheduler
@@ -44,7 +44,7 @@ def relaxed_acceptance(changes: Mapping[str, object]) -> Optional[str]:
     """The refusal of a speculative acceptance threshold below 1 (or NaN) among `changes`, else None. A value that
     is not a number is left to SGLang's own validation."""
     for key in ACCEPT_THRESHOLDS:
-        value = changes.get(key)
+        value: Any = changes.get(key)  # any type: one that is not a number is left to SGLang
         try:
             relaxed = value is not None and not float(value) >= 1.0  # NaN is not lossless either
         except (TypeError, ValueError):

@@ -229,15 +229,15 @@ def _unavailable(name):
 
 def _sgl_kernel_mamba_module() -> types.ModuleType:
     mod = types.ModuleType("sgl_kernel.mamba", "vradix hybrid CPU aid: torch causal conv1d stand-ins")
-    mod.causal_conv1d_fn_cpu = causal_conv1d_fn
-    mod.causal_conv1d_update_cpu = causal_conv1d_update
+    setattr(mod, "causal_conv1d_fn_cpu", causal_conv1d_fn)
+    setattr(mod, "causal_conv1d_update_cpu", causal_conv1d_update)
 
     def __getattr__(name):
         if name.startswith("__"):
             raise AttributeError(name)
         return _unavailable(f"mamba.{name}")
 
-    mod.__getattr__ = __getattr__
+    setattr(mod, "__getattr__", __getattr__)  # PEP 562: a module-level __getattr__
     return mod
 
 

@@ -18,7 +18,8 @@ from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.mem_cache import common
-from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from sglang.srt.mem_cache.allocator import (BaseTokenToKVPoolAllocator, PagedTokenToKVPoolAllocator,
+                                            TokenToKVPoolAllocator)
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
@@ -37,7 +38,7 @@ class CacheFixture:
     """One tree cache with its pools; `total` is the allocator's capacity in tokens."""
 
     cache: UnifiedRadixCache
-    allocator: object
+    allocator: BaseTokenToKVPoolAllocator
     req_pool: ReqToTokenPool
     page_size: int
     total: int
@@ -234,10 +235,12 @@ class CacheFixture:
             locs = self.allocator.alloc(n)
             assert locs is not None, "pool exhausted"
             return locs
-        out, pos = [], start
+        out: list[torch.Tensor] = []
+        pos = start
         while pos < start + n:
             if pos % self.page_size:
-                prev = int(out[-1][-1]) if out else int(row[pos - 1])
+                assert out or row is not None, "a mid-page start needs the request's row"
+                prev = int(out[-1][-1]) if out or row is None else int(row[pos - 1])
                 take = min(self.page_size - pos % self.page_size, start + n - pos)
                 out.append(torch.arange(prev + 1, prev + 1 + take, dtype=torch.int64))
             else:

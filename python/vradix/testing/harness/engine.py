@@ -47,7 +47,8 @@ class StubScheduler(SchedulerView):
         self.flush_cache = types.MethodType(Scheduler.flush_cache, self)
         self.record_weight_version_change = types.MethodType(Scheduler.record_weight_version_change, self)
         # SGLang's in-place pause and its continue (a session the launcher did not hold pauses the scheduler itself)
-        self.disagg_decode_prealloc_queue, self._pause_started_at, self._pause_intervals = None, None, []
+        self.disagg_decode_prealloc_queue, self._pause_started_at = None, None
+        self._pause_intervals: list[tuple[float, float]] = []
         self.pause_generation = types.MethodType(Scheduler.pause_generation, self)
         self.continue_generation = types.MethodType(Scheduler.continue_generation, self)
 

@@ -231,7 +231,7 @@ class Run:
             self.counts[what] = self.counts.get(what, 0) + n
 
     def payload(self, prompts, exact: bool) -> dict:
-        sp = {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
+        sp: Dict[str, object] = {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
         if self.bounded_server:
             sp["custom_params"] = {"vradix_max_staleness": 0 if exact else 1}
         return {"input_ids": prompts, "sampling_params": sp}
@@ -324,7 +324,8 @@ class Run:
 
     def worker(self, seed: int) -> None:
         rng = random.Random(seed)
-        kinds = (self.single, self.single, self.group, self.conversation, self.aborted)
+        kinds: Tuple[Callable[[random.Random], None], ...] = (
+            self.single, self.single, self.group, self.conversation, self.aborted)
         if self.sessions:
             kinds += (self.session_conversation, self.session_conversation)
         while not self.stop.is_set():
@@ -497,12 +498,13 @@ def overlapped(r: Response, windows: Sequence[Tuple[float, float]]) -> bool:
 
 
 def start_server(models: Dict[str, str], combo: Combination, workdir: str) -> CpuServer:
-    kw = dict(env={**STRICT_CHECK_ENV, **combo.env()}, chunked_prefill_size=combo.chunked_prefill_size, extra_args=combo.args())
+    env = {**STRICT_CHECK_ENV, **combo.env()}
     if combo.hicache:
         store = os.path.join(workdir, f"l3-{uuid.uuid4().hex[:8]}")
         os.makedirs(store)
-        return hicache_server(models["A"], store, max_total_tokens=512, **kw)
-    return CpuServer(models["A"], **kw)
+        return hicache_server(models["A"], store, max_total_tokens=512, env=env,
+                              chunked_prefill_size=combo.chunked_prefill_size, extra_args=combo.args())
+    return CpuServer(models["A"], env=env, chunked_prefill_size=combo.chunked_prefill_size, extra_args=combo.args())
 
 
 def exercise(server: CpuServer, models: Dict[str, str], combo: Combination, rng: random.Random,
@@ -510,7 +512,9 @@ def exercise(server: CpuServer, models: Dict[str, str], combo: Combination, rng:
     """Traffic and `publications` control steps that publish (flushes and abort pauses come on top) on one server."""
     run = Run(server, rng, prefix_pool(rng), bounded_server=combo.window > 0, sessions=combo.sessions,
               headers=combo.headers())
-    (first,) = run.send([run.prefixes[0] + [7]])
+    answers = run.send([run.prefixes[0] + [7]])
+    assert answers is not None, "the first request was aborted"
+    (first,) = answers
     run.label_weights[first["meta_info"]["weight_version"]] = "A"
     control = Control(run, models, combo)
     workers = [threading.Thread(target=run.worker, args=(rng.randrange(1 << 30),), daemon=True)

@@ -105,7 +105,9 @@ class HiCacheFixture(CacheFixture):
 
     # ---- host-pool accounting -----------------------------------------------------------------------------------------
     def host_figures(self) -> dict:
-        return host_tier.pool_figures(self.cache)
+        figures = host_tier.pool_figures(self.cache)
+        assert figures is not None, "the fixture's cache has a host tier"
+        return figures
 
     def host_idle_leaks(self) -> list[str]:
         """`vradix.core.host_tier.idle_leaks`: for an idle engine whose tree holds nothing (after a drain and a bump)."""
@@ -120,6 +122,7 @@ def versioned(fx: HiCacheFixture, **attach_kwargs):
     from vradix.engine import attach
 
     state = attach(fx.cache, **attach_kwargs)
+    assert state.ledger is not None, "a HiCache fixture is versioned with the KV page ledger on"
     host_ledger.attach(fx.cache, state.ledger)
     return state
 
@@ -130,5 +133,6 @@ def build_hicache(tree_core: str = "rust", page_size: int = 1, kv_tokens: int = 
     """A FULL-attention UnifiedRadixCache with the named TreeCore and a HiCache host tier, float32 KV (for `stamp`)."""
     fx = build_cache(tree_core, page_size, kv_tokens=kv_tokens, max_reqs=max_reqs, max_context_len=max_context_len,
                      dtype=torch.float32, fixture_class=HiCacheFixture)
+    assert isinstance(fx, HiCacheFixture)
     init_host_tier(fx.cache, write_policy=write_policy, host_ratio=host_ratio)
     return fx

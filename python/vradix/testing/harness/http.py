@@ -12,7 +12,7 @@ from typing import Dict, Optional, Sequence
 import requests
 
 #: the /metrics counters the benchmarks read, as (metric name, `mode` label) -> key
-PREFILL_COUNTERS = {("sglang:realtime_tokens_total", "prefill_compute"): "computed",
+PREFILL_COUNTERS: Dict[tuple[str, Optional[str]], str] = {("sglang:realtime_tokens_total", "prefill_compute"): "computed",
                     ("sglang:realtime_tokens_total", "prefill_cache"): "cache_hit",
                     ("sglang:prefill_effective_tokens_total", "input"): "computed_first_attempt"}
 

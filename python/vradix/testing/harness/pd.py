@@ -155,7 +155,14 @@ class RoutedPair(ServerClient):
     """A prefill server, a decode server and the router in front of them (`self.prefill`, `self.decode`,
     `self.router`, any of them None while starting): stopped together, router first."""
 
-    prefill = decode = router = None
+    prefill: Optional[CpuServer] = None
+    decode: Optional[CpuServer] = None
+    router: Optional[Router] = None
+
+    def roles(self) -> tuple[CpuServer, CpuServer]:
+        """(prefill, decode) of a started pair."""
+        assert self.prefill is not None and self.decode is not None, "the pair has not started"
+        return self.prefill, self.decode
 
     def stop(self) -> None:
         for part in (self.router, self.decode, self.prefill):
@@ -221,15 +228,15 @@ class PdPair(RoutedPair):
     def pause(self, mode: str = "in_place") -> None:
         """Pause both roles directly, prefill first (the first half of `publish_in_place`; the router forwards no
         control call)."""
-        for server in (self.prefill, self.decode):
+        for server in self.roles():
             server.pause(mode)
 
     def resume(self) -> None:
-        for server in (self.prefill, self.decode):
+        for server in self.roles():
             server.resume()
 
     def update_and_resume(self, model_path: str, version: str) -> None:
         """The rest of `publish_in_place` on a paused pair: update both roles (no flush), then continue both."""
-        for server in (self.prefill, self.decode):
+        for server in self.roles():
             server.update_weights(model_path, version)
         self.resume()

@@ -8,12 +8,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from typing import IO
 
 
 class LoggedProcess:
     """Mixin: the subclass sets `self.proc` (a `Popen` with `start_new_session=True`) and `self.log` (its log file)."""
 
     stop_grace = 10.0
+    proc: subprocess.Popen
+    log: IO[str]
 
     def tail(self, n: int = 60) -> str:
         self.log.flush()

@@ -68,6 +68,7 @@ class StreamingRequest:
             raise TimeoutError("streaming request did not finish")
         if self.error is not None:
             raise self.error
+        assert self.final is not None, "streaming request finished without a final message"
         return self.final
 
 

@@ -236,7 +236,7 @@ def start_servers(*factories: Callable[[], CpuServer]) -> List[CpuServer]:
         futures = [pool.submit(f) for f in factories]
         concurrent.futures.wait(futures)
     started = [f.result() for f in futures if f.exception() is None]
-    errors = [f.exception() for f in futures if f.exception() is not None]
+    errors = [e for e in (f.exception() for f in futures) if e is not None]
     if errors:
         for s in started:
             s.stop()

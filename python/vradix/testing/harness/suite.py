@@ -57,7 +57,7 @@ def is_long_test(node_id: str) -> bool:
 
 def per_file(reports, value) -> dict:
     """{test file: the sum of `value(report)` over the setup, call and teardown reports of its tests}."""
-    sums = {}
+    sums: dict[str, float] = {}
     for r in reports:
         if getattr(r, "when", None) in ("setup", "call", "teardown"):
             path = r.nodeid.split("::", 1)[0]

@@ -41,7 +41,7 @@ def hf_config(init_range: float):
                            ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=2, conv_kernel=4,
                            expand=2, chunk_size=16, max_position_embeddings=4096, initializer_range=init_range,
                            tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=2,
-                           torch_dtype="float32")
+                           dtype="float32")
 
 
 def sglang_config_fixes(cfg: dict) -> dict:
@@ -71,7 +71,8 @@ def generate(out: str, seed: int, init_range: float = 0.2) -> str:
 
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(seed)
-    model = NemotronHForCausalLM(hf_config(init_range)).to(torch.float32)
+    # transformers types `.to` through a decorator whose signature takes the model as its first argument
+    model = NemotronHForCausalLM(hf_config(init_range)).to(torch.float32)  # type: ignore[arg-type]
     _perturb_ssm(model, torch.Generator().manual_seed(seed))
     model.save_pretrained(out, safe_serialization=True)
     path = os.path.join(out, "config.json")

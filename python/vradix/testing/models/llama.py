@@ -24,7 +24,7 @@ def generate(out: str, seed: int, dtype: str = "bfloat16", init_range: float = 0
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                          initializer_range=init_range, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
-                         pad_token_id=2, torch_dtype=dtype)
+                         pad_token_id=2, dtype=dtype)
     model = LlamaForCausalLM(config).to(getattr(torch, dtype))
     model.save_pretrained(out, safe_serialization=True)
     save_tokenizer(out)

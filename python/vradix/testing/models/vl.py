@@ -62,7 +62,8 @@ def random_model(seed: int):
     from transformers import Qwen2VLForConditionalGeneration
 
     torch.manual_seed(seed)
-    return Qwen2VLForConditionalGeneration(config()).to(torch.float32)
+    # transformers types `.to` through a decorator whose signature takes the model as its first argument
+    return Qwen2VLForConditionalGeneration(config()).to(torch.float32)  # type: ignore[arg-type]
 
 
 def generate(out: str, seed: int, vision_seed: Optional[int] = None) -> str:
