@@ -109,7 +109,8 @@ def virtual_node_test() -> Callable[[Any], bool]:
     """SGLang's streaming-session virtual-node test (imported when an engine is attached: this module loads before
     SGLang's session module may be imported)."""
     from sglang.srt.session.streaming_session import is_virtual_node
-    return is_virtual_node
+    test: Callable[[Any], bool] = is_virtual_node
+    return test
 
 
 @dataclass
@@ -306,11 +307,14 @@ class Engine:
 
     def epoch_of(self, extra_key: Optional[str]) -> Optional[int]:
         """The epoch whose namespace `extra_key` was stamped with, or None (unstamped, or another engine's)."""
-        return self._epoch_by_prefix.get(identity.prefix_of(extra_key))
+        prefix = identity.prefix_of(extra_key)
+        return self._epoch_by_prefix.get(prefix) if prefix is not None else None
 
     def label_of(self, epoch: Optional[int]) -> Optional[str]:
         """The label epoch `epoch` was published under (the current label for the current epoch)."""
-        return self.label if epoch == self.epoch else self.epoch_labels.get(epoch)
+        if epoch == self.epoch:
+            return self.label
+        return self.epoch_labels.get(epoch) if epoch is not None else None
 
     def declared_before(self, text: str) -> bool:
         """Whether an epoch of this process already carries the declared identity `text`."""
@@ -328,6 +332,7 @@ class Engine:
         if (not req.extra_key and not getattr(req, "cache_salt", None) and getattr(req, "lora_id", None) is None
                 and not self.staleness.window and not self.fault_no_namespace
                 and not getattr(req.sampling_params, "custom_params", None)):
+            assert self.current is not None  # bound at attach
             setattr(req, request.ATTR, ReqState(None, self.current))
             req.extra_key = self.current_prefix
             return

@@ -139,7 +139,7 @@ def startup_identity(scheduler, mode: str, nonces: identity.EngineNonces) -> ide
     if mode == "fingerprint":
         return published_identity(scheduler, nonces.for_epoch(0))
     label = current_label()
-    if mode == "declared" and identity.is_declaration(label):
+    if mode == "declared" and label is not None and identity.is_declaration(label):
         return identity.declared(label)
     return nonces.for_epoch(0)
 

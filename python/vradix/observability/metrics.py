@@ -121,7 +121,9 @@ _attached: Optional[weakref.ref] = None
 def attach(scheduler) -> None:
     """Give `scheduler`'s engine its series (`metrics_for`; `Engine.metrics`)."""
     global _attached
-    of_scheduler(scheduler).use_metrics(metrics_for(scheduler))
+    holder = of_scheduler(scheduler)
+    assert holder is not None, "metrics for a scheduler vradix is not attached to"
+    holder.use_metrics(metrics_for(scheduler))
     _attached = weakref.ref(scheduler)
 
 

@@ -15,6 +15,7 @@ def unload_adapter(scheduler, recv_req) -> int:
     """Free the unloaded adapter's entries (`recv_req.lora_id`) on a versioned engine and forget its identity.
     Returns the tokens freed."""
     state = state_of_scheduler(scheduler)
+    assert state is not None, "an adapter unload reached an engine vradix does not version"
     state.lora.count_event()
     freed = lora.free_adapter_entries(state, scheduler.tree_cache, recv_req.lora_id)  # found by its identity's tag
     lora.forget_adapter(state, recv_req.lora_id)

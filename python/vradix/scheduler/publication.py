@@ -76,13 +76,16 @@ def install_steps(scheduler) -> EngineSteps:
     """Read the engine's publication steps (`EngineSteps`) and give them to its engine; called where vradix attaches
     to a scheduler, and again after a runtime reconfiguration."""
     steps = EngineSteps.of_scheduler(scheduler)
-    of_scheduler(scheduler).use_steps(steps)
+    holder = of_scheduler(scheduler)
+    assert holder is not None, "publication steps for a scheduler vradix is not attached to"
+    holder.use_steps(steps)
     return steps
 
 
 def steps_of(scheduler) -> EngineSteps:
     """The engine's publication steps (read now for a scheduler vradix attached to without `install_steps`)."""
-    steps = of_scheduler(scheduler).steps
+    holder = of_scheduler(scheduler)
+    steps = holder.steps if holder is not None else None
     return steps if steps is not None else install_steps(scheduler)
 
 
@@ -118,7 +121,7 @@ class Publication:
         #: the bucket counts, while this publication is a weight-update session
         self.session: Optional[WeightSession] = None
         #: what `apply` did: the engine's record (a `Bump` on a radix cache, the treeless record without one)
-        self.result = None
+        self.result: Union[Bump, dict, None] = None
         #: whether this session holds generation itself (`hold_generation`): it then refuses the requests that reach
         #: the scheduler (`refuses_requests`) and resumes generation at `end_session`
         self.holds_generation = False
@@ -338,7 +341,8 @@ class VersionedEngine:
         """A publication's step: one epoch bump (`bump_scheduler`)."""
         return bump_scheduler(self.scheduler, reason=reason, label=label, weights_changed=weights_changed)
 
-    def describe(self, record: Bump) -> str:
+    def describe(self, record: Union[Bump, dict]) -> str:
+        assert isinstance(record, Bump), "a versioned engine's publication records a Bump"
         return record.summary()
 
     def discard_drain(self) -> None:
@@ -438,8 +442,8 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     return inv
 
 
-def versioned_state(scheduler) -> EpochState:
-    """The epoch state of an engine with a radix cache (the steps that bump, reset or unload run only there)."""
+def versioned_state(scheduler) -> Engine:
+    """The engine of a scheduler with a radix cache (the steps that bump, reset or unload run only there)."""
     state = state_of_scheduler(scheduler)
     assert state is not None, "a publication step that needs the epoch state ran on an engine without one"
     return state

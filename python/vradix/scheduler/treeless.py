@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Optional
+from typing import Optional, Union
 
 from vradix.core import weight_derived
 from vradix.core.epochs import current_label
-from vradix.core.state import TreelessState
+from vradix.core.state import Bump, TreelessState
 
 logger = logging.getLogger("vradix")
 
@@ -50,7 +50,8 @@ class TreelessEngine:
         """A publication's step: the weight-derived caches are dropped, once, and counted as a publication."""
         return self.drop(reason, label, is_publication=True)
 
-    def describe(self, record: dict) -> str:
+    def describe(self, record: Union[Bump, dict]) -> str:
+        assert isinstance(record, dict), "a treeless engine's publication records what it dropped"
         return (f"vradix: {record['reason']} without a radix cache: {record['mm_embeddings_cleared']} multimodal "
                 f"embedding(s), {record['position_grids_cleared']} position grid(s) cleared")
 
@@ -77,4 +78,5 @@ class TreelessEngine:
                               "position_grids_cleared": cleared.position_grids}, is_publication)
         logger.info("vradix: %s without a radix cache: %d multimodal embedding(s), %d position grid(s) cleared",
                     reason, cleared.mm_embeddings, cleared.position_grids)
+        assert self.treeless.last is not None  # recorded just now
         return self.treeless.last
