@@ -42,7 +42,7 @@ class UnstampedRequestError(RuntimeError):
     """A request reached the radix cache without being bound to an epoch: vradix refuses to guess its namespace."""
 
 
-@dataclass
+@dataclass(slots=True)
 class ReqState:
     """Changes only through its own methods: `bind`, `adopt` and `set_adapter` (admission), `cross`, `mark_crossed`
     and `end_crossing` (the bump and the release), `bind_bound` (`vradix.core.staleness`), `keep_ledger_spans` and
