@@ -11,7 +11,7 @@ from sglang.srt.mem_cache import common
 
 from vradix import request
 from vradix.core import epochs
-from vradix.core.admission import stamp
+from vradix.core.admission import admit
 from vradix.ledger.guard import GuardConfig
 from vradix.hooks.serving import at_result, before_forward
 from vradix.testing.harness.cache_fixture import ForwardWrite
@@ -35,7 +35,7 @@ def vradix_attributes(req):
 def test_a_request_carries_one_vradix_state_object_through_its_life(env):
     fx, state = env
     a = fx.make_req(seq(10, 40) + [1], extra_key="tenant")
-    stamp(state, a)
+    admit(state, a)
     assert vradix_attributes(a) == ["_vradix"]
     st = request.of(a)
     assert (st.user_key, st.epoch, st.crossed, st.kv_history) == ("tenant", 0, False, [(0, 0, None, state.weight_id)])
@@ -61,14 +61,14 @@ def test_the_sample_guard_names_the_request_whose_row_is_corrupt(env, caplog):
     fx, state = env
     state.guard.config = GuardConfig(verify="sample", sample_every=1)
     warm = fx.make_req(seq(10, 40) + [9])
-    stamp(state, warm)
+    admit(state, warm)
     fx.admit(warm)
     fx.prefill(warm)
     fx.finish(warm)
     reqs = []
     for i in range(2):  # two requests reusing the cached prefix; the first crosses a publication (checked against its own range)
         r = fx.make_req(seq(10, 40) + [i])
-        stamp(state, r)
+        admit(state, r)
         assert fx.admit(r) == 40
         fx.prefill(r, checkpoint=False)
         reqs.append(r)

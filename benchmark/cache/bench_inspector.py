@@ -28,7 +28,7 @@ def percentile(xs, q):
 
 def build(core: str, args):
     from vradix.core import epochs
-    from vradix.core.admission import stamp
+    from vradix.core.admission import admit
     from vradix.engine import attach
     from vradix.testing.harness.cache_fixture import build_cache
 
@@ -40,7 +40,7 @@ def build(core: str, args):
 
     def request(i):
         req = fx.make_req(systems[i % len(systems)] + [rng.randrange(32000) for _ in range(args.suffix_len)])
-        stamp(state, req)
+        admit(state, req)
         return req
 
     i = 0

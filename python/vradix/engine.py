@@ -326,7 +326,7 @@ class Engine:
     def admit(self, req: "Req", scheduler: Optional["Scheduler"] = None) -> None:
         """Bind a request entering a queue to the current epoch (`vradix.core.admission`): its record and its
         namespace. A plain request takes one path (its record, its namespace: no other call); any other goes through
-        `admission.stamp`. A request vradix refuses (a forged key, a bound above the window) is bound without its key
+        `admission.admit`. A request vradix refuses (a forged key, a bound above the window) is bound without its key
         and aborted with HTTP 400. `scheduler` (None in cache-level tests) holds the LoRA adapters a LoRA request's
         identity is read from."""
         if (not req.extra_key and not getattr(req, "cache_salt", None) and getattr(req, "lora_id", None) is None
@@ -339,12 +339,12 @@ class Engine:
         if scheduler is not None:
             lora.identify_adapter(self, scheduler, getattr(req, "lora_id", None))
         try:
-            admission.stamp(self, req)
+            admission.admit(self, req)
         except staleness.StalenessError as e:
             req.set_finish_with_abort(f"Invalid request: {e}")
         except identity.ReservedNamespaceError as e:
             self.count_forged_key()
-            admission.stamp_refused(self, req)  # bound without the forged key, so it can match nothing foreign
+            admission.admit_refused(self, req)  # bound without the forged key, so it can match nothing foreign
             req.set_finish_with_abort(f"Invalid request: {e}")
 
     def before_match(self, req: "Req", cache: "UnifiedRadixCache", token_ids: Optional[Sequence[int]] = None) -> None:

@@ -1,7 +1,7 @@
 """vradix's per-request state: one `ReqState` attached to each SGLang `Req` at admission (`req._vradix`).
 
 Invariants:
-- a request carries a `ReqState` from the moment `admission.stamp` accepts it until it is gone; nothing else of
+- a request carries a `ReqState` from the moment `admission.admit` accepts it until it is gone; nothing else of
   vradix's is stored on the `Req`;
 - `epoch` is the epoch whose namespace the request matches and inserts in (`req.extra_key` is built from it and
   `user_key`);

@@ -16,7 +16,7 @@ from sglang.srt.mem_cache import common
 
 from vradix.observability import server_info
 from vradix.core import epochs
-from vradix.core.admission import stamp
+from vradix.core.admission import admit
 from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import seq
 from vradix.testing.harness.hicache_fixture import build_hicache, versioned
@@ -45,7 +45,7 @@ def epoch_of_code(code):
 
 def new_req(fx, state, tokens):
     req = fx.make_req(tokens)
-    stamp(state, req)
+    admit(state, req)
     return req
 
 

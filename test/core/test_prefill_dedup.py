@@ -20,7 +20,7 @@ def fx():
 
 def stamped(fx, tokens):
     req = fx.make_req(tokens)
-    admission.stamp(fx.state, req)
+    admission.admit(fx.state, req)
     return req
 
 

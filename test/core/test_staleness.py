@@ -3,7 +3,7 @@ page sizes 1 and 16, with the vradix hooks installed."""
 import pytest
 
 from vradix.core import deferred_reclaim, epochs, staleness
-from vradix.core.admission import stamp
+from vradix.core.admission import admit
 from vradix.testing.harness.cache_fixture import seq
 from vradix.testing.harness.cache_steps import check
 
@@ -12,7 +12,7 @@ def run(fx, state, tokens, bound=None):
     req = fx.make_req(tokens)
     if bound is not None:
         req.sampling_params.custom_params = {"vradix_max_staleness": bound}
-    stamp(state, req)
+    admit(state, req)
     hit = fx.admit(req)
     fx.prefill(req)
     fx.finish(req)
@@ -62,7 +62,7 @@ def test_sglangs_health_probe_runs_exact_and_is_not_counted(env):
     bump(fx, state)
     probe = fx.make_req(P + [2])
     probe.rid = f"{HEALTH_CHECK_RID_PREFIX}_0"
-    stamp(state, probe)
+    admit(state, probe)
     assert fx.admit(probe) == 0 and probe._vradix.max_staleness == 0
     fx.prefill(probe)
     fx.finish(probe)
@@ -170,7 +170,7 @@ def start(fx, state, tokens, bound):
     """A bounded request admitted and prefilled, still running: it locks the prefix it matched."""
     req = fx.make_req(tokens)
     req.sampling_params.custom_params = {"vradix_max_staleness": bound}
-    stamp(state, req)
+    admit(state, req)
     fx.admit(req)
     fx.prefill(req)
     return req

@@ -11,7 +11,7 @@ from sglang.srt.session.session_controller import Session
 
 from vradix.core import epochs, provenance
 from vradix.ledger import guard
-from vradix.core.admission import stamp
+from vradix.core.admission import admit
 from vradix.testing.harness.cache_fixture import seq
 
 
@@ -23,7 +23,7 @@ def match_turn(fx, state, session, tokens):
     """A turn of `session` admitted by the scheduler: stamped, then matched (a slot lends its record here)."""
     req = fx.make_req(tokens)
     req.session = session
-    stamp(state, req)
+    admit(state, req)
     common.match_kv_cache(req, fx.cache, req.origin_input_ids, max_prefix_len=len(tokens) - 1)
     return req
 
@@ -215,14 +215,14 @@ def test_a_window_refuses_streaming_sessions_because_an_exact_turn_would_borrow_
     t2 = fx.make_req(next_input(t1, [99]))
     t2.session = session
     t2.sampling_params.custom_params = {staleness.PARAM: 1}
-    stamp(state, t2)
+    admit(state, t2)
     assert fx.admit(t2) >= 64 and t2._vradix.epoch == 0  # the bounded turn adopts epoch 0's namespace ...
     fx.prefill(t2)
     finish_turn(fx, t2)  # ... and its record, epoch-0 KV included, goes to a new slot
     t3 = fx.make_req(next_input(t2, [98]))  # an exact turn (bound 0)
     t3.session = session
     t3.sampling_params.custom_params = {staleness.PARAM: 0}
-    stamp(state, t3)
+    admit(state, t3)
     common.match_kv_cache(t3, fx.cache, t3.origin_input_ids, max_prefix_len=len(t3.origin_input_ids) - 1)
     assert t3._vradix.max_staleness == 0 and t3._vradix.epoch == 1
     assert borrows(fx, t3) and lent_prefix_violations(fx, state, t3, t3.prefix_len) >= 64, (

@@ -14,7 +14,7 @@ from sglang.srt.managers.io_struct import (UpdateWeightFromDiskReqInput, UpdateW
                                            UpdateWeightsFromTensorReqOutput)
 
 from vradix.observability import server_info
-from vradix.core.admission import stamp
+from vradix.core.admission import admit
 from vradix.hooks import launcher, publication
 from vradix.scheduler import publication as publication_glue
 from vradix.engine import attach
@@ -428,7 +428,7 @@ def test_a_prefill_publication_crosses_requests_still_sending_kv_and_rebinds_tho
     state = attach(fx.cache)
     sending = fx.running(state, list(range(10, 40)))
     awaiting = fx.make_req(list(range(50, 80)))
-    stamp(state, awaiting)
+    admit(state, awaiting)
     key_before = awaiting.extra_key
     scheduler = StubScheduler(fx, [])
     scheduler.disagg_prefill_inflight_queue = [sending]
@@ -498,7 +498,7 @@ def test_a_decode_publication_revokes_unfulfilled_promises_crosses_fulfilled_one
     unfulfilled, received = fx.make_req(list(range(10, 50))), fx.make_req(list(range(10, 45)))
     unpromised, waiting = fx.make_req(list(range(100, 130))), fx.make_req(list(range(50, 80)))
     for r in (unfulfilled, received, unpromised, waiting):
-        stamp(state, r)
+        admit(state, r)
     for r in (unfulfilled, received, unpromised):
         pre_allocate(fx, r)
     key_before = waiting.extra_key
@@ -538,7 +538,7 @@ def test_a_decode_publication_revokes_unfulfilled_promises_crosses_fulfilled_one
 
     # an abort of any other request stays SGLang's
     other = fx.make_req([1, 2, 3])
-    stamp(state, other)
+    admit(state, other)
     prepare_abort(other, "Aborted by AbortReq.", status_code=500)
     assert other.finished_reason.status_code == 500 and other.finished_reason.message == "Aborted by AbortReq."
 
@@ -555,7 +555,7 @@ def test_a_restore_that_came_up_short_is_answered_503_naming_the_lost_pages():
     state = attach(fx.cache)
     short, other = fx.make_req(list(range(10, 40))), fx.make_req(list(range(50, 60)))
     for r in (short, other):
-        stamp(state, r)
+        admit(state, r)
     sglang_message = (f"Decode transfer failed for request rank=0 decode_req.req.rid='{short.rid}' "
                       f"decode_req.req.bootstrap_room=7 {lost_restore.MARKER}")
     assert decode.prepare_abort is prepare_abort  # the reference pop_transferred calls is the hooked one

@@ -47,14 +47,14 @@ def host_hit(cache, tokens, extra_key) -> int:
 
 def queued_request(fx, state):
     req = fx.make_req(PROMPT + [7, 8, 9, 10])
-    admission.stamp(state, req)
+    admission.admit(state, req)
     return req
 
 
 def running_request(fx, state):
     """A request holding KV: a bump then frees stale nodes one by one instead of resetting the tree."""
     req = fx.make_req(list(range(500, 520)))
-    admission.stamp(state, req)
+    admission.admit(state, req)
     fx.admit(req)
     fx.prefill(req)
     return req

@@ -14,7 +14,7 @@ from sglang.srt.session.session_controller import Session
 
 from vradix import kernels
 from vradix.core import epochs, sessions
-from vradix.core.admission import stamp
+from vradix.core.admission import admit
 from vradix.ledger.guard import GuardConfig
 from vradix.hooks.serving import at_result, before_forward
 from vradix.request import of as state_of_req
@@ -24,7 +24,7 @@ from vradix.testing.harness.cache_fixture import ForwardWrite, seq
 def admitted(fx, state, tokens, session=None):
     req = fx.make_req(tokens)
     req.session = session
-    stamp(state, req)
+    admit(state, req)
     return req, fx.admit(req)
 
 

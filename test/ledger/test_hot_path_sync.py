@@ -15,7 +15,7 @@ import pytest
 import torch
 from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
-from vradix.core.admission import stamp
+from vradix.core.admission import admit
 from vradix.testing.harness.cache_fixture import seq
 
 #: the calls that make the host wait for a device value
@@ -63,7 +63,7 @@ def counted(device_forms, env, monkeypatch):
 
 def admitted(fx, state, tokens):
     req = fx.make_req(tokens)
-    stamp(state, req)
+    admit(state, req)
     return req, fx.admit(req)
 
 

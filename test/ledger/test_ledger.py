@@ -6,7 +6,7 @@ import torch
 
 from vradix.core import epochs
 from vradix.ledger import guard
-from vradix.core.admission import stamp
+from vradix.core.admission import admit
 from vradix.ledger.guard import GuardConfig
 from vradix.settings import SettingsError
 from vradix.kernels import FREE
@@ -17,7 +17,7 @@ from vradix.testing.harness.trace import functions_entered
 
 def admitted(fx, state, tokens):
     req = fx.make_req(tokens)
-    stamp(state, req)
+    admit(state, req)
     hit = fx.admit(req)
     return req, hit
 

@@ -25,7 +25,7 @@ from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 from vradix.core import epochs
-from vradix.core.admission import stamp
+from vradix.core.admission import admit
 from vradix.engine import attach
 from vradix.pd.layout import KvLayout, scope_of
 from vradix.testing.harness.cache_fixture import seq
@@ -129,7 +129,7 @@ class Hybrid:
         """A request stamped in the current epoch, with its row and its own state slot (decode's pre-allocation)."""
         req = Req(rid=f"r{id(tokens)}-{len(tokens)}", origin_input_text="", origin_input_ids=array("q", tokens),
                   sampling_params=SamplingParams(temperature=0, max_new_tokens=4))
-        stamp(self.state, req)
+        admit(self.state, req)
         self.req_pool.alloc([req])
         return req
 

@@ -346,18 +346,18 @@ def test_a_decode_role_without_a_radix_cache_would_commit_kv_of_any_weights_so_i
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
     from vradix.closed_world import unversioned
-    from vradix.core.admission import stamp
+    from vradix.core.admission import admit
     from vradix.engine import attach
     from vradix.core.state import attach_treeless
     from vradix.hooks import pd as pd_hooks
-    from vradix.hooks.serving import admit
+    from vradix.hooks import serving
     from vradix.hooks.startup import attach_to_scheduler
     from vradix.testing.harness.cache_fixture import build_cache
 
     prefill = build_cache("rust", 1, kv_tokens=256)
     pstate = attach(prefill.cache, weight_identity=identity.declared("A"), identity_mode="declared")
     sent = prefill.make_req([5, 6, 7, 8])
-    stamp(pstate, sent)
+    admit(pstate, sent)
     prefill.admit(sent)
     prefill.prefill(sent)
     bufs = MetadataBuffers(4, hidden_size=8, hidden_states_dtype=torch.float32, max_sampling_mask_tokens=4)
@@ -370,7 +370,7 @@ def test_a_decode_role_without_a_radix_cache_would_commit_kv_of_any_weights_so_i
                                    server_args=types.SimpleNamespace(disaggregation_mode="decode"))
     attach_treeless(decode_cache)  # what an engine without the refusal runs (it serves B: no identity is kept)
     got = disabled.make_req([5, 6, 7, 8])
-    admit(decode, got)
+    serving.admit(decode, got)
     got.bootstrap_host, got.bootstrap_room = "10.0.0.2", 4242
     commits = []
     pd_hooks.check_prefill_identity(lambda q, d, *a, **k: commits.append(d),

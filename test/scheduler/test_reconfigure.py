@@ -57,7 +57,7 @@ def test_a_storage_attached_at_runtime_makes_the_next_publication_revoke_queued_
         reclaim.free_all_by_reset(cache)  # the pages are in L3 only
         cache.write_through_threshold = 1 << 30  # the host pool holds only the prefetch
         queued = fx.make_req(PROMPT + [7, 8, 9, 10])
-        admission.stamp(state, queued)
+        admission.admit(state, queued)
         sched.waiting_queue = [queued]
         op = start_prefetch(sched, queued)
 

@@ -1,7 +1,7 @@
 """Data-path step 1 (admission): bind every request to the engine's current epoch.
 
 Invariants:
-- After `stamp`, the request carries a `request.ReqState`, `req.extra_key == namespace(its epoch) + adapter tag +
+- After `admit`, the request carries a `request.ReqState`, `req.extra_key == namespace(its epoch) + adapter tag +
   user key`, and the request can only match KV of that epoch (and, for a LoRA request, of that adapter content:
   the tag names `ReqState.adapter`, fixed at admission as the request's `lora_id` is).
 - A request that holds no KV (no row, no tree lock) is re-bound to the current epoch before any match
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from vradix.engine import Engine
 
 
-def stamp(state: Engine, req) -> None:
+def admit(state: Engine, req) -> None:
     """Bind a newly admitted request to the current epoch. Raises ReservedNamespaceError on a forged key and
     `staleness.StalenessError` on a bound above the server window."""
     user_key = req.extra_key
@@ -38,7 +38,7 @@ def stamp(state: Engine, req) -> None:
     staleness.bind_bound(st, req, state.staleness.window)
 
 
-def stamp_refused(state: Engine, req) -> None:
+def admit_refused(state: Engine, req) -> None:
     """Bind a request whose user key was refused (it is being aborted) to the current epoch without that key. A LoRA
     request keeps its adapter tag: SGLang still prefills it (with the adapter) before the abort lands, so its KV must
     stay out of the base model's namespace."""

@@ -126,10 +126,10 @@ class CacheFixture:
 
     def running(self, state, tokens: Sequence[int]) -> Req:
         """A request stamped in `state`'s current epoch, admitted and prefilled: it holds its KV as a running one."""
-        from vradix.core.admission import stamp
+        from vradix.core.admission import admit
 
         req = self.make_req(tokens)
-        stamp(state, req)
+        admit(state, req)
         self.admit(req)
         self.prefill(req)
         return req

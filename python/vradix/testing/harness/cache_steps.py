@@ -1,17 +1,17 @@
 """The steps and the accounting check the cache-level tests run on a `cache_fixture.CacheFixture` with vradix attached
-(`vradix.core.state.attach`): requests stamped as admission stamps them, driven to the end, publications as epoch
+(`vradix.engine.attach`): requests admitted as SGLang's queue admits them, driven to the end, publications as epoch
 bumps, and `check` after each step."""
 from __future__ import annotations
 
 from vradix.core import epochs
-from vradix.core.admission import stamp
+from vradix.core.admission import admit
 from vradix.engine import state_of
 
 
 def new_req(fx, state, tokens, **kw):
-    """A request for `tokens`, stamped with the current epoch's namespace as admission stamps it."""
+    """A request for `tokens`, admitted with the current epoch's namespace (`admission.admit`)."""
     req = fx.make_req(tokens, **kw)
-    stamp(state, req)
+    admit(state, req)
     return req
 
 
