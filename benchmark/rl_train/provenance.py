@@ -1,28 +1,25 @@
 """Each sampled token's provenance: the weights that sampled it, and which weights computed the KV its sampling step
-read, from the response alone.
-
-Output token j of a request with a P-token prompt is sampled by the forward over position P + j - 1, which reads the
-KV of positions [0, P + j - 1) and computes its own position under the sampling weights s_j (SGLang's
-`weight_versions`, spans over output tokens). The token is
-  FRESH     when every position it read was computed under s_j;
-  STALE     when a position it read was computed under weights older than the request's admission version a = s_0
-            (KV that was already stale when the request matched it: reused stale);
-  CROSSING  otherwise (it read KV the request itself computed under a, before a publication it crossed).
-Its staleness is the number of publications between the oldest weights it read and s_j.
+read, from the response alone, by the product's consumer API (`vradix.trainer.TokenVersions`, one implementation:
+fresh / crossing / stale and the staleness, as a trainer reads them).
 
 Where the positions' weights come from:
-  vradix         `meta_info.kv_weight_versions` (spans over prompt + output positions; absent when every position
-                 is the admission version's, docs/provenance.md);
-  stock servers  no per-position record: the cached prefix [0, cached_tokens) is stale when the shadow of the cache
-                 (`benchmark/rl_rollout/shadow_cache.py`) finds stale positions in it (a lower bound), and positions
-                 after it were computed by the request (under a, or re-prefilled after a retraction, hence FRESH).
+  vradix         the response itself (`kv_weight_versions`, `prefix_cache`, `vradix_staleness`; docs/provenance.md);
+  stock servers  no per-position record: `stock_view` writes what the shadow of the cache
+                 (`benchmark/rl_rollout/shadow_cache.py`) found into the same fields, so the same API reads it: the
+                 cached prefix [0, cached_tokens) holds stale positions when the shadow finds some (a lower bound;
+                 they are placed one publication before the request's version), and positions after it were
+                 computed by the request (under its version, or re-prefilled after a retraction, hence FRESH).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from vradix.trainer import KIND_CODES, TokenVersions
+
 from .grpo import CROSSING, FRESH, STALE
+
+assert (FRESH, CROSSING, STALE) == (KIND_CODES["fresh"], KIND_CODES["crossing"], KIND_CODES["stale"])
 
 
 @dataclass
@@ -35,22 +32,13 @@ class TokenProvenance:
 
 
 def sampler_versions(meta: dict, n_out: int) -> List[str]:
-    """The version that sampled each output token: SGLang's `weight_versions` spans, or its `weight_version` for all
-    (a request that crossed nothing)."""
+    """The label that sampled each output token, as the server wrote it: SGLang's `weight_versions` spans, or its
+    `weight_version` for all (a request that crossed nothing)."""
     spans = meta.get("weight_versions") or [{"version": meta["weight_version"], "start": 0, "end": n_out}]
     out = [spans[0]["version"]] * n_out
     for sp in spans:
         for j in range(sp["start"], min(sp["end"], n_out)):
             out[j] = sp["version"]
-    return out
-
-
-def position_versions(meta: dict, n_positions: int, default: str) -> List[str]:
-    """The version that computed each KV position, from `kv_weight_versions` (vradix); `default` where none."""
-    out = [default] * n_positions
-    for sp in meta.get("kv_weight_versions") or []:
-        for i in range(sp["start"], min(sp["end"], n_positions)):
-            out[i] = sp["version"]
     return out
 
 
@@ -69,55 +57,55 @@ def unlabelled_crossing(meta: dict, publications: Sequence) -> bool:
     return False
 
 
+def stock_view(prompt_len: int, n_out: int, meta: dict, order: Dict[str, int], stale_prefix: int,
+               unlabelled: bool = False) -> dict:
+    """A stock server's response with the provenance the shadow of the cache supplies, in vradix's own fields
+    (`kv_weight_versions` over every position, `prefix_cache`), epochs being the publication indices of `order`.
+
+    The request's version `a` is the one that sampled its first token. Positions: the prompt under `a`, except
+    `stale_prefix` positions (found by the shadow in the cached prefix) one publication before `a`; output position
+    P + j - 1 under the sampler of token j. A retracted request was re-prefilled under its last sampler's version
+    (`retract+flush`), so every position is that version's and it is re-bound there. `unlabelled` (see
+    `unlabelled_crossing`): the sampler spans are wrong, the request ran under the version before the one named."""
+    samplers = sampler_versions(meta, n_out)
+    by_index = {i: v for v, i in order.items()}
+    if not samplers:
+        return dict(meta)
+    total = prompt_len + n_out
+    admitted = samplers[0]
+    labels: List[str] = [admitted] * prompt_len + [samplers[j] for j in range(1, n_out)] + [samplers[-1]]
+    if unlabelled:
+        admitted = by_index.get(order[samplers[0]] - 1, f"<before {samplers[0]}>")
+        labels = [admitted] * total
+    elif stale_prefix:
+        older = by_index.get(order[admitted] - 1, f"<before {admitted}>")
+        labels[:stale_prefix] = [older] * stale_prefix
+    elif meta.get("num_retractions", 0):
+        admitted = samplers[-1]
+        labels = [admitted] * total
+    epoch = {**order, **{v: order[admitted] - 1 for v in labels if v not in order}}
+    spans: List[dict] = []
+    for i, v in enumerate(labels):
+        if spans and spans[-1]["version"] == v:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": v, "epoch": epoch[v], "start": i, "end": i + 1})
+    return {**meta, "kv_weight_versions": spans,
+            "prefix_cache": {"cached_tokens": meta.get("cached_tokens", 0), "epoch": epoch[admitted],
+                             "weight_version": admitted}}
+
+
 def classify(prompt_len: int, n_out: int, meta: dict, order: Dict[str, int],
              stale_prefix: Optional[int] = None, unlabelled: bool = False) -> TokenProvenance:
-    """The provenance of a response's output tokens.
+    """The provenance of a response's output tokens, read by `vradix.trainer.TokenVersions`.
 
     `order` maps every version label to its publication index (older is smaller). `stale_prefix`: for a stock
     server, the stale positions the shadow cache found in the cached prefix (None on a vradix server, whose
-    `kv_weight_versions` say it per position). `unlabelled` (see `unlabelled_crossing`): the sampler spans are
-    wrong, so every token is CROSSING (its reference is the version SGLang named)."""
-    samplers = sampler_versions(meta, n_out)
-    if not samplers:
-        return TokenProvenance([], [], [])
-    if unlabelled:
-        return TokenProvenance(samplers, [CROSSING] * n_out, [1] * n_out)
-    admitted = samplers[0]
-    retracted = meta.get("num_retractions", 0) > 0
-    if stale_prefix is None:
-        positions = position_versions(meta, prompt_len + n_out, admitted)
-    else:
-        positions = None
-    versions, classes, staleness = [], [], []
-    oldest_seen = None          # the oldest version among positions [0, P + j - 1), kept incrementally
-    seen_upto = 0
-    for j, s in enumerate(samplers):
-        versions.append(s)
-        if positions is not None:
-            end = prompt_len + j - 1
-            for i in range(seen_upto, max(end, 0)):
-                if oldest_seen is None or order[positions[i]] < order[oldest_seen]:
-                    oldest_seen = positions[i]
-            seen_upto = max(seen_upto, end)
-            oldest = oldest_seen if oldest_seen is not None else s
-            if order[oldest] < order[admitted]:
-                classes.append(STALE)
-            elif oldest != s:
-                classes.append(CROSSING)
-            else:
-                classes.append(FRESH)
-            staleness.append(order[s] - order[oldest])
-        else:
-            if stale_prefix:
-                classes.append(STALE)
-                staleness.append(max(1, order[s] - order[admitted] + 1))
-            elif s != admitted and not retracted:
-                classes.append(CROSSING)
-                staleness.append(order[s] - order[admitted])
-            else:
-                classes.append(FRESH)
-                staleness.append(0)
-    return TokenProvenance(versions, classes, staleness)
+    response says it per position); `unlabelled`: see `stock_view`."""
+    if stale_prefix is not None:
+        meta = stock_view(prompt_len, n_out, meta, order, stale_prefix, unlabelled)
+    tv = TokenVersions.build(meta, prompt_len, n_out, order=order)
+    return TokenProvenance(sampler_versions(meta, n_out), [KIND_CODES[k] for k in tv.kind], list(tv.staleness))
 
 
 def stock_stale_prefixes(records: Sequence) -> Dict[int, int]:
