@@ -56,6 +56,9 @@ MODES = {
     "retract+flush": Mode("retract+flush", "retract", flush=True, radix=True, vradix=False),
     "in_place": Mode("in_place", "in_place", flush=False, radix=True, vradix=False),
     "in_place+vradix": Mode("in_place+vradix", "in_place", flush=False, radix=True, vradix=True),
+    # retract pause on vradix, no flush: in-flight requests re-prefill under the new weights in the new epoch's
+    # namespace, sharing prefixes there (run by the training-loop ablation, benchmark/rl_train; not a default here)
+    "retract+vradix": Mode("retract+vradix", "retract", flush=False, radix=True, vradix=True),
     **{f"in_place+vradix({k})": Mode(f"in_place+vradix({k})", "in_place", flush=False, radix=True, vradix=True,
                                      staleness=k) for k in WINDOWS},
 }

@@ -12,11 +12,14 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
+from vradix.trainer import truncated_weights
+
 #: a token's provenance: which weights computed the KV its sampling step read (see provenance.py)
 FRESH, CROSSING, STALE = 0, 1, 2
 CLASSES = {"fresh": FRESH, "crossing": CROSSING, "stale": STALE}
-#: how a trainer treats the tokens whose context held reused stale KV (in_place+vradix(K) with provenance)
-CORRECTIONS = ("none", "mask", "tis")
+#: how a trainer treats the tokens the provenance flags: `mask` and `tis` the stale ones (in_place+vradix(K) with
+#: provenance), `tis_crossing` the crossing ones (in_place+vradix+tis)
+CORRECTIONS = ("none", "mask", "tis", "tis_crossing")
 
 
 def group_advantages(rewards: Sequence[float], group_size: int, scale: bool = True,
@@ -86,14 +89,18 @@ def mismatch_by_class(logp_train: torch.Tensor, logp_rollout: torch.Tensor, mask
 
 
 def correction(kind: str, classes: torch.Tensor, logp_rollout: torch.Tensor,
-               logp_clean: Optional[torch.Tensor] = None, cap: float = 2.0) -> Tuple[torch.Tensor, torch.Tensor]:
+               logp_clean: Optional[torch.Tensor] = None, cap: float = 2.0,
+               logp_trainer: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """(behaviour log-probs for the PPO ratio, per-token weights) for a trainer that treats the tokens whose
     sampling read reused stale KV (class STALE) by `kind`:
       none  train on every token against the rollout log-probs (what a trainer without provenance does);
       mask  drop the STALE tokens (weight 0);
       tis   for STALE tokens only, take the ratio against `logp_clean` (the trainer's log-probs under the weights
             that sampled the token, recomputed for the flagged samples alone) and weight the token by the truncated
-            importance weight min(pi_clean / pi_rollout, cap), the decoupled-PPO form of `--use-tis`.
+            importance weight min(pi_clean / pi_rollout, cap), the decoupled-PPO form of `--use-tis`;
+      tis_crossing  for CROSSING tokens only, what a trainer does with `vradix.trainer.importance_weights(...,
+            kinds=("crossing",))`: the ratio against `logp_trainer` (the trainer's own log-probs before the step,
+            detached: the trainer's version) and the weight min(pi_trainer / pi_rollout, cap) (TIS).
     Every other token keeps the rollout log-probs and weight 1."""
     stale = classes == STALE
     ones = torch.ones_like(logp_rollout)
@@ -106,6 +113,13 @@ def correction(kind: str, classes: torch.Tensor, logp_rollout: torch.Tensor,
             raise ValueError("tis needs the clean log-probs of the STALE tokens")
         w = torch.clamp(torch.exp(logp_clean - logp_rollout), max=cap).detach()
         return torch.where(stale, logp_clean, logp_rollout), torch.where(stale, w, ones)
+    if kind == "tis_crossing":
+        if logp_trainer is None:
+            raise ValueError("tis_crossing needs the trainer's log-probs")
+        crossing = classes == CROSSING
+        reference = logp_trainer.detach()
+        w = truncated_weights(reference, logp_rollout, cap, apply=crossing)
+        return torch.where(crossing, reference, logp_rollout), w
     raise ValueError(f"unknown correction {kind!r}; choose from {', '.join(CORRECTIONS)}")
 
 

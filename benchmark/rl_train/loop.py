@@ -99,8 +99,9 @@ def run(server, mode: Mode, policy_dir: str, task: Task, workdir: str, *, steps:
         prev_ideal = ideal_work(records[:len(records) - len(batch_records)])["ideal_prompt_tokens"] if k else 0
         row = {"step": k, "run": name, "reward": m["reward"], "loss": m["loss"], "grad_norm": m["grad_norm"],
                "kl_to_next": m["kl_to_next"], "clip_active": m["clip_active"], "tokens": m["tokens"],
-               "tokens_trained": m["tokens_trained"], "tokens_by_class": tokens_by_class,
+               "tokens_trained": m["tokens_trained"], "reweighted": m["reweighted"], "tokens_by_class": tokens_by_class,
                "engine_vs_sampler": m["engine_vs_sampler"], "train_vs_rollout": m["train_vs_rollout"],
+               "reference_vs_sampler": m["reference_vs_sampler"],
                "stale_prompt_tokens_reused": stale_prompt,
                "prompt_tokens_computed": int(round(counters["computed"])),
                "ideal_prompt_tokens": ideal - prev_ideal,

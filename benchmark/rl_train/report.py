@@ -29,8 +29,26 @@ def table(results: List[dict]) -> str:
     return "\n".join(lines)
 
 
-SUMMARY = ("workload", "run", "mean reward", "tokens fresh / crossing / stale", "trained", "|dlogp| non-crossing",
-           "|dlogp| all", "max |dlogp| fresh", "stale prompt", "work / ideal", "mean KL(next)", "mean pause ms")
+SUMMARY = ("workload", "run", "mean reward", "tokens fresh / crossing / stale", "trained", "reweighted (mean w)",
+           "|dlogp| non-crossing", "|dlogp| crossing", "|dlogp| all", "|dlogp| loss", "max |dlogp| fresh",
+           "stale prompt",
+           "work / ideal", "mean KL(next)", "mean pause ms")
+
+
+def loss_mismatch(rows: List[dict]) -> float:
+    """Token-weighted mean |behaviour log-prob the loss used - the sampling weights' own| over every trained token
+    (`reference_vs_sampler`): the engine's mismatch, except where the correction replaced the reference."""
+    parts = [r["reference_vs_sampler"]["all"] for r in rows if "reference_vs_sampler" in r]
+    n = sum(p["tokens"] for p in parts)
+    return sum(p["abs_delta"] * p["tokens"] for p in parts) / n if n else 0.0
+
+
+def reweighted(rows: List[dict]) -> str:
+    """Tokens the trainer's correction gave a weight other than 1 (0 masks one) and their token-weighted mean
+    weight, over the run's steps."""
+    parts = [r.get("reweighted") or {"tokens": 0, "mean_weight": 1.0} for r in rows]
+    n = sum(p["tokens"] for p in parts)
+    return f"{n} ({sum(p['tokens'] * p['mean_weight'] for p in parts) / n:.3f})" if n else "0"
 
 
 def summary(results: List[dict]) -> str:
@@ -43,7 +61,9 @@ def summary(results: List[dict]) -> str:
         lines.append("| " + " | ".join([
             res["workload"], res["run"], f"{sum(r['reward'] for r in rows) / len(rows):.3f}",
             f"{by['fresh']} / {by['crossing']} / {by['stale']}", f"{sum(r['tokens_trained'] for r in rows):.0f}",
-            f"{mismatch(rows):.1e}", f"{mismatch(rows, ('fresh', 'crossing', 'stale')):.1e}",
+            reweighted(rows), f"{mismatch(rows):.1e}",
+            f"{mismatch(rows, ('crossing',)):.1e}" if by["crossing"] else "-",
+            f"{mismatch(rows, ('fresh', 'crossing', 'stale')):.1e}", f"{loss_mismatch(rows):.1e}",
             f"{max(r['engine_vs_sampler']['fresh']['max_abs_delta'] for r in rows):.1e}",
             str(sum(r["stale_prompt_tokens_reused"] for r in rows)), f"{work(rows):.2f}",
             f"{sum(r['kl_to_next'] for r in rows) / len(rows):.1e}",

@@ -97,7 +97,7 @@ class Trainer:
         self.model.train()
         full = full_logprobs(self.model, batch.ids)
         lp = full.gather(-1, batch.ids[:, 1:, None]).squeeze(-1)
-        logp_old, weights = grpo.correction(self.correction, classes, rollout, clean, self.tis_cap)
+        logp_old, weights = grpo.correction(self.correction, classes, rollout, clean, self.tis_cap, lp.detach())
         loss, stats = grpo.ppo_clip_loss(lp, logp_old, adv, mask, self.clip_eps, weights)
         self.opt.zero_grad()
         loss.backward()
@@ -109,12 +109,22 @@ class Trainer:
         with torch.no_grad():
             kl = grpo.policy_kl(full.detach(), full_logprobs(self.model, batch.ids), mask)
         trained = (mask * weights).sum().item()
+        flagged = (mask > 0) & (weights != 1)
         return {
             "loss": loss.item(), "grad_norm": gnorm, "kl_to_next": kl, "clip_active": stats["clip_active"],
             "reward": sum(s.reward for s in samples) / len(samples), "tokens": int(mask.sum().item()),
             "tokens_trained": trained,
+            # the tokens the correction reweighted or dropped: how many, their mean weight and the share at the cap
+            "reweighted": {"tokens": int(flagged.sum().item()),
+                           "mean_weight": weights[flagged].mean().item() if flagged.any() else 1.0,
+                           "at_cap": (weights[flagged] >= self.tis_cap).float().mean().item() if flagged.any()
+                           else 0.0},
             # the engine against the exact weights that sampled each token: the cache's doing
             "engine_vs_sampler": grpo.mismatch_by_class(clean, rollout, mask, classes, self.clip_eps),
+            # the behaviour log-probs the loss used (after the correction) against the sampling weights' own: the
+            # mismatch left in the loss (the engine's, except where a correction replaced the reference)
+            "reference_vs_sampler": grpo.mismatch_by_class(clean, logp_old, mask * (weights > 0).float(), classes,
+                                                            self.clip_eps),
             # the PPO ratio's view: the trainer's weights against the engine, policy lag included
             "train_vs_rollout": grpo.mismatch_by_class(lp.detach(), rollout, mask, classes, self.clip_eps),
             "train_s": time.perf_counter() - t0,

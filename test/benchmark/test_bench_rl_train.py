@@ -121,6 +121,14 @@ def test_provenance_corrections():
     assert w[0].tolist() == pytest.approx([1.0, 1.0, 2.0, math.exp(-0.9)])   # exp(1) truncated to 2
     with pytest.raises(ValueError):
         grpo.correction("tis", classes, rollout)
+    # the crossing tokens' TIS, as vradix.trainer.importance_weights computes it: the ratio against the trainer's own
+    # log-probs, the weight min(pi_trainer / pi_rollout, cap) on crossing tokens only
+    trainer = torch.tensor([[-0.5, -0.2, -1.0, -1.0]], requires_grad=True)
+    old, w = grpo.correction("tis_crossing", classes, rollout, clean, cap=2.0, logp_trainer=trainer)
+    assert old[0].tolist() == pytest.approx([-1.0, -0.2, -2.0, -0.1]) and not w.requires_grad
+    assert w[0].tolist() == pytest.approx([1.0, 2.0, 1.0, 1.0])        # exp(0.8) = 2.23 truncated to 2
+    with pytest.raises(ValueError, match="trainer's log-probs"):
+        grpo.correction("tis_crossing", classes, rollout)
 
 
 def test_policy_kl_is_exact_over_the_vocabulary():
@@ -312,26 +320,33 @@ def test_the_stock_shadow_counts_a_next_turns_reuse_of_old_kv_and_not_of_its_own
 
 
 @pytest.mark.e2e
-@pytest.mark.long  # two CPU servers and a trainer (~80 s in CI): the benchmark's smoke; its rules are tested above
-@pytest.mark.timeout(900)
+@pytest.mark.long  # four CPU servers and a trainer (~160 s in CI): the benchmark's smoke; its rules are tested above
+@pytest.mark.timeout(1200)
 def test_smoke_two_steps_unsafe_in_place_against_vradix(tmp_path):
-    """Two GRPO steps of multi-turn episodes on each of two CPU servers (one at a time): the loop's invariants hold
+    """Two GRPO steps of multi-turn episodes on each of four CPU servers (one at a time): the loop's invariants hold
     (`--check`, `rl_train.invariants`): vradix exact reads no stale KV and its fresh tokens are at the numerical
-    floor; unsafe in_place reuses stale KV after the publication. With `--vradix-disabled` the same command exits 1
-    (docs/benchmarks.md shows the run)."""
+    floor, with and without the trainer's TIS on crossing tokens (which reweights crossing tokens only); retract
+    with vradix has no stale and no crossing token, every token at the floor; unsafe in_place reuses stale KV after
+    the publication. With `--vradix-disabled` the same command exits 1 (docs/benchmarks.md shows the run)."""
     import json
     import subprocess
     out = tmp_path / "rl_train.json"
-    cmd = [sys.executable, os.path.join(ROOT, "benchmark", "rl_train"), "--runs", "in_place,in_place+vradix",
+    runs = ["in_place", "in_place+vradix", "in_place+vradix+tis", "retract+vradix"]
+    cmd = [sys.executable, os.path.join(ROOT, "benchmark", "rl_train"), "--runs", ",".join(runs),
            "--workload", "multiturn", "--steps", "2", "--prompts", "4", "--samples", "4", "--turns", "3",
            "--system-tokens", "32", "--pretrain-target", "0.3", "--workdir", str(tmp_path / "work"),
-           "--json", str(out), "--plots", str(tmp_path / "plots"), "--check"]
+           "--json", str(out), "--plots", str(tmp_path / "plots"), "--raw", str(tmp_path / "raw.jsonl"), "--check"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=840, env=env, cwd=tmp_path)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1140, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "invariants: hold (2 runs)" in proc.stdout
+    assert "invariants: hold (4 runs)" in proc.stdout
     res = {r["run"]: r for r in json.loads(out.read_text())["results"]}
-    assert set(res) == {"in_place", "in_place+vradix"}
+    assert set(res) == set(runs)
+    # retract+vradix really retracted: requests in flight at a publication were retracted and re-prefilled (and
+    # the invariants found no crossing token among them)
+    raw = [json.loads(line) for line in (tmp_path / "raw.jsonl").read_text().splitlines()]
+    retracted = [r for r in raw if r["run"] == "retract+vradix" and r["meta"].get("num_retractions", 0) > 0]
+    assert retracted, "no request was in flight at a retract publication"
     assert sorted(os.listdir(tmp_path / "plots")) == ["mismatch_over_steps.png", "work_vs_mismatch.png"]
 
 
@@ -341,7 +356,8 @@ def test_the_invariants_catch_stale_reuse_in_the_exact_run_and_its_absence_in_th
     def row(step, stale=0, reused=0, fresh_max=1e-6, stale_delta=0.0):
         return {"step": step, "reward": 0.5, "kl_to_next": 1e-3, "grad_norm": 1.0,
                 "tokens_by_class": {"fresh": 10, "crossing": 0, "stale": stale}, "stale_prompt_tokens_reused": reused,
-                "engine_vs_sampler": {"fresh": {"max_abs_delta": fresh_max}, "stale": {"abs_delta": stale_delta}}}
+                "engine_vs_sampler": {"fresh": {"max_abs_delta": fresh_max}, "crossing": {"max_abs_delta": 0.0},
+                                      "stale": {"abs_delta": stale_delta, "max_abs_delta": stale_delta}}}
 
     def result(run, rows):
         return {"workload": "multiturn", "run": run, "rows": rows, "publications": [{}] * len(rows)}
@@ -353,6 +369,19 @@ def test_the_invariants_catch_stale_reuse_in_the_exact_run_and_its_absence_in_th
     assert len(violations([result("in_place+vradix", [row(0), row(1, fresh_max=3e-2)])])) == 1
     assert len(violations([result("in_place+vradix", [row(0), row(1, stale=4, reused=64)])])) == 1
     assert len(violations([result("in_place", [row(0), row(1)])])) == 1
+    # retract+vradix: a crossing or stale token, or a token off the floor, breaks it
+    assert violations([result("retract+vradix", [row(0), row(1)])]) == []
+    crossing = row(1)
+    crossing["tokens_by_class"]["crossing"] = 3
+    assert len(violations([result("retract+vradix", [row(0), crossing])])) == 1
+    assert len(violations([result("retract+vradix", [row(0), row(1, stale=2)])])) == 1
+    # in_place+vradix+tis: the exact run's rules, and only crossing tokens reweighted
+    tis = row(1)
+    tis["reweighted"] = {"tokens": 4, "mean_weight": 1.1}
+    assert len(violations([result("in_place+vradix+tis", [row(0), tis])])) == 1
+    tis["tokens_by_class"]["crossing"] = 4
+    assert violations([result("in_place+vradix+tis", [row(0), tis])]) == []
+    assert len(violations([result("in_place+vradix+tis", [row(0), row(1, fresh_max=3e-2)])])) == 1
 
 
 def test_the_runs_are_the_rollout_benchmarks_modes_and_the_cli_runs_them_all_by_default():
@@ -360,9 +389,13 @@ def test_the_runs_are_the_rollout_benchmarks_modes_and_the_cli_runs_them_all_by_
     from rl_train.__main__ import parse_args
     from rl_train.modes import RUNS
     assert all(r.mode is MODES[r.mode.name] for r in RUNS.values())
-    assert {r.mode.name for r in RUNS.values()} == {"radix-off", "retract+flush", "in_place", "in_place+vradix",
-                                                    "in_place+vradix(1)"}
+    assert {r.mode.name for r in RUNS.values()} == {"radix-off", "retract+flush", "retract+vradix", "in_place",
+                                                    "in_place+vradix", "in_place+vradix(1)"}
     assert RUNS["in_place+vradix(1)+provenance"].correction == "mask"
+    assert RUNS["in_place+vradix+tis"].correction == "tis_crossing"
+    assert RUNS["in_place+vradix+tis"].mode is RUNS["in_place+vradix"].mode
+    retract = RUNS["retract+vradix"].mode
+    assert (retract.pause_mode, retract.flush, retract.radix, retract.vradix) == ("retract", False, True, True)
     assert all(r.correction in grpo.CORRECTIONS for r in RUNS.values())
     a = parse_args([])
     assert a.runs == list(RUNS) and a.workload == ["grpo", "multiturn"]
