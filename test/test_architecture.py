@@ -187,7 +187,7 @@ TEST_FOLDERS = {"core": "vradix.core", "ledger": "vradix.ledger", "kernels": "vr
                 "pd": "vradix.pd", "closed_world": "vradix.closed_world", "hooks": "vradix.hooks",
                 "observability": "vradix.observability", "scheduler": "vradix.scheduler", "testing": "vradix.testing",
                 "e2e": "real servers, every package at once", "benchmark": "benchmark/",
-                "packaging": "setup.py, scripts/, docs/"}
+                "packaging": "setup.py, scripts/, docs/", "trainer": "vradix.trainer"}
 #: test files at the top of test/ -> the root module they test
 ROOT_TESTS = {"test_architecture.py": "the layout itself", "test_identity.py": "vradix.identity",
               "test_plugin.py": "vradix.plugin", "test_predicate.py": "vradix.predicate",

@@ -159,6 +159,47 @@ def test_provenance_in_meta_info_across_two_publications(server, models):
     assert (chat_prefix["epoch"], chat_prefix["weight_version"]) == (e0 + 2, "v3") and chat_prefix["cached_tokens"] > 0
 
 
+def test_trainer_api_and_recipes_on_a_request_crossing_two_step_publications(server, models):
+    """`vradix.trainer` on a live response: a greedy stream with log-probs crosses two publications labelled with
+    step numbers (as RL frameworks publish); per output token the sampler, the KV read, the staleness and the kind
+    follow SGLang's `weight_versions` and vradix's spans; the corrections align with the engine's log-probs; the
+    docs' recipes (slime / miles, verl, AReaL) run as written on it; an OpenAI completion after it is all fresh."""
+    from vradix.testing.harness import recipes
+    from vradix.trainer import CROSSING, FRESH, TokenVersions, importance_weights, mask
+
+    s, n = server, 160
+    s.update_weights(models[0], "1")  # step labels from here on (an idle publication)
+    (stream,) = pause_holding(s, lambda: [StreamingRequest(s.url, LONG_PROMPT, n, return_logprob=True)])
+    update_and_continue(s, models[1], "2")
+    wait_for_progress(stream, 5)
+    assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
+    pause_took_effect(s)
+    assert not stream.done, "the streaming request finished before the second publication"
+    update_and_continue(s, models[0], "3")
+    final = stream.result()
+    meta = final["meta_info"]
+    assert meta["num_retractions"] == 0 and len(meta["output_token_logprobs"]) == n == len(final["output_ids"])
+    k2, k3 = [x["start"] for x in meta["weight_versions"][1:]]
+    assert [x["version"] for x in meta["weight_versions"]] == ["1", "2", "3"] and 0 < k2 < k3 < n
+
+    tv = TokenVersions.from_response(final)
+    assert tv.sampler == (1,) * k2 + (2,) * (k3 - k2) + (3,) * (n - k3)
+    assert tv.kv_oldest == (1,) * n and tv.kv_newest == tv.sampler
+    assert tv.staleness == (0,) * k2 + (1,) * (k3 - k2) + (2,) * (n - k3)
+    assert tv.kind == (FRESH,) * k2 + (CROSSING,) * (n - k2) and tv.clock_unit == "epoch"
+    assert list(tv.logprobs) == [x[0] for x in meta["output_token_logprobs"]]
+    assert mask(tv, trainer_version=3, max_staleness=1) == [0] * n  # every token read step 1's prompt KV
+    assert mask(tv, max_staleness=1) == [1] * k3 + [0] * (n - k3)
+    shifted = [x + 0.1 for x in tv.logprobs]
+    assert importance_weights(tv, shifted, kinds=("crossing",)) == pytest.approx([1.0] * k2 + [1.1051709] * (n - k2))
+    recipes.check_all(final, LONG_PROMPT, trainer_version=3)
+
+    r = s.post("/v1/completions", {"model": "m", "prompt": PROBE, "max_tokens": 3, "temperature": 0, "logprobs": 1})
+    assert r.status_code == 200, r.text
+    done = TokenVersions.from_response(r.json())
+    assert done.sampler == (3,) * 3 and done.kind == (FRESH,) * 3 and len(done.logprobs) == 3 and done.described
+
+
 #: every `sglang:vradix_*` series and its Prometheus type
 VRADIX_SERIES = {"sglang:vradix_epoch": "gauge", "sglang:vradix_crossing_requests": "gauge",
                  "sglang:vradix_stale_tokens_pinned": "gauge", "sglang:vradix_stale_tokens_freed_last": "gauge",

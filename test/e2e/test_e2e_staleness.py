@@ -188,6 +188,23 @@ def test_third_turn_reuses_in_window_kv_an_exact_request_computed(run, server_po
     assert (run["Q3"]["output_ids"], reused) == (out, cached)
 
 
+def test_the_trainer_api_reads_stale_and_fresh_tokens_of_each_turn(run):
+    """`vradix.trainer` on the bounded server's responses: a turn that reused one-publication-old KV has every token
+    stale by one publication (oldest KV read: the older label; sampled by the current one), an exact or recomputed
+    turn every token fresh; the mask drops the stale tokens at bound 0 and keeps them at bound 1."""
+    from vradix.trainer import FRESH, STALE, TokenVersions, mask
+
+    for name, older, current in (("P2", "default", "vB"), ("Q2", "default", "vB"), ("Q3", "vB", "vC")):
+        tv = TokenVersions.from_response(run[name])
+        assert (tv.kind, tv.staleness) == ((STALE,) * NEW, (1,) * NEW), name
+        assert (tv.kv_oldest, tv.kv_newest, tv.sampler) == ((older,) * NEW, (current,) * NEW, (current,) * NEW)
+        assert mask(tv) == [0] * NEW and mask(tv, trainer_version=current, max_staleness=1) == [1] * NEW
+        assert tv.distance(older, current) == 1
+    for name, current in (("P1", "default"), ("XQ2", "vB"), ("P3", "vC"), ("XP3", "vC")):
+        tv = TokenVersions.from_response(run[name])
+        assert tv.kind == (FRESH,) * NEW and tv.sampler == (current,) * NEW and mask(tv) == [1] * NEW, name
+
+
 def test_the_server_counts_stale_tokens_by_staleness(run, server):
     block = staleness_block(server)
     reused = [run[n]["meta_info"]["vradix_staleness"]["stale_tokens"] for n in ("P2", "Q2", "Q3")]
