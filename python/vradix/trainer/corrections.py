@@ -76,11 +76,12 @@ def truncated_weights(trainer_logprobs: Any, rollout_logprobs: Any, cap: float =
     if type(trainer_logprobs).__module__ == "numpy":
         import numpy as np
 
-        t = np.asarray(trainer_logprobs)
-        w = np.minimum(np.exp(t - np.asarray(rollout_logprobs, dtype=t.dtype)), cap).astype(t.dtype)
+        tn = np.asarray(trainer_logprobs)
+        rn = np.asarray(rollout_logprobs).astype(tn.dtype)
+        wn = np.minimum(np.exp(tn - rn), cap).astype(tn.dtype)
         if apply is not None:
-            w = np.where(np.asarray(apply, dtype=bool), w, np.ones_like(w))
-        return w
+            wn = np.where(np.asarray(apply).astype(bool), wn, np.ones_like(wn))
+        return wn
     t_list, r_list = list(trainer_logprobs), list(rollout_logprobs)
     if len(t_list) != len(r_list):
         raise ValueError(f"{len(t_list)} trainer log-probs for {len(r_list)} rollout log-probs")

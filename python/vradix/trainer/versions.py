@@ -217,7 +217,10 @@ class TokenVersions:
             sc = clock[s]
             if lo is None or hi is None or (retracted and sc < admitted):
                 # read nothing (an empty prompt), or sampled before its last retraction: its own sampler's KV
-                oldest_l.append(s), newest_l.append(s), stal.append(0), kinds.append(FRESH)
+                oldest_l.append(s)
+                newest_l.append(s)
+                stal.append(0)
+                kinds.append(FRESH)
                 continue
             oldest_l.append(lo[1])
             newest_l.append(hi[1])
