@@ -7,8 +7,9 @@ Entry point: `python benchmark/rl_train` (the folder; `__main__` is the CLI). On
   policy      the tiny Llama (the test models' architecture, float32): built, pretrained until clearly better
               than chance, saved as a checkpoint SGLang loads; the trainer's teacher-forced log-probs
   rollout     n samples per prompt at temperature 1 on the server with the engine's log-probs (return_logprob)
-  provenance  each sampled token's provenance (fresh / crossing / reused stale) from the response: vradix's
-              `kv_weight_versions`, or for stock servers the shadow of the cache (benchmark/rl_rollout)
+  provenance  each sampled token's provenance (fresh / crossing / reused stale), read by the product's consumer
+              API `vradix.trainer.TokenVersions` from the response, or for stock servers from what the shadow of
+              the cache (benchmark/rl_rollout) supplies in the same fields
   grpo        group-normalised advantages, PPO-clip against the rollout log-probs, the mismatch metrics, the
               provenance corrections, KL between consecutive policies
   trainer     one GRPO step: log-probs under the current weights and under the weights that sampled each token
@@ -25,7 +26,9 @@ Workloads: `grpo` (one turn) and `multiturn` (--turns turns per episode; each tu
 the model's earlier answers and the environment's feedback). Every run gets the same policy, prompts and request
 seeds, each on its own CPU server (started one at a time).
 
-Runs: radix-off, retract+flush, in_place (unsafe), in_place+vradix (exact), in_place+vradix(1) (bounded staleness
-K = 1, the trainer ignoring the provenance) and in_place+vradix(1)+provenance (K = 1, the trainer masking the tokens
-whose sampling read reused stale KV, as docs/recipes.md tells users).
+Runs: radix-off, retract+flush, retract+vradix (retract pause, vradix on, no flush: retracted requests re-prefill under
+the new weights and keep the cache), in_place (unsafe), in_place+vradix (exact), in_place+vradix+tis (exact, the
+trainer applying `vradix.trainer`'s truncated importance weights to the crossing tokens), in_place+vradix(1) (bounded
+staleness K = 1, the trainer ignoring the provenance) and in_place+vradix(1)+provenance (K = 1, the trainer masking
+the tokens whose sampling read reused stale KV, as docs/recipes.md tells users).
 """
