@@ -96,8 +96,10 @@ def main(argv=None) -> int:
                         for r in records:
                             f.write(json.dumps({"workload": w, "run": name, **vars(r)}) + "\n")
                 results.append(out)
-            if "Traceback" in server.logs():
-                raise RuntimeError(f"server ({name}) logged a traceback:\n{server.tail(80)}")
+            logs = server.logs()
+            if "Traceback" in logs:
+                at = logs.index("Traceback")
+                raise RuntimeError(f"server ({name}) logged a traceback:\n{logs[max(0, at - 2000):at + 6000]}")
     print(table(results))
     print()
     print(summary(results))
