@@ -7,7 +7,9 @@ in the one per-request field `BatchTokenIDOutput` already carries for plugins, `
 - scheduler: `hooks.server_info.attach_provenance` (AROUND `_GenerationStreamAccumulator.accept`) appends a finished request's
   provenance to the accumulator's `customized_info`, padded with None for the other requests of the batch;
 - tokenizer manager: `provenance_to_meta_info` (AROUND `TokenizerManager.update_request_meta_info`) moves it into
-  `meta_info` as `prefix_cache` / `kv_weight_versions` and hands the remaining keys, if any, to SGLang;
+  `meta_info` as `prefix_cache` / `kv_weight_versions` / the upstream and miles fields, adds miles' response segments
+  (from SGLang's own `weight_versions`, already in `meta_info`), leaves any field SGLang produced itself as SGLang
+  made it, and hands the remaining keys, if any, to SGLang;
 - OpenAI endpoints: `provenance_to_openai_metadata` (AFTER `build_endpoint_weight_version_metadata`) copies it into
   the response's `metadata`, next to `weight_version`.
 """
