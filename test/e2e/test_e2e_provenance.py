@@ -216,7 +216,7 @@ def test_aborted_requests_as_upstream_reports_them(server):
         finally:
             s.resume()
         meta = fut.result().json()["meta_info"]
-    assert meta["finish_reason"]["type"] == "abort" and meta["completion_tokens"] == 0
+    assert meta["finish_reason"]["type"] == "abort" and meta.get("completion_tokens", 0) == 0
     assert "prefill_weight_versions" not in meta, meta
     assert not {k for k in meta if k.endswith("forward_weight_version") or k.startswith("response_weight")}, meta
 
