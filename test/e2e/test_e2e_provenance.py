@@ -4,7 +4,6 @@ reports) and the fail-closed publish client, against vradix and against stock SG
 One vradix server (with its tokenizer, for the OpenAI endpoint, and --enable-metrics) serves the whole module; the
 tests run in file order on it and each reads the epoch it starts from. The client tests lease stock servers from the
 session's server pool (`server_pool`; the stock-fleet test two)."""
-import concurrent.futures as cf
 import json
 import subprocess
 import sys
@@ -18,7 +17,6 @@ import vradix
 from vradix.client import EngineHandle, PublishError, publish
 from vradix.predicate import UnsafeDeployment
 from vradix.testing.harness.pool import stopped_while_unused
-from vradix.testing.harness.reliability import wait_until
 from vradix.testing.harness.scenario import LONG_PROMPT, PROBE, StreamingRequest, pause_holding, pause_took_effect
 from vradix.testing.harness.server import CpuServer
 
@@ -191,9 +189,11 @@ def miles_call(meta):
     assert isinstance(meta["response_weight_version"], str)
 
 
-def test_aborted_requests_as_upstream_reports_them(server):
-    """Upstream: a request aborted after its prefill keeps the prompt spans (and, here, miles' segments cover exactly
-    the output it reported); one aborted before its prefill ran has no `prefill_weight_versions` key."""
+def test_a_request_aborted_after_its_prefill_keeps_its_prompt_spans(server):
+    """Upstream: a request aborted after its prefill keeps the prompt spans; miles' segments cover exactly the output
+    it reported. (One aborted while queued gets SGLang's own abort answer, which carries no plugin fields on 0.5.23;
+    the rule for a request aborted before its prefill is shown at cache level:
+    `test_provenance_cache_level.py::test_a_request_aborted_before_its_prefill_reports_no_prompt_spans`.)"""
     s = server
     label = s.vradix_info()["label"]
     stream = StreamingRequest(s.url, LONG_PROMPT + [5], 2000, rid="upstream-abort-decoding")
@@ -203,22 +203,6 @@ def test_aborted_requests_as_upstream_reports_them(server):
     assert meta["finish_reason"]["type"] == "abort" and 0 < meta["completion_tokens"] < 2000
     assert meta["prefill_weight_versions"] == [{"version": label, "start": 0, "end": len(LONG_PROMPT) + 1}]
     miles_call(meta)
-
-    payload = {"input_ids": LONG_PROMPT + [6], "rid": "upstream-abort-queued",
-               "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}}
-    s.pause("in_place")
-    pause_took_effect(s)
-    with cf.ThreadPoolExecutor(1) as pool:
-        try:
-            fut = pool.submit(requests.post, s.url + "/generate", json=payload, timeout=300)
-            wait_until(lambda: s.vradix_info()["pool"]["waiting_requests"] == 1, 120, "the request to be queued")
-            assert s.post("/abort_request", {"rid": "upstream-abort-queued"}).status_code == 200
-        finally:
-            s.resume()
-        meta = fut.result().json()["meta_info"]
-    assert meta["finish_reason"]["type"] == "abort" and meta.get("completion_tokens", 0) == 0
-    assert "prefill_weight_versions" not in meta, meta
-    assert not {k for k in meta if k.endswith("forward_weight_version") or k.startswith("response_weight")}, meta
 
 
 #: every `sglang:vradix_*` series and its Prometheus type
