@@ -136,3 +136,28 @@ def test_no_output_means_no_response_fields(bad):
     meta = {"completion_tokens": 0, "weight_version": "v1", "weight_versions": bad}
     report.add_to_meta_info(meta, INFO, frozenset())
     assert "response_weight_version" not in meta and "response_weight_version_segments" not in meta
+
+
+TRAINER_PROCESS = """
+import argparse, sys
+from sglang.srt.server_args import ServerArgs
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+import vradix.plugin
+print("plugins loaded:", vradix.plugin.installed(), "flag:", "--enable-prefill-weight-versions" in parser._option_string_actions)
+"""
+
+
+@pytest.mark.parametrize("disable, registered", [("0", True), ("1", False)], ids=["vradix", "disabled"])
+def test_a_trainer_process_that_never_loads_plugins_finds_the_flag(disable, registered):
+    """miles parses SGLang's arguments in the trainer, where SGLang never calls `load_plugins()`: the environment's
+    .pth (`vradix.startup`) registers the flag when `sglang.srt.server_args` is imported, so miles' switch passes
+    there too; with VRADIX_DISABLE=1 it does not (stock SGLang 0.5.23: miles fails loudly, as it should)."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "VRADIX_DISABLE": disable}
+    env.pop("SGLANG_PLUGINS", None)
+    out = subprocess.run([sys.executable, "-c", TRAINER_PROCESS], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"plugins loaded: False flag: {registered}" in out.stdout, out.stdout + out.stderr[-2000:]

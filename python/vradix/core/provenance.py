@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from vradix import request
+from vradix import request, startup
 
 PROVENANCE_KEY = "vradix_provenance"  # the customized_info key that carries it from scheduler to tokenizer manager
 
@@ -104,9 +104,10 @@ def role_spans(promised: int, prefill_id: str, prompt: int, generated: int, hist
 
 
 #: upstream SGLang's switch for its `prefill_weight_versions` (after 0.5.23). vradix registers it on an SGLang whose
-#: parser lacks it, so an engine launched with it, and miles' `--sglang-enable-prefill-weight-versions` check, work;
-#: vradix emits the field whether or not it is given (`hooks.launcher.add_identity_flag`, docs/provenance.md)
-UPSTREAM_FLAG = "--enable-prefill-weight-versions"
+#: parser lacks it, in every process of the environment (`vradix.startup`) and in the engine's
+#: (`hooks.launcher.add_identity_flag`), so an engine launched with it, and miles' trainer-side
+#: `--sglang-enable-prefill-weight-versions` check, work; vradix emits the field whether or not it is given
+UPSTREAM_FLAG = startup.UPSTREAM_FLAG
 
 #: upstream's version for positions whose weights nobody stamped (its KV-slot table's never-written slots)
 UNKNOWN_VERSION = "unknown"

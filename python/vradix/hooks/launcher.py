@@ -10,10 +10,10 @@ import functools
 import logging
 import os
 
-from vradix import identity
+from vradix import identity, startup
 from vradix.hooks import pd_launcher
 from vradix.closed_world import epd, unversioned
-from vradix.core import epochs, provenance, staleness
+from vradix.core import epochs, staleness
 from vradix.core.epochs import InvalidUpdateRequest, check_disk_update_request
 
 logger = logging.getLogger("vradix")
@@ -154,12 +154,7 @@ def add_identity_flag(_result, parser, *args, **kwargs):
     where this SGLang's parser lacks it (0.5.23), accepted so that an engine launched with it starts and miles' check
     for it passes. It changes nothing: vradix reports `prefill_weight_versions` on every response (docs/provenance.md).
     An SGLang that has the flag keeps its own."""
-    try:
-        parser.add_argument(provenance.UPSTREAM_FLAG, action="store_true", default=False,
-                            help="upstream SGLang's switch for per-response prefill_weight_versions; under vradix "
-                                 "they are always reported, so this is accepted and changes nothing")
-    except argparse.ArgumentError:
-        pass  # SGLang's own flag (after 0.5.23)
+    startup.add_upstream_flag(parser)  # unless SGLang has its own (after 0.5.23) or vradix.startup added it
     parser.add_argument(staleness.FLAG, type=int, default=None, metavar="K",
                         help="vradix bounded staleness: keep the KV of the K epochs before the current one for "
                              "requests that accept it (custom_params.vradix_max_staleness, at most K; a request "
