@@ -31,12 +31,13 @@ def run_python(code: str, **env) -> subprocess.CompletedProcess:
 
 
 def test_entry_point_module_imports_only_the_standard_library():
-    """...and `vradix.settings`, which is standard library only itself."""
+    """...and `vradix.settings` and `vradix.startup` (the interpreter-start step, which the environment's .pth has
+    imported already), standard library only themselves."""
     out = run_python("import sys, vradix.plugin; "
                      "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sglang', 'torch', 'triton') "
                      "or (m.startswith('vradix.') and m != 'vradix.plugin')))")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "['vradix.settings']"
+    assert out.stdout.strip() == "['vradix.settings', 'vradix.startup']"
 
 
 # vradix.plugin imports the hook bodies inside `register()`, not at module load: an import error at module load would

@@ -20,7 +20,7 @@ at interpreter start by `vradix-plugin-check.pth` (see `warn_if_excluded`), sinc
 
 A hook whose target module imports an optional dependency (`vradix.hooks.DEFERRED_MODULES`: the EPD encoder
 server, SGLang's Ray scheduler actor) is installed, and checked the same way, when that module is first imported
-(`_AfterImport`); a failure there raises `VradixInstallError` out of that import. SGLang's Ray scheduler actor never
+(`AfterImport`); a failure there raises `VradixInstallError` out of that import. SGLang's Ray scheduler actor never
 calls `load_plugins()`: its worker process runs `load_in_ray_scheduler_worker` instead (Ray's
 `worker_process_setup_hook`, set by `vradix.hooks.ray_actor`), which refuses to let the actor start unless vradix installed there.
 SGLang's multi-tokenizer workers (`--tokenizer-worker-num` > 1, `Engine.attach_tokenizer_worker`) never call it
@@ -29,8 +29,8 @@ serves unless vradix installed there.
 """
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
+import functools
+import importlib
 import logging
 import os
 import pkgutil
@@ -38,6 +38,7 @@ import sys
 
 from vradix import __version__, settings
 from vradix.settings import FAULT_SWITCHES, RAY_CHAINED_SETUP_HOOK_ENV
+from vradix.startup import AfterImport
 
 logger = logging.getLogger("vradix")
 
@@ -109,8 +110,8 @@ def _install() -> int:
         hooks = [h for h in hooks if h not in group]
         if module in sys.modules:
             hooks += group
-        elif not any(isinstance(f, _AfterImport) and f.module == module for f in sys.meta_path):
-            sys.meta_path.insert(0, _AfterImport(module, lambda group=group: _apply_checked(group, sglang_version)))
+        elif not any(isinstance(f, AfterImport) and f.module == module for f in sys.meta_path):
+            sys.meta_path.insert(0, AfterImport(module, functools.partial(_apply_checked, group, sglang_version)))
     _apply_checked(hooks, sglang_version)
     return len(table)
 
@@ -218,28 +219,6 @@ def rebind(pending: dict) -> int:
             except (AttributeError, TypeError):
                 pass
     return n
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs `then()` right after `module` is first imported, inside that import (one shot)."""
-
-    def __init__(self, module: str, then):
-        self.module, self.then = module, then
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.module:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is not None and spec.loader is not None:
-            exec_module, then = spec.loader.exec_module, self.then
-
-            def exec_then(module):
-                exec_module(module)
-                then()
-
-            spec.loader.exec_module = exec_then
-        return spec
 
 
 def installed() -> bool:

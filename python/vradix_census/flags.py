@@ -31,7 +31,7 @@ HICACHE = ("test_hicache_l2.py::test_stale_host_copies_are_unmatchable_and_freed
 HICACHE_L3 = ("test_e2e_hicache.py::test_vradix_restart_on_new_weights_never_reads_the_old_weights_pages",
               "test_l3.py::test_the_landing_guard_discards_a_prefetch_the_publication_did_not_revoke")
 ONE_IDENTITY = ("test_e2e_identity.py::"
-                "test_every_rank_of_a_default_mode_tp2_and_dp2_engine_reports_one_weight_id_and_publish_verifies_them")
+                "test_every_rank_of_a_default_mode_dp2_engine_reports_one_weight_id_and_publish_verifies_them")
 BUFFER_ONLY = ("test_l3.py::test_a_prefetch_in_flight_at_a_publication_is_revoked_and_frees_its_host_pages",
                "test_e2e_buffer_only.py::test_a_publication_with_a_buffer_only_prefetch_in_flight_equals_a_fresh_server_on_the_new_weights")
 LINKER = ("test_coverage.py::test_storage_keys_of_two_weight_identities_never_collide",)
@@ -55,7 +55,8 @@ EPD = ("test_weight_derived.py::test_epd_flags_do_not_start",)
 MM = ("test_e2e_multimodal.py::test_a_publication_recomputes_image_embeddings",
       "test_mm_embedding_cache.py::test_a_publication_clears_the_multimodal_embedding_cache")
 TP = ("test_e2e_tp.py::test_in_place_publication_with_a_request_in_flight_bumps_each_rank_once",
-      "test_e2e_tp.py::test_detection_only_reports_a_stale_read_on_both_ranks_and_they_stay_in_step")
+      "test_e2e_tp.py::test_detection_only_reports_a_stale_read_on_both_ranks_and_they_stay_in_step",
+      "test_e2e_tp.py::test_publish_verifies_every_rank_of_a_default_mode_engine")
 MULTI_RANK = ("test_backstop.py::test_one_gather_per_batch_and_detection_only_with_more_than_one_rank",)
 IDENTITY = ("test_published.py::test_every_layout_proves_the_identity_one_rank_does",
             "test_publication_hooks.py::test_weights_changed_where_no_tap_saw_them_get_the_fingerprint_of_the_loaded_shards")

@@ -3,10 +3,11 @@
 every publication path and changes nothing; in `fingerprint` mode equal weights get equal identities, across two
 servers and across publications. The publish client's fleet view on the same servers: one publication gives two
 fingerprint engines one `weight_id`; a publication that loads other weights on one of them fails with both left
-paused; a fleet mixing declared and fingerprint engines is refused before anything is touched. Engines of several
-ranks in the default identity mode (no vradix flag: `nonce`), a TP = 2 and a DP = 2 engine: every rank reports one
-`weight_id` at startup and after `vradix publish`, which verifies both, and the outputs equal a fresh server on the new
-weights. The L3 consequences are in `test_e2e_hicache.py`."""
+paused; a fleet mixing declared and fingerprint engines is refused before anything is touched. A DP = 2 engine in
+the default identity mode (no vradix flag: `nonce`): every rank reports one `weight_id` at startup and after
+`vradix publish`, which verifies both, and the outputs equal a fresh server on the new weights (the TP = 2 engine's
+ranks are checked the same way in `test_e2e_tp.py`, on its default-mode engine). The L3 consequences are in
+`test_e2e_hicache.py`."""
 import json
 import subprocess
 import sys
@@ -38,10 +39,9 @@ def prestarted(models, server_pool):
                          *[(models[0], dict(extra_args=FINGERPRINT_FLAGS))] * 2)
 
 
-#: the default identity mode's engines of several ranks (no vradix flag): TP = 2 and DP = 2 (each DP rank's OpenMP
-#: threads on a core of its own)
-MULTI_RANK = {"tp2": dict(tp_size=2), "dp2": dict(extra_args=["--dp-size", "2"],
-                                                 env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})}
+#: the default identity mode's engines of several ranks (no vradix flag): DP = 2 (each DP rank's OpenMP threads on
+#: a core of its own); TP = 2 is `test_e2e_tp.py`'s default-mode engine
+MULTI_RANK = {"dp2": dict(extra_args=["--dp-size", "2"], env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})}
 
 
 def rank_blocks(server) -> list:
@@ -169,10 +169,10 @@ def test_a_fleet_mixing_declared_and_fingerprint_engines_is_refused_before_anyth
 
 
 @pytest.mark.parametrize("name", list(MULTI_RANK))
-def test_every_rank_of_a_default_mode_tp2_and_dp2_engine_reports_one_weight_id_and_publish_verifies_them(
+def test_every_rank_of_a_default_mode_dp2_engine_reports_one_weight_id_and_publish_verifies_them(
         name, models, server_pool):
-    """Nonce identities (the default mode off P/D) are derived from the engine's launch, so the two ranks of a TP = 2
-    and of a DP = 2 engine report one `weight_id`, at startup and after `vradix publish` (which fails a publication
+    """Nonce identities (the default mode off P/D) are derived from the engine's launch, so the two ranks of a DP = 2
+    engine report one `weight_id`, at startup and after `vradix publish` (which fails a publication
     whose ranks disagree). A prefix cached under A is not reused under B: outputs equal a fresh stock server on B.
     One multi-rank engine runs at a time (each holds two scheduler processes)."""
     prompts = [PROBE, PREFIX + [7, 8, 9]]

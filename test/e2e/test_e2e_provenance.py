@@ -26,7 +26,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 @pytest.fixture(scope="module")
 def server(models, request):
     """The module's vradix server; stopped (SIGSTOP) while a test that does not use it runs."""
-    with CpuServer(models[0], skip_tokenizer_init=False, extra_args=["--enable-metrics"]) as s, \
+    # launched with upstream SGLang's --enable-prefill-weight-versions, which SGLang 0.5.23 does not have: accepted
+    with CpuServer(models[0], skip_tokenizer_init=False,
+                   extra_args=["--enable-metrics", "--enable-prefill-weight-versions"]) as s, \
             stopped_while_unused(request, s):
         yield s
         assert "Traceback" not in s.logs()
@@ -138,6 +140,12 @@ def test_provenance_in_meta_info_across_two_publications(server, models):
     assert (final["first_prefill_weight_version"], final["min_forward_weight_version"],
             final["max_forward_weight_version"], final["last_forward_weight_version"]) == ("default", "default",
                                                                                            "v3", "v3")
+    upstream_prefill_spans_hold(final["prefill_weight_versions"], final["prompt_tokens"])
+    # miles' response segments are SGLang's own sampling spans, as miles' per-call parser reads them
+    assert final["response_weight_version_segments"] == [[x["start"], x["end"], x["version"]]
+                                                         for x in final["weight_versions"]]
+    assert final["response_weight_version"] == "v3" == final["weight_version"]
+    miles_call(final)
     # the KV page ledger's `spans` kernel, read off the row at release, agrees (page size 1 here: exact starts)
     ledger = final["kv_ledger_spans"]
     assert [x["epoch"] for x in ledger] == [e0, e0 + 1, e0 + 2], ledger
@@ -151,6 +159,11 @@ def test_provenance_in_meta_info_across_two_publications(server, models):
     assert r.status_code == 200, r.text
     assert r.json()["metadata"]["prefix_cache"] == {"cached_tokens": 200, "epoch": e0 + 2, "weight_version": "v3",
                                                     "weight_id": w2}
+    metadata = r.json()["metadata"]  # where SGLang 0.5.23 puts its own weight_versions, so do vradix's fields
+    assert metadata["prefill_weight_versions"] == [{"version": "v3", "start": 0, "end": len(PROBE)}]
+    assert metadata["weight_versions"][0]["version"] == "v3" and metadata["response_weight_version"] == "v3"
+    assert metadata["response_weight_version_segments"] == [[0, 2, "v3"]] and metadata["last_forward_weight_version"] \
+        == "v3"
     chat = {"model": "m", "messages": [{"role": "user", "content": " ".join(f"t{i}" for i in PROBE)}],
             "max_tokens": 2, "temperature": 0}
     r = s.post("/v1/chat/completions", chat)
@@ -198,6 +211,39 @@ def test_trainer_api_and_recipes_on_a_request_crossing_two_step_publications(ser
     assert r.status_code == 200, r.text
     done = TokenVersions.from_response(r.json())
     assert done.sampler == (3,) * 3 and done.kind == (FRESH,) * 3 and len(done.logprobs) == 3 and done.described
+
+
+def upstream_prefill_spans_hold(spans, prompt_tokens):
+    """Upstream SGLang's E2E assertions on `prefill_weight_versions` (`_assert_prefill_spans_contiguous`): at least one
+    span, from 0, contiguous, adjacent versions different, ending at the prompt; versions are strings, bounds ints."""
+    assert spans and spans[0]["start"] == 0 and spans[-1]["end"] == prompt_tokens, spans
+    assert all(a["end"] == b["start"] and a["version"] != b["version"] for a, b in zip(spans, spans[1:])), spans
+    assert all(isinstance(x["version"], str) and type(x["start"]) is int and type(x["end"]) is int for x in spans)
+
+
+def miles_call(meta):
+    """miles' per-call parser rules for the response fields: no zero-length segment, none past the reported output,
+    exact coverage of the output; the last segment's label is `response_weight_version` (a string)."""
+    out, segments = meta["completion_tokens"], meta["response_weight_version_segments"]
+    assert segments[0][0] == 0 and segments[-1][1] == out, (segments, out)
+    assert all(s < e for s, e, _ in segments) and all(a[1] == b[0] for a, b in zip(segments, segments[1:]))
+    assert isinstance(meta["response_weight_version"], str)
+
+
+def test_a_request_aborted_after_its_prefill_keeps_its_prompt_spans(server):
+    """Upstream: a request aborted after its prefill keeps the prompt spans; miles' segments cover exactly the output
+    it reported. (One aborted while queued gets SGLang's own abort answer, which carries no plugin fields on 0.5.23;
+    the rule for a request aborted before its prefill is shown at cache level:
+    `test_provenance_cache_level.py::test_a_request_aborted_before_its_prefill_reports_no_prompt_spans`.)"""
+    s = server
+    label = s.vradix_info()["label"]
+    stream = StreamingRequest(s.url, LONG_PROMPT + [5], 2000, rid="upstream-abort-decoding")
+    stream.wait_decoding()
+    assert s.post("/abort_request", {"rid": "upstream-abort-decoding"}).status_code == 200
+    meta = stream.result()["meta_info"]
+    assert meta["finish_reason"]["type"] == "abort" and 0 < meta["completion_tokens"] < 2000
+    assert meta["prefill_weight_versions"] == [{"version": label, "start": 0, "end": len(LONG_PROMPT) + 1}]
+    miles_call(meta)
 
 
 #: every `sglang:vradix_*` series and its Prometheus type

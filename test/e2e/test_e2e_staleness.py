@@ -151,6 +151,9 @@ def test_second_turn_reuses_the_history_once_and_reports_it(run, server_pool, we
         # upstream's prefill spans name the stale prefix's weights; miles' forwards all ran on B
         assert meta["prefill_weight_versions"] == [{"version": "default", "start": 0, "end": reused},
                                                    {"version": "vB", "start": reused, "end": len(prompt)}]
+        # upstream's assertion for a reused stale prefix: the stale span ends exactly at `cached_tokens`
+        assert meta["prefill_weight_versions"][0]["end"] == meta["cached_tokens"] and \
+            meta["prefill_weight_versions"][-1]["end"] == meta["prompt_tokens"]
         assert {meta[f"{k}_weight_version"] for k in ("first_prefill", "min_forward", "max_forward",
                                                       "last_forward")} == {"vB"}
         # the spans' oracle: stock SGLang holding exactly the first turn's KV under A, updated to B without a flush

@@ -5,18 +5,20 @@ block's `tp_ranks` (SGLang answers server info from rank 0 only).
 Three engines start together (start-up dominates on CPU), each stopped while a test does not use it: a TP=2 engine on
 A (`tp2`, SGLang's busy-time memory checks on), a TP=2 engine on A with the namespace fault
 (`VRADIX_FAULT_NO_NAMESPACE`, `faulty`: only the KV page ledger's guard sees stale KV, and with two ranks it only
-detects), and a TP=1 engine on A (`tp1`), all with the `fingerprint` identity. The oracle is the pool's stock TP=1
-server on A and on B.
+detects), and a TP=1 engine on A (`tp1`); `tp2` keeps the default identity mode (`nonce`), the other two run the
+`fingerprint` identity. The oracle is the pool's stock TP=1 server on A and on B.
 - an in_place publication A->B with a request holding the prefix in flight: one bump on each rank, one `weight_id`
   on both, the request crosses with its KV and says so, every later output equals the fresh server on B, and the
   strict idle check holds on both ranks;
-- equal weights give equal identities on the TP=2 and the TP=1 engines;
+- equal weights give equal fingerprints on the TP=2 and the TP=1 engines; the default-mode ranks agree on one nonce;
 - a bucketed tensor session (B->A, each bucket one payload per rank) is one bump on each rank, outputs equal A's;
-- detection only: a stale prefix read is reported on both ranks, the request runs, and the ranks stay in step.
+- detection only: a stale prefix read is reported on both ranks, the request runs, and the ranks stay in step;
+- `vradix publish` verifies every rank of the default-mode engine: one new nonce on both, outputs equal B's.
 """
 import pytest
 
 from vradix import __version__
+from vradix.client import publish
 from vradix.ledger.guard import DETECTED_ONLY
 from vradix.testing.harness.pool import stopped_while_unused
 from vradix.testing.harness.reliability import STRICT_CHECK_ENV, strict_idle_check
@@ -31,8 +33,11 @@ FINGERPRINT_FLAGS = ["--vradix-weight-identity", "fingerprint"]
 #: prompts every later output is checked on: the probe (its prefix was cached under the old weights) and one without
 PROMPTS = [PROBE, [(i * 11) % 470 + 13 for i in range(90)]]
 HELD = PREFIX + [12]  # the in-flight request: it locks PREFIX's KV across the publication
+#: the TP=2 engine keeps the default identity mode (`nonce` off P/D: derived from the launch, so both ranks must
+#: agree on it); the other two prove equal weights give equal fingerprints on TP=2 and TP=1
 ENGINES = {"tp2": dict(tp_size=TP, env=STRICT_CHECK_ENV),
-           "faulty": dict(tp_size=TP, env={"VRADIX_FAULT_NO_NAMESPACE": "1"}), "tp1": dict()}
+           "faulty": dict(tp_size=TP, env={"VRADIX_FAULT_NO_NAMESPACE": "1"}, extra_args=FINGERPRINT_FLAGS),
+           "tp1": dict(extra_args=FINGERPRINT_FLAGS)}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +53,7 @@ def oracle(models, server_pool):
 def engines(models, request):
     """{name: (server, its server-info vradix block at startup)} of `ENGINES`, started together; a server runs only
     during the tests that request its fixture (`tp2`, `faulty`, `tp1`)."""
-    factories = [lambda kw=kw: CpuServer(models[0], extra_args=FINGERPRINT_FLAGS, **kw) for kw in ENGINES.values()]
+    factories = [lambda kw=kw: CpuServer(models[0], **kw) for kw in ENGINES.values()]
     with servers(*factories) as started:
         named = dict(zip(ENGINES, started))
         startup = {name: s.vradix_info() for name, s in named.items()}
@@ -122,11 +127,13 @@ def test_both_ranks_log_vradix_and_detection_only(tp2):
 
 
 def test_equal_weights_give_equal_identities_on_tp2_and_tp1(engines):
-    """The startup identity on A of both TP=2 engines, on each rank, equals the TP=1 engine's."""
+    """The startup fingerprint on A of the TP=2 engine (`faulty`: the fault does not touch the identity), on each
+    rank, equals the TP=1 engine's; the default-mode TP=2 engine's ranks agree on one nonce of their own."""
     tp1_id = engines["tp1"][1]["weight_id"]
     assert tp1_id.startswith("fp:") and engines["tp1"][1]["weight_identity"]["mode"] == "fingerprint"
-    for name in ("tp2", "faulty"):
-        assert [b["weight_id"] for b in engines[name][1]["tp_ranks"]] == [tp1_id] * TP, name
+    assert [b["weight_id"] for b in engines["faulty"][1]["tp_ranks"]] == [tp1_id] * TP
+    nonces = {b["weight_id"] for b in engines["tp2"][1]["tp_ranks"]}
+    assert len(nonces) == 1 and nonces.pop().startswith("nonce:"), engines["tp2"][1]["tp_ranks"]
 
 
 def test_in_place_publication_with_a_request_in_flight_bumps_each_rank_once(tp2, models, oracle):
@@ -139,7 +146,7 @@ def test_in_place_publication_with_a_request_in_flight_bumps_each_rank_once(tp2,
     assert [(b["epoch"], b["publications"], b["label"]) for b in after] == \
         [(e0 + 1, before[0]["publications"] + 1, "B")] * TP
     assert_ranks_agree(after, "weight_id")
-    assert after[0]["weight_id"] != before[0]["weight_id"] and after[0]["weight_id"].startswith("fp:")
+    assert after[0]["weight_id"] != before[0]["weight_id"] and after[0]["weight_id"].startswith("nonce:")
     # the probe, sent while the held request still locks PREFIX's old KV, reused none of it
     body = probe.json()
     assert probe.status_code == 200 and body["meta_info"]["cached_tokens"] == 0, probe.text
@@ -206,3 +213,20 @@ def test_detection_only_reports_a_stale_read_on_both_ranks_and_they_stay_in_step
     assert faulty.post("/flush_cache").status_code == 200  # the KV the stale read computed goes with it
     assert outputs(faulty) == oracle["B"]
     assert_ranks_in_step_at_idle(faulty)
+
+
+def test_publish_verifies_every_rank_of_a_default_mode_engine(tp2, models, oracle):
+    """`vradix publish` (the client) on the default-mode TP=2 engine: it checks every rank's epoch and that the ranks
+    serve one new nonce (it fails a publication whose ranks disagree), and nothing cached before is reused after."""
+    tp2.update_weights(models[0], "A")  # from A whatever ran before: the publication must change the weights
+    for p in PROMPTS:  # caches the prompts under A
+        tp2.generate(p, 4)
+    before = ranks(tp2)
+    result = publish([tp2.url], models[1], "multi-rank-b")
+    assert [e.verified for e in result] == [True], [e.evidence() for e in result]
+    after = ranks(tp2)
+    assert_ranks_agree(after, "weight_id", "epoch")
+    assert after[0]["weight_id"].startswith("nonce:") and after[0]["weight_id"] != before[0]["weight_id"]
+    assert after[0]["epoch"] == before[0]["epoch"] + 1
+    assert outputs(tp2) == oracle["B"]
+    assert_ranks_in_step_at_idle(tp2)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from vradix import request
+from vradix import request, startup
 
 PROVENANCE_KEY = "vradix_provenance"  # the customized_info key that carries it from scheduler to tokenizer manager
 
@@ -103,36 +103,63 @@ def role_spans(promised: int, prefill_id: str, prompt: int, generated: int, hist
     return [{"role": role, "start": s, "end": e, "weight_id": w} for role, s, e, w in merged]
 
 
+#: upstream SGLang's switch for its `prefill_weight_versions` (after 0.5.23). vradix registers it on an SGLang whose
+#: parser lacks it, in every process of the environment (`vradix.startup`) and in the engine's
+#: (`hooks.launcher.add_identity_flag`), so an engine launched with it, and miles' trainer-side
+#: `--sglang-enable-prefill-weight-versions` check, work; vradix emits the field whether or not it is given
+UPSTREAM_FLAG = startup.UPSTREAM_FLAG
+
+#: upstream's version for positions whose weights nobody stamped (its KV-slot table's never-written slots)
+UNKNOWN_VERSION = "unknown"
+
+
 def upstream_version(label):
     """A weight version label as the upstream consumers read it: an integer when the label is one (RL frameworks
     publish step numbers; miles reads its per-forward versions as integers), else the label itself."""
     return int(label) if isinstance(label, str) and label.strip().lstrip("-").isdigit() else label
 
 
+def computed_kv_len(req) -> int:
+    """How many of the request's positions have KV it computed or reused, `[0, n)`: SGLang's committed KV length
+    (0 for a request aborted before its prefill). A finished request whose KV record was handed on (a streaming
+    session's turn) ran its whole prompt: it has output tokens."""
+    total = len(req.origin_input_ids) + len(req.output_ids)
+    committed = int(getattr(getattr(req, "kv", None), "kv_committed_len", 0) or 0)
+    if committed <= 0 and req.output_ids:
+        committed = total - 1
+    return min(committed, total)
+
+
 def prefill_weight_versions(spans: List[dict], prompt: int) -> List[dict]:
     """SGLang's `prefill_weight_versions`: `{version, start, end}` spans over the prompt's KV positions
-    `[0, prompt)`, naming the weights that computed each position's KV (exact per token), adjacent spans of one
-    label merged. `spans` cover the request's KV positions (`kv_weight_versions`, or a bounded request's ledger
-    spans)."""
+    `[0, prompt)` (pass the prompt's computed part: a request aborted mid-prefill reports only what it wrote),
+    naming the weights that computed each position's KV (exact per token). As upstream: versions are strings (a
+    position whose weights no label names is `"unknown"`), spans are contiguous from 0, and adjacent spans always
+    differ (one label's spans merge). `spans` cover the request's KV positions (`kv_weight_versions`, or a bounded
+    request's ledger spans)."""
     out: List[dict] = []
     for x in spans:
         start, end = x["start"], min(x["end"], prompt)
         if end <= start:
             continue
-        if out and out[-1]["version"] == x["version"] and out[-1]["end"] == start:
+        version = UNKNOWN_VERSION if x["version"] is None else str(x["version"])
+        if out and out[-1]["version"] == version and out[-1]["end"] == start:
             out[-1]["end"] = end
         else:
-            out.append({"version": x["version"], "start": start, "end": end})
+            out.append({"version": version, "start": start, "end": end})
     return out
 
 
-def forward_weight_versions(spans: List[dict], computed_from: int, total: int) -> dict:
+def forward_weight_versions(spans: List[dict], computed_from: int, computed_to: int) -> dict:
     """miles' per-request fields, from the weights of the positions this request's forwards computed,
-    `[computed_from, total - 1)` (the last sampled token's KV is never computed): `first_prefill_weight_version`
-    (its first forward), `last_forward_weight_version` (its last), `min_` / `max_forward_weight_version` (the oldest
-    and newest weights any of its forwards ran under, by publication order: equal to a numeric min and max when
-    labels are increasing step numbers). Empty when it computed nothing."""
-    end = max(total - 1, computed_from + 1)
+    `[computed_from, computed_to)` (`computed_to` is at most `total - 1`: the last sampled token's KV is never
+    computed): `first_prefill_weight_version` (its first forward), `last_forward_weight_version` (its last),
+    `min_` / `max_forward_weight_version` (the oldest and newest weights any of its forwards ran under, by
+    publication order: equal to a numeric min and max when labels are increasing step numbers). Empty when it
+    computed nothing (`computed_to` 0: aborted before its prefill)."""
+    if computed_to <= 0:
+        return {}
+    end = max(computed_to, computed_from + 1)
     ran = [x for x in spans if min(x["end"], end) > max(x["start"], computed_from)]
     if not ran:
         return {}
@@ -146,11 +173,39 @@ def forward_weight_versions(spans: List[dict], computed_from: int, total: int) -
 
 def upstream_fields(req, spans: List[dict]) -> dict:
     """The fields upstream SGLang (`prefill_weight_versions`) and miles (the four per-forward versions) return, for
-    a request whose KV positions `spans` describe."""
+    a request whose KV positions `spans` describe. A request aborted before its prefill gets none of them (upstream
+    reports no `prefill_weight_versions` for it: it has no prompt KV)."""
     prompt = len(req.origin_input_ids)
     total = prompt + len(req.output_ids)
-    return {"prefill_weight_versions": prefill_weight_versions(spans, prompt),
-            **forward_weight_versions(spans, int(getattr(req, "cached_tokens", 0) or 0), total)}
+    kv_len = computed_kv_len(req)
+    if kv_len <= 0:
+        return {}
+    return {"prefill_weight_versions": prefill_weight_versions(spans, min(prompt, kv_len)),
+            **forward_weight_versions(spans, int(getattr(req, "cached_tokens", 0) or 0), min(kv_len, total - 1))}
+
+
+def response_weight_version_segments(weight_versions: Optional[List[dict]], completion_tokens: int) -> dict:
+    """miles' `response_weight_version_segments` and `response_weight_version`, from SGLang's own per-output-token
+    `weight_versions` (the weights that sampled each output token): `[[start, end, version], ...]` over the output
+    tokens `[0, completion_tokens)`, versions as `upstream_version` (integers for step numbers), no zero-length
+    segment and none past the output (miles' per-call parser rules), adjacent segments of one version merged; and
+    the label (a string, as SGLang's `weight_version`) that sampled the last output token. Empty when there is no
+    output token."""
+    segments: List[list] = []
+    last = None
+    for span in weight_versions or []:
+        start, end = int(span["start"]), min(int(span["end"]), completion_tokens)
+        if end <= start:
+            continue
+        version, last = upstream_version(span["version"]), span["version"]
+        if segments and segments[-1][2] == version and segments[-1][1] == start:
+            segments[-1][1] = end
+        else:
+            segments.append([start, end, version])
+    if not segments:
+        return {}
+    return {"response_weight_version": None if last is None else str(last),
+            "response_weight_version_segments": segments}
 
 
 def response_provenance(req) -> Optional[dict]:

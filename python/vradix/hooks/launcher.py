@@ -10,7 +10,7 @@ import functools
 import logging
 import os
 
-from vradix import identity
+from vradix import identity, startup
 from vradix.hooks import pd_launcher
 from vradix.closed_world import epd, unversioned
 from vradix.core import epochs, staleness
@@ -150,7 +150,11 @@ FLAG = "--vradix-weight-identity"
 
 def add_identity_flag(_result, parser, *args, **kwargs):
     """AFTER ServerArgs.add_cli_args: the server flags that choose how each epoch's weight identity is set and the
-    bounded-staleness window (`vradix.core.staleness`)."""
+    bounded-staleness window (`vradix.core.staleness`); and upstream SGLang's `--enable-prefill-weight-versions`
+    where this SGLang's parser lacks it (0.5.23), accepted so that an engine launched with it starts and miles' check
+    for it passes. It changes nothing: vradix reports `prefill_weight_versions` on every response (docs/provenance.md).
+    An SGLang that has the flag keeps its own."""
+    startup.add_upstream_flag(parser)  # unless SGLang has its own (after 0.5.23) or vradix.startup added it
     parser.add_argument(staleness.FLAG, type=int, default=None, metavar="K",
                         help="vradix bounded staleness: keep the KV of the K epochs before the current one for "
                              "requests that accept it (custom_params.vradix_max_staleness, at most K; a request "

@@ -7,12 +7,15 @@ in the one per-request field `BatchTokenIDOutput` already carries for plugins, `
 - scheduler: `hooks.server_info.attach_provenance` (AROUND `_GenerationStreamAccumulator.accept`) appends a finished request's
   provenance to the accumulator's `customized_info`, padded with None for the other requests of the batch;
 - tokenizer manager: `provenance_to_meta_info` (AROUND `TokenizerManager.update_request_meta_info`) moves it into
-  `meta_info` as `prefix_cache` / `kv_weight_versions` and hands the remaining keys, if any, to SGLang;
+  `meta_info` as `prefix_cache` / `kv_weight_versions` / the upstream and miles fields, adds miles' response segments
+  (from SGLang's own `weight_versions`, already in `meta_info`), leaves any field SGLang produced itself as SGLang
+  made it, and hands the remaining keys, if any, to SGLang;
 - OpenAI endpoints: `provenance_to_openai_metadata` (AFTER `build_endpoint_weight_version_metadata`) copies it into
   the response's `metadata`, next to `weight_version`.
 """
 from __future__ import annotations
 
+import functools
 import json
 from typing import Optional
 
@@ -26,9 +29,44 @@ META_KEYS = ("prefix_cache", "kv_weight_versions", "kv_ledger_spans", "pd_spans"
              # upstream SGLang's and miles' names for the same facts (`provenance.upstream_fields`)
              "prefill_weight_versions", "first_prefill_weight_version", "min_forward_weight_version",
              "max_forward_weight_version", "last_forward_weight_version")
+#: miles' names for SGLang's own per-output-token `weight_versions`, added in this process
+#: (`provenance.response_weight_version_segments`)
+RESPONSE_KEYS = ("response_weight_version", "response_weight_version_segments")
 
 
 # ---- per-response provenance ------------------------------------------------------------------------------------
+def sglang_emits(server_args_cls) -> frozenset:
+    """The upstream fields an SGLang whose `ServerArgs` is `server_args_cls` produces itself: `prefill_weight_versions`
+    when it has upstream's `enable_prefill_weight_versions` field (SGLang after 0.5.23). vradix leaves those to it,
+    so a response never carries a second copy computed differently."""
+    fields = getattr(server_args_cls, "__struct_fields__", None)
+    if fields is None:
+        fields = getattr(server_args_cls, "__dataclass_fields__", {})
+    return frozenset({"prefill_weight_versions"}) if "enable_prefill_weight_versions" in fields else frozenset()
+
+
+@functools.cache
+def native_fields() -> frozenset:
+    """`sglang_emits` of the running SGLang (read once per process; SGLang 0.5.23: none)."""
+    from sglang.srt.server_args import ServerArgs
+
+    return sglang_emits(ServerArgs)
+
+
+def add_to_meta_info(meta_info: dict, info: dict, native: frozenset) -> None:
+    """A finished request's provenance `info` into its `meta_info`, with miles' response fields derived from SGLang's
+    own `weight_versions` (already in `meta_info`). A field the host SGLang produces itself (`native`), or already put
+    in `meta_info`, is left as SGLang made it: one copy, SGLang's."""
+    for key in META_KEYS:
+        if key in info and key not in native and key not in meta_info:
+            meta_info[key] = info[key]
+    response = provenance.response_weight_version_segments(meta_info.get("weight_versions"),
+                                                           int(meta_info.get("completion_tokens") or 0))
+    for key, value in response.items():
+        if key not in native and key not in meta_info:
+            meta_info[key] = value
+
+
 def provenance_to_meta_info(original, tm, meta_info, state, customized_info, index, *args, **kwargs):
     """AROUND TokenizerManager.update_request_meta_info: our key becomes meta_info fields, never a token list."""
     if provenance.PROVENANCE_KEY not in customized_info:
@@ -36,7 +74,7 @@ def provenance_to_meta_info(original, tm, meta_info, state, customized_info, ind
     column = customized_info[provenance.PROVENANCE_KEY]
     info = column[index] if index < len(column) else None
     if isinstance(info, dict):
-        meta_info.update({k: info[k] for k in META_KEYS if k in info})
+        add_to_meta_info(meta_info, info, native_fields())
     rest = {k: v for k, v in customized_info.items() if k != provenance.PROVENANCE_KEY}
     if rest:
         return original(tm, meta_info, state, rest, index, *args, **kwargs)
@@ -44,8 +82,9 @@ def provenance_to_meta_info(original, tm, meta_info, state, customized_info, ind
 
 
 def provenance_to_openai_metadata(result, meta_info, *args, **kwargs):
-    """AFTER build_endpoint_weight_version_metadata: OpenAI responses carry the same provenance in `metadata`."""
-    for key in META_KEYS:
+    """AFTER build_endpoint_weight_version_metadata: OpenAI responses carry the same provenance where the host SGLang
+    puts its own `weight_versions` (0.5.23: `metadata`, the block this builder returns)."""
+    for key in META_KEYS + RESPONSE_KEYS:
         if key in meta_info:
             result[key] = meta_info[key]
     return result
