@@ -39,8 +39,8 @@ bench-rl: setup  ## RL rollout benchmark, every publication mode (exact, and bou
 	@echo "[bench-rl] every publication mode on CPU servers: about 15 minutes on 2 cores (progress bar on a terminal)"
 	$(PY) benchmark/rl_rollout
 
-bench-rl-train: setup  ## RL training loop: GRPO on a self-pretrained tiny policy, every publication mode on CPU servers (tables, JSON and two PNGs; ~6 min on 2 cores)
-	@echo "[bench-rl-train] every run, both workloads: about 6 minutes on 2 cores"
+bench-rl-train: setup  ## RL training loop: GRPO on a self-pretrained tiny policy, every publication mode on CPU servers (tables, JSON and two PNGs; ~8 min on 2 cores)
+	@echo "[bench-rl-train] every run, both workloads: about 8 minutes on 2 cores"
 	$(PY) benchmark/rl_train
 
 wheel: setup  ## dist/: the plugin wheel and the replacement sglang-0.5.23+vradix wheel (docs/packaging.md)
