@@ -320,7 +320,7 @@ def test_the_stock_shadow_counts_a_next_turns_reuse_of_old_kv_and_not_of_its_own
 
 
 @pytest.mark.e2e
-@pytest.mark.long  # four CPU servers and a trainer (~160 s in CI): the benchmark's smoke; its rules are tested above
+@pytest.mark.long  # four CPU servers and a trainer (~120 s on 2 cores): the benchmark's smoke; its rules are tested above
 @pytest.mark.timeout(1200)
 def test_smoke_two_steps_unsafe_in_place_against_vradix(tmp_path):
     """Two GRPO steps of multi-turn episodes on each of four CPU servers (one at a time): the loop's invariants hold
