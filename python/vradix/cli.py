@@ -14,7 +14,8 @@ from vradix import __version__
 #: command -> (module whose `main(argv, prog)` runs it, what it does)
 COMMANDS = {
     "inspect": ("vradix.inspector",
-                "print what an engine's radix cache holds, per epoch and weight label (GET /vradix/cache)"),
+                "print what an engine's radix cache holds, per epoch and weight label (GET /vradix/cache), or a saved "
+                "response's per-token weight versions (--response)"),
     "publish": ("vradix.publish",
                 "publish weights from disk to one or more engines (or every worker behind a model gateway) and "
                 "verify each one, fail closed"),

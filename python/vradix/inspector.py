@@ -1,10 +1,17 @@
-"""`python -m vradix.inspector --url URL`: print what a vradix engine's radix cache holds, per epoch and label.
+"""`python -m vradix.inspector --url URL`: print what a vradix engine's radix cache holds, per epoch and label;
+`--response FILE`: the per-token weight versions of a saved response.
 
-Reads `GET /vradix/cache` (read-only, bounded: see docs/inspector.md). Exit status: 0 on success; 2 when vradix is not
-active on the server (the endpoint is absent: stock SGLang or `VRADIX_DISABLE=1`; or the engine has no radix cache);
-1 on any other error (unreachable server, bad query). `--json` prints the server's JSON as is.
+- `--url`: reads `GET /vradix/cache` (read-only, bounded: see docs/inspector.md). Exit status: 0 on success; 2 when
+  vradix is not active on the server (the endpoint is absent: stock SGLang or `VRADIX_DISABLE=1`; or the engine has
+  no radix cache); 1 on any other error (unreachable server, bad query). `--json` prints the server's JSON as is.
+- `--response`: a finished response saved as JSON (native `/generate`, a batched `/generate` list, an OpenAI
+  completion or chat completion; one per line also works; `-` reads standard input), read by `vradix.trainer`: per
+  output token, the weights that sampled it, the oldest and newest weights of the KV it read, its staleness and
+  fresh/crossing/stale, printed as runs of tokens that share them. SGLang keeps no finished request to look up by
+  id, so a response is read from where the client saved it. Exit status 1 on a file that is no response.
+  `--json` prints the per-token columns.
 
-Standard library only, so it runs anywhere a URL is reachable.
+Standard library only (and `vradix.trainer`, itself client side), so it runs anywhere.
 """
 from __future__ import annotations
 
@@ -103,20 +110,89 @@ def render(view: dict, now: Optional[float] = None) -> str:
     return "\n".join(lines)
 
 
+def read_responses(path: str) -> list:
+    """The responses saved at `path` (`-`: standard input): one JSON document (a response, or a list of them, as a
+    batched `/generate` answers) or one response per line. Raises InspectError on anything else."""
+    try:
+        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+    except OSError as e:
+        raise InspectError(f"cannot read {path}: {e}") from None
+    try:
+        doc = json.loads(text)
+        return doc if isinstance(doc, list) else [doc]
+    except ValueError:
+        try:
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        except ValueError as e:
+            raise InspectError(f"{path} is neither JSON nor one JSON response per line: {e}") from None
+
+
+def token_runs(tv) -> list:
+    """Runs of consecutive output tokens that share sampler, KV versions, staleness and kind:
+    [(first, last, sampler, kv_oldest, kv_newest, staleness, kind)]."""
+    runs: list = []
+    for k, row in enumerate(zip(tv.sampler, tv.kv_oldest, tv.kv_newest, tv.staleness, tv.kind)):
+        if runs and runs[-1][2:] == row:
+            runs[-1] = (runs[-1][0], k, *row)
+        else:
+            runs.append((k, k, *row))
+    return runs
+
+
+def render_tokens(tv, index: Optional[int] = None) -> str:
+    """A compact text view of one response's per-token versions (`vradix.trainer.TokenVersions`)."""
+    counts = tv.counts()
+    head = "" if index is None else f"-- response {index}\n"
+    lines = [f"{head}{len(tv)} output tokens after a {tv.prompt_tokens}-token prompt: "
+             + ", ".join(f"{counts[k]} {k}" for k in counts)
+             + ("" if tv.described else " (no vradix provenance in this response: reused stale KV would go unseen)")]
+    lines.append(f"  {'tokens':>11}  {'sampled by':<12} {'KV read':<20} {'staleness':>9}  kind")
+    for first, last, sampler, old, new, staleness, kind in token_runs(tv):
+        kv = str(old) if old == new else f"{old} .. {new}"
+        lines.append(f"  {f'{first}-{last}':>11}  {str(sampler):<12} {kv:<20} {staleness:>9}  {kind}")
+    return "\n".join(lines)
+
+
+def inspect_responses(path: str, as_json: bool) -> str:
+    """The `--response` view of every response saved at `path`. Raises InspectError on a file that is no response."""
+    from vradix.trainer import ResponseError, TokenVersions
+    responses = read_responses(path)
+    views = []
+    for i, response in enumerate(responses):
+        try:
+            tv = TokenVersions.from_response(response)
+        except (ResponseError, KeyError, TypeError, AttributeError) as e:
+            raise InspectError(f"{path}: response {i} has no per-token versions: {e}") from None
+        views.append(tv.columns() | {"prompt_tokens": tv.prompt_tokens, "described": tv.described}
+                     if as_json else render_tokens(tv, i if len(responses) > 1 else None))
+    return json.dumps(views if len(views) > 1 else views[0], indent=2) if as_json else "\n".join(views)
+
+
 def parser(prog: str = "python -m vradix.inspector") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    p.add_argument("--url", required=True, help="the SGLang server, e.g. http://127.0.0.1:30000")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--url", help="the SGLang server, e.g. http://127.0.0.1:30000: its radix cache, per epoch")
+    what.add_argument("--response", metavar="FILE",
+                      help="a saved response (JSON, a list of them, or one per line; - for standard input): its "
+                           "per-token weight versions")
     p.add_argument("--limit", type=int, default=10, help="top prefixes to show (at most 200)")
     p.add_argument("--offset", type=int, default=0, help="skip this many top prefixes (pagination)")
     p.add_argument("--head", type=int, default=8, help="first token ids of each prefix to show (at most 16)")
     p.add_argument("--api-key", default=os.environ.get("VRADIX_API_KEY") or None,
                    help="API key, when the server requires one (default: $VRADIX_API_KEY)")
-    p.add_argument("--json", action="store_true", help="print the server's JSON")
+    p.add_argument("--json", action="store_true", help="print the server's JSON (with --response: the per-token columns)")
     return p
 
 
 def main(argv=None, prog: str = "python -m vradix.inspector") -> int:
     args = parser(prog).parse_args(argv)
+    if args.response is not None:
+        try:
+            print(inspect_responses(args.response, args.json))
+        except InspectError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return e.status
+        return 0
     try:
         view = fetch(args.url, limit=args.limit, offset=args.offset, head=args.head, api_key=args.api_key)
     except InspectError as e:

@@ -172,11 +172,12 @@ def test_provenance_in_meta_info_across_two_publications(server, models):
     assert (chat_prefix["epoch"], chat_prefix["weight_version"]) == (e0 + 2, "v3") and chat_prefix["cached_tokens"] > 0
 
 
-def test_trainer_api_and_recipes_on_a_request_crossing_two_step_publications(server, models):
+def test_trainer_api_and_recipes_on_a_request_crossing_two_step_publications(server, models, tmp_path):
     """`vradix.trainer` on a live response: a greedy stream with log-probs crosses two publications labelled with
     step numbers (as RL frameworks publish); per output token the sampler, the KV read, the staleness and the kind
     follow SGLang's `weight_versions` and vradix's spans; the corrections align with the engine's log-probs; the
-    docs' recipes (slime / miles, verl, AReaL) run as written on it; an OpenAI completion after it is all fresh."""
+    docs' recipes (slime / miles, verl, AReaL) run as written on it, and `vradix inspect --response` prints the same
+    facts from the saved response; an OpenAI completion after it is all fresh."""
     from vradix.testing.harness import recipes
     from vradix.trainer import CROSSING, FRESH, TokenVersions, importance_weights, mask
 
@@ -206,6 +207,14 @@ def test_trainer_api_and_recipes_on_a_request_crossing_two_step_publications(ser
     shifted = [x + 0.1 for x in tv.logprobs]
     assert importance_weights(tv, shifted, kinds=("crossing",)) == pytest.approx([1.0] * k2 + [1.1051709] * (n - k2))
     recipes.check_all(final, LONG_PROMPT, trainer_version=3)
+    saved = tmp_path / "response.json"  # `vradix inspect --response` on the saved response: one row per run
+    saved.write_text(json.dumps(final))
+    inspected = subprocess.run([sys.executable, "-m", "vradix.cli", "inspect", "--response", str(saved)],
+                               capture_output=True, text=True, timeout=60)
+    assert inspected.returncode == 0, inspected.stderr
+    rows = [line.split() for line in inspected.stdout.splitlines()[2:]]
+    assert rows == [[f"0-{k2 - 1}", "1", "1", "0", FRESH], [f"{k2}-{k3 - 1}", "2", "1", "..", "2", "1", CROSSING],
+                    [f"{k3}-{n - 1}", "3", "1", "..", "3", "2", CROSSING]], inspected.stdout
 
     r = s.post("/v1/completions", {"model": "m", "prompt": PROBE, "max_tokens": 3, "temperature": 0, "logprobs": 1})
     assert r.status_code == 200, r.text
