@@ -157,15 +157,16 @@ def inspect_responses(path: str, as_json: bool) -> str:
     """The `--response` view of every response saved at `path`. Raises InspectError on a file that is no response."""
     from vradix.trainer import ResponseError, TokenVersions
     responses = read_responses(path)
-    views = []
+    read = []
     for i, response in enumerate(responses):
         try:
-            tv = TokenVersions.from_response(response)
+            read.append(TokenVersions.from_response(response))
         except (ResponseError, KeyError, TypeError, AttributeError) as e:
             raise InspectError(f"{path}: response {i} has no per-token versions: {e}") from None
-        views.append(tv.columns() | {"prompt_tokens": tv.prompt_tokens, "described": tv.described}
-                     if as_json else render_tokens(tv, i if len(responses) > 1 else None))
-    return json.dumps(views if len(views) > 1 else views[0], indent=2) if as_json else "\n".join(views)
+    if as_json:
+        columns = [{**tv.columns(), "prompt_tokens": tv.prompt_tokens, "described": tv.described} for tv in read]
+        return json.dumps(columns if len(columns) > 1 else columns[0], indent=2)
+    return "\n".join(render_tokens(tv, i if len(read) > 1 else None) for i, tv in enumerate(read))
 
 
 def parser(prog: str = "python -m vradix.inspector") -> argparse.ArgumentParser:
