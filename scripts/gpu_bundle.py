@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -253,6 +252,8 @@ def build(out_dir: Path = OUT, python: str = DEVICE_PYTHON, limit_mib: float = L
           cache: Optional[Path] = None, preset: int = XZ_PRESET) -> Path:
     """Build `out_dir/vradix-gpu-bundle.tar.xz` for CPython `python` at xz `preset`; raises `BundleError` above
     `limit_mib`."""
+    if re.fullmatch(r"3\.\d+", python) is None:
+        raise BundleError(f"the target Python is x.y (e.g. {DEVICE_PYTHON}, the device's), not {python!r}")
     t0 = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
     cache = cache or out_dir / "cache"
@@ -278,12 +279,19 @@ def build(out_dir: Path = OUT, python: str = DEVICE_PYTHON, limit_mib: float = L
         os.replace(archive.with_suffix(".tmp"), archive)
     size = archive.stat().st_size
     (out_dir / "MANIFEST.json").write_text(json.dumps({**manifest, "archive_bytes": size}, indent=1) + "\n")
-    mib = size / (1 << 20)
-    print(f"[gpu-bundle] {archive}: {mib:.1f} MiB at xz -{preset} ({len(rows)} wheels, {manifest['uncompressed_bytes'] / (1 << 20):.0f}"
-          f" MiB unpacked, CPython {python}) in {time.monotonic() - t0:.0f} s")
-    if mib > limit_mib:
-        raise BundleError(f"{archive} is {mib:.1f} MiB, over the {limit_mib} MiB limit")
+    print(f"[gpu-bundle] {archive}: {size / (1 << 20):.1f} MiB at xz -{preset} ({len(rows)} wheels, "
+          f"{manifest['uncompressed_bytes'] / (1 << 20):.0f} MiB unpacked, CPython {python}) in "
+          f"{time.monotonic() - t0:.0f} s")
+    check_size(archive, limit_mib)
     return archive
+
+
+def check_size(archive: Path, limit_mib: float) -> None:
+    """Raise `BundleError` when `archive` is larger than `limit_mib` MiB."""
+    mib = archive.stat().st_size / (1 << 20)
+    if mib > limit_mib:
+        raise BundleError(f"{archive} is {mib:.1f} MiB, over the {limit_mib:g} MiB limit (docs/gpu-bundle.md: "
+                          "what to leave out)")
 
 
 def reproducible(ti: tarfile.TarInfo) -> tarfile.TarInfo:
