@@ -50,13 +50,15 @@ DEVICE_PYTHON = "3.12"
 #: what the target machine brings: the torch stack (and, through `closure`, what it requires)
 BASE = ("torch", "torchvision", "triton", "numpy")
 #: what SGLang 0.5.23's serving path (launch_server, the HTTP server, tokenizer and detokenizer managers, the
-#: scheduler and model runner, the Llama model) and vradix import beyond the torch stack: found by importing each of
-#: those modules in a venv that sees only the torch stack and adding the distribution of every missing module until
-#: the imports succeeded, then serving from the installed bundle (test/packaging/test_gpu_bundle.py)
-ROOTS = ("aiohttp", "apache-tvm-ffi", "click", "compressed-tensors", "dill", "fastapi", "gguf", "huggingface-hub",
-         "ipython", "msgspec", "openai", "opentelemetry-api", "orjson", "packaging", "partial-json-parser", "pillow",
-         "psutil", "pybase64", "pydantic", "python-multipart", "pyyaml", "pyzmq", "regex", "requests",
-         "sentencepiece", "setproctitle", "starlette", "tqdm", "transformers", "uvicorn", "uvloop")
+#: scheduler and model runner, the Llama model, the plugins' load) and vradix import beyond the torch stack: found by
+#: importing each of those modules in a venv that sees only the torch stack, adding the distribution of every missing
+#: module until the imports succeeded, then serving a tiny model from the installed bundle until the server started
+#: (einops, jsonschema, xgrammar, soundfile: imported lazily); test/packaging/test_gpu_bundle.py serves from it
+ROOTS = ("aiohttp", "apache-tvm-ffi", "click", "compressed-tensors", "dill", "einops", "fastapi", "gguf",
+         "huggingface-hub", "ipython", "jsonschema", "msgspec", "openai", "opentelemetry-api", "orjson", "packaging",
+         "partial-json-parser", "pillow", "psutil", "pybase64", "pydantic", "python-multipart", "pyyaml", "pyzmq",
+         "regex", "requests", "sentencepiece", "setproctitle", "soundfile", "starlette", "tqdm", "transformers",
+         "uvicorn", "uvloop", "xgrammar")
 #: parts of the installed SGLang the bundle leaves out: its compiled Rust extensions (built for this CPython and
 #: against torch 2.14; the Python TreeCore serves instead) and the diffusion server
 SGLANG_DROP = (re.compile(r".*\.so$"), re.compile(r"^sglang/multimodal_gen/"), re.compile(r".*/__pycache__/"))
