@@ -65,6 +65,7 @@ def test_the_route_flags_and_environment():
     env = gpu_aids.server_env({"PYTHONPATH": "/x", "SGLANG_FORCE_FUSED_OP_BACKEND": "triton"})
     assert env["PYTHONPATH"] == os.pathsep.join([gpu_aids.PLUGIN_PATH, "/x"])
     assert env["SGLANG_FORCE_FUSED_OP_BACKEND"] == "triton"  # the caller's choice stands
+    assert gpu_aids.server_env(env)["PYTHONPATH"] == env["PYTHONPATH"]  # the plugin once
     assert gpu_aids.server_env({})["SGLANG_FORCE_FUSED_OP_BACKEND"] == "torch"
     eps = (Path(gpu_aids.PLUGIN_PATH) / "vradix_gpu_aids-0.dist-info" / "entry_points.txt").read_text()
     assert eps == "[sglang.srt.plugins]\nvradix_gpu_aids = vradix.testing.gpu_aids:register\n"

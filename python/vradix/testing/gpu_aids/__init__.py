@@ -14,6 +14,7 @@ Where a real `sgl_kernel` is installed the aid refuses to load (`refuse_real_sgl
 are then the thing to measure, and the shim must not shadow them. The servers load the refusal as a
 `sglang.srt.plugins` entry point (`vradix_gpu_aids`, from the folder `PLUGIN_PATH`), so it runs in every scheduler.
 `python -m vradix.testing.gpu_aids install-shim SITE` places the shim (the bundle's install script runs it).
+`sync_probe` counts a server's device synchronisations by owner (the GPU serving check).
 """
 from __future__ import annotations
 
@@ -80,17 +81,23 @@ def install_shim(site: Path) -> Path:
 
 
 def server_env(env: Dict[str, str]) -> Dict[str, str]:
-    """`env` with the route's settings (`GPU_ENV`, set where `env` has none) and the refusal plugin on PYTHONPATH."""
+    """`env` with the route's settings (`GPU_ENV`, set where `env` has none) and the refusal plugin on PYTHONPATH
+    (once: a plugin found twice would load twice)."""
     out = dict(env)
     for name, value in GPU_ENV.items():
         out.setdefault(name, value)
-    out["PYTHONPATH"] = os.pathsep.join(p for p in (PLUGIN_PATH, out.get("PYTHONPATH")) if p)
+    paths = [p for p in (out.get("PYTHONPATH") or "").split(os.pathsep) if p]
+    out["PYTHONPATH"] = os.pathsep.join(paths if PLUGIN_PATH in paths else [PLUGIN_PATH, *paths])
     return out
 
 
 def register() -> None:
-    """`sglang.srt.plugins` entry point of the `vradix_gpu_aids` plugin: refuse to serve over a real `sgl_kernel`."""
+    """`sglang.srt.plugins` entry point of the `vradix_gpu_aids` plugin: refuse to serve over a real `sgl_kernel`;
+    with `VRADIX_GPU_SYNC_PROBE` set, count the process's device synchronisations (`sync_probe`)."""
+    from vradix.testing.gpu_aids import sync_probe
+
     refuse_real_sgl_kernel()
+    sync_probe.install_from_env()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
