@@ -2,6 +2,7 @@
 stack (torch, torchvision, Triton, numpy) and no package registry (docs/gpu-bundle.md).
 
     python scripts/gpu_bundle.py [--out build/gpu-bundle] [--python 3.12] [--limit-mib 60] [--xz-preset 6]
+    python scripts/gpu_bundle.py --torch-only-python DEST   # a venv seeing only the torch stack (tests, dry runs)
 
 The archive `vradix-gpu-bundle.tar.xz` holds one folder `vradix-gpu-bundle/`:
 - `wheels/`: SGLang 0.5.23 (upstream's installed files, less its compiled Rust extensions and the diffusion server
@@ -328,7 +329,12 @@ def main(argv=None) -> int:
     p.add_argument("--python", default=DEVICE_PYTHON, help="the target CPython, x.y (default: the device's)")
     p.add_argument("--limit-mib", type=float, default=LIMIT_MIB)
     p.add_argument("--xz-preset", type=int, default=XZ_PRESET, choices=range(10))
+    p.add_argument("--torch-only-python", type=Path, metavar="DEST",
+                   help="instead: make a venv at DEST that sees only this environment's torch stack; print its python")
     a = p.parse_args(argv)
+    if a.torch_only_python is not None:
+        print(torch_only_python(a.torch_only_python.resolve()))
+        return 0
     try:
         build(a.out, a.python, a.limit_mib, preset=a.xz_preset)
     except BundleError as e:

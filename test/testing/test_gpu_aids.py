@@ -69,3 +69,41 @@ def test_the_route_flags_and_environment():
     assert gpu_aids.server_env({})["SGLANG_FORCE_FUSED_OP_BACKEND"] == "torch"
     eps = (Path(gpu_aids.PLUGIN_PATH) / "vradix_gpu_aids-0.dist-info" / "entry_points.txt").read_text()
     assert eps == "[sglang.srt.plugins]\nvradix_gpu_aids = vradix.testing.gpu_aids:register\n"
+
+
+def test_the_sync_probe_counts_each_synchronisation_by_owner(tmp_path):
+    """torch's sync debug mode needs CUDA; its warning is what the probe reads, so a warning with torch's text raised
+    from a file under `vradix/` (product code), under `vradix/testing/` and elsewhere is counted as the mode's would
+    be: vradix's, the engine's, the engine's; other warnings pass through; a second process's file is summed."""
+    import time
+    import warnings
+
+    from vradix.testing.gpu_aids import sync_probe
+
+    def warner(path: str):
+        code = compile(f"def sync():\n    warnings.warn('x {sync_probe.SYNC_WARNING} y', UserWarning)\n", path, "exec")
+        scope = {"warnings": warnings}
+        exec(code, scope)
+        return scope["sync"]
+
+    probe = sync_probe.SyncProbe(str(tmp_path))
+    shown = warnings.showwarning
+    try:
+        probe.install()
+        for path, times in (("/x/vradix/ledger/guard.py", 2), ("/x/vradix/testing/harness/a.py", 1),
+                            ("/x/sglang/srt/managers/scheduler.py", 3)):
+            for _ in range(times):
+                warner(path)()
+        with warnings.catch_warnings(record=True) as other:
+            warnings.simplefilter("always")
+            warnings.warn("something else")
+        start = time.time()
+        probe.flush()
+        (tmp_path / "sync-1.json").write_text('{"written_at": %f, "vradix": 1, "engine": 0, "sites": {}, '
+                                              '"mode_error": null}' % (start + 1))
+        counts = sync_probe.read(str(tmp_path), start - 1)
+    finally:
+        warnings.showwarning = shown
+    assert (counts["vradix"], counts["engine"]) == (3, 4) and len(counts["processes"]) == 2
+    assert counts["sites"]["vradix/ledger/guard.py:2"] == 2 and counts["sites"]["sglang/srt/managers/scheduler.py:2"] == 3
+    assert len(other) == 1  # not a synchronisation: not counted
