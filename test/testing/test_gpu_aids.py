@@ -107,3 +107,40 @@ def test_the_sync_probe_counts_each_synchronisation_by_owner(tmp_path):
     assert (counts["vradix"], counts["engine"]) == (3, 4) and len(counts["processes"]) == 2
     assert counts["sites"]["vradix/ledger/guard.py:2"] == 2 and counts["sites"]["sglang/srt/managers/scheduler.py:2"] == 3
     assert len(other) == 1  # not a synchronisation: not counted
+
+
+#: imports SGLang's serving path as a CUDA process would (CUDA reported available, an sm_90 card): its CUDA-gated
+#: module-level imports run; prints the first missing module, or "ok"
+CUDA_IMPORTS = """import importlib, torch
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: 1
+torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+torch.cuda.get_device_name = lambda *a, **k: "NVIDIA H100 80GB HBM3"
+torch.version.cuda = "13.0"
+try:
+    for m in ("sglang.srt.entrypoints.http_server", "sglang.srt.managers.scheduler", "sglang.srt.models.llama",
+              "sglang.srt.model_executor.model_runner", "sglang.srt.layers.attention.triton_backend",
+              "sglang.srt.layers.sampler", "sglang.srt.layers.activation", "sglang.srt.layers.layernorm"):
+        importlib.import_module(m)
+    from sgl_kernel.utils import is_arch_support_pdl
+    print("ok", is_arch_support_pdl())
+except ModuleNotFoundError as e:
+    print("missing", e.name)
+"""
+
+
+@pytest.mark.parametrize("shim", ["gpu", "cpu"])
+def test_sglangs_cuda_imports_succeed_over_the_gpu_shim_and_not_over_the_cpu_one(tmp_path, shim):
+    """Without a GPU: SGLang's serving path imported with CUDA reported available, over the GPU aid's shim (the CPU
+    shim plus the submodules SGLang imports on CUDA) and over the CPU shim alone."""
+    import shutil
+
+    if shim == "gpu":
+        gpu_aids.install_shim(tmp_path)
+    else:
+        shutil.copytree(gpu_aids.SHIM_PATH, tmp_path / "sgl_kernel")
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_USE_CPU_ENGINE"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", CUDA_IMPORTS], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == ("ok False" if shim == "gpu" else "missing sgl_kernel.quantization")

@@ -4,7 +4,9 @@
 SGLang takes its CUDA kernels from two wheels a bare CUDA machine lacks: `sgl_kernel` (norms, activations, rotary,
 sampling helpers) and FlashInfer (attention, sampling). The CPU aids take the same route on CPU; on a GPU it is:
 - the import-only `sgl_kernel` shim of the CPU aids (`vradix/testing/cpu_aids/sgl_kernel_shim`, every call raises)
-  installed as `sgl_kernel`, so SGLang's module-level `from sgl_kernel import ...` succeed;
+  installed as `sgl_kernel`, with the three submodules SGLang imports at module level on CUDA (`SHIM_SUBMODULES`:
+  `quantization`, `kvcacheio`, and `utils`, whose `is_arch_support_pdl()` says no), so SGLang's CUDA-gated imports
+  succeed;
 - `GPU_FLAGS`: SGLang's Triton attention backend and PyTorch sampling backend (no FlashInfer), CUDA graphs off
   (a graph would capture whatever a shimmed op raised at capture);
 - `GPU_ENV`: every fused op (`sglang.kernels.fused_op.BaseFusedOp`) on its torch forward
@@ -28,6 +30,9 @@ from typing import Dict, List, Optional
 
 #: the import-only shim, shared with the CPU aids (installed under the name `sgl_kernel`)
 SHIM_PATH = Path(__file__).resolve().parents[1] / "cpu_aids" / "sgl_kernel_shim"
+#: the submodules SGLang 0.5.23 imports from `sgl_kernel` at module level on CUDA, without an ImportError fallback
+#: (found by importing the serving path with CUDA reported available: `test_gpu_aids.py`), added to the shim here
+SHIM_SUBMODULES = Path(__file__).resolve().parent / "shim_submodules"
 #: what the shim's `__init__.py` says of itself; a `sgl_kernel` without it is the real library
 SHIM_MARK = "+vradix-shim"
 #: the folder to put on PYTHONPATH so a server process loads the refusal as a plugin
@@ -77,6 +82,8 @@ def install_shim(site: Path) -> Path:
     dest = Path(site) / "sgl_kernel"
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(SHIM_PATH, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    for sub in SHIM_SUBMODULES.glob("*.py"):
+        shutil.copy(sub, dest / sub.name)
     return dest
 
 
