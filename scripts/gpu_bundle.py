@@ -74,7 +74,9 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 VENV="${1:-$HERE/venv}"
 PY="${2:-${PYTHON:-python3}}"
 "$PY" -c "import torch, triton" || { echo "[install] $PY has no torch/triton: give the torch stack's python" >&2; exit 1; }
-"$PY" -m venv "$VENV"
+# a python without ensurepip (Debian's, say) makes the venv without pip: the base's pip, seen through the .pth below,
+# then installs into it
+"$PY" -m venv "$VENV" 2>/dev/null || "$PY" -m venv --without-pip "$VENV"
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 # the venv sees the base interpreter's packages (its torch stack) after its own: every sys.path entry of the base
 # that is not its standard library, in order
