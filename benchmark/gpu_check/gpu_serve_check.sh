@@ -30,8 +30,8 @@ left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
   VPY="$WORK/venv/bin/python"
   echo "[gpu_serve_check] installed in $(( $(date +%s) - START )) s"
   if [ -z "$DRY" ]; then
-    build_extension
-    echo "[gpu_serve_check] vradix._C built (or found) at $(( $(date +%s) - START )) s"
+    if build_extension; then echo "[gpu_serve_check] vradix._C built (or found) at $(( $(date +%s) - START )) s"
+    else echo "[gpu_serve_check] vradix._C did not build: the served ledger runs its Triton kernels (the JSON says which)"; fi
   fi
   rc=0
   timeout "$(left)" "$VPY" benchmark/gpu_check/gpu_serve_check.py $DRY --python "$VPY" \
