@@ -108,8 +108,8 @@ def bench(model: str, a, **server_kw) -> dict:
     arguments, e.g. the GPU serving check's device); per-workload rows (output tokens per second of wall time
     included)."""
     env = {"stock": server_env(a.threads), "vradix": {**server_env(a.threads), **dict(a.vradix_env)}}
-    servers = dict(zip(MODES, start_servers(*(lambda m=m: CpuServer(model, vradix=(m == "vradix"), env=env[m],
-                                                                     startup_timeout=600, **server_kw)
+    kw = {"startup_timeout": 600.0, **server_kw}
+    servers = dict(zip(MODES, start_servers(*(lambda m=m: CpuServer(model, vradix=(m == "vradix"), env=env[m], **kw)
                                                for m in MODES))))
     try:
         schedulers = {m: scheduler_of(s) for m, s in servers.items()}
