@@ -26,8 +26,9 @@ import gpu_bundle  # noqa: E402
 
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 PROMPT = [5, 17, 99, 3, 250, 77, 8, 9, 10, 11]
-WHERE = """import json, sglang, sgl_kernel, vradix, transformers, torch
-print(json.dumps({m.__name__: m.__file__ for m in (sglang, sgl_kernel, vradix, transformers, torch)}))"""
+WHERE = """import json, sglang, sgl_kernel, sgl_kernel.utils, vradix, transformers, torch
+print(json.dumps({**{m.__name__: m.__file__ for m in (sglang, sgl_kernel, vradix, transformers, torch)},
+                  "pdl": sgl_kernel.utils.is_arch_support_pdl()}))"""
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +98,7 @@ def test_the_bundle_installed_offline_over_a_torch_only_python_serves_a_tiny_mod
     venv = str(tmp_path / "venv")
     assert all(where[m].startswith(venv) for m in ("sglang", "sgl_kernel", "vradix", "transformers")), where
     assert not where["torch"].startswith(venv)  # the machine's torch, through the base
+    assert where["pdl"] is False  # the GPU aid's shim, submodules included
     expected = hf_greedy({"A": models[0]}, [PROMPT], 8)["A", tuple(PROMPT)]
     with CpuServer(models[0], python=str(py), env={"PYTHONPATH": "", "VRADIX_CENSUS": ""}) as s:
         out = s.generate(PROMPT, 8)
