@@ -7,6 +7,7 @@ files, `gpu_bundle.torch_only_python`), and serves the tiny float32 Llama on SGL
 ids equal HF transformers' greedy generate on the same weights, vradix active, every SGLang and vradix module
 loaded from the bundle's venv."""
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -106,3 +107,28 @@ def test_the_bundle_installed_offline_over_a_torch_only_python_serves_a_tiny_mod
     assert out["output_ids"] == expected
     assert f"vradix {__version__} active" in logs and "Traceback" not in logs
     print(f"[gpu-bundle] installed in {installed_s:.0f} s")
+
+
+@pytest.mark.long
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_the_gpu_serving_check_passes_its_cpu_dry_run(bundle, tmp_path):
+    """`gpu_serve_check.sh --cpu-dry-run`: the device script's steps on the CPU engine, from the bundle installed
+    over a torch-only python (about 3 minutes on 2 cores: `make test-long`)."""
+    archive, _, _ = bundle
+    base = gpu_bundle.torch_only_python(tmp_path / "base")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SGLANG_USE_CPU_ENGINE")}
+    env.update({"BUNDLE": str(archive), "PY": str(base), "OUT": str(tmp_path / "out"), "WORK": str(tmp_path),
+                "PIP_CONFIG_FILE": "/dev/null"})
+    (tmp_path / "out").mkdir()
+    run = subprocess.run(["bash", str(ROOT / "benchmark/gpu_check/gpu_serve_check.sh"), "--cpu-dry-run"],
+                         capture_output=True, text=True, env=env, timeout=840)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    result = json.loads((tmp_path / "out" / "gpu_serve_check.json").read_text())
+    assert result["passed"] and result["environment"]["device"] == "cpu"
+    pub = result["publication"]
+    assert pub["vradix"]["verdict"] == "equal" and pub["stock"]["verdict"] == "differs" and pub["vradix_active"]
+    assert result["ledger"]["kernels"] == "torch" and result["ledger"]["violations_caught"] == 0
+    assert result["sync"]["measured"] is False  # no CUDA driver here: the count is for a GPU
+    assert {r["workload"] for r in result["steady"]} == {"grpo", "decode"}
+    assert all(r["mismatches"] == 0 for r in result["steady"])
