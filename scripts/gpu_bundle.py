@@ -162,8 +162,8 @@ def wheel_from_installed(dist: metadata.Distribution, out_dir: Path, drop=(), ta
     for f in dist.files or []:
         rel = f.as_posix()
         leaf = rel.rsplit("/", 1)[-1]
-        if rel.startswith("..") or "__pycache__" in f.parts or leaf in ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json") \
-                or any(p.match(rel) for p in drop):
+        if rel.startswith("..") or "__pycache__" in f.parts or any(p.match(rel) for p in drop) \
+                or leaf in ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json"):
             continue
         path = Path(str(dist.locate_file(f)))
         if not path.is_file():
@@ -178,8 +178,6 @@ def wheel_from_installed(dist: metadata.Distribution, out_dir: Path, drop=(), ta
     tag = tag or wheel_tags(dist)[0]
     out = out_dir / f"{re.sub(r'[-_.]+', '_', name)}-{version}-{tag}.whl"
     repack.write_wheel(out, files, info, epoch)
-    for zi, _ in files.values():
-        zi.compress_type = zipfile.ZIP_STORED
     return out
 
 
