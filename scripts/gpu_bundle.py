@@ -9,7 +9,7 @@ The archive `vradix-gpu-bundle.tar.xz` holds one folder `vradix-gpu-bundle/`:
   `sglang/multimodal_gen`, as a pure-Python wheel), the distributions its serving path imports that the torch stack
   lacks (`ROOTS` and what they require), and vradix's plugin wheel. Each comes from this environment's installed
   files, rewrapped as a wheel, except compiled distributions whose installed build does not fit `--python`: those
-  are downloaded for that Python (`pip download --only-binary`, manylinux x86_64) into `build/gpu-bundle/cache`;
+  are downloaded for that Python (`pip download --only-binary`, manylinux x86_64) into `build/gpu-bundle-cache`;
 - `requirements.txt` (every wheel pinned), `MANIFEST.json` (what is inside and why), `install.sh` (offline).
 Wheels are stored uncompressed inside the archive: xz then compresses across all of them. The build fails when the
 archive exceeds `--limit-mib`.
@@ -259,7 +259,7 @@ def build(out_dir: Path = OUT, python: str = DEVICE_PYTHON, limit_mib: float = L
         raise BundleError(f"the target Python is x.y (e.g. {DEVICE_PYTHON}, the device's), not {python!r}")
     t0 = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
-    cache = cache or out_dir / "cache"
+    cache = cache or out_dir.parent / f"{out_dir.name}-cache"  # beside, not inside: the folder is what travels
     with tempfile.TemporaryDirectory(prefix="vradix-gpu-bundle-") as tmp:
         top = Path(tmp) / NAME
         wheels = top / "wheels"
