@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup lint typecheck demo test test-long test-fast bench bench-kernels bench-rl bench-rl-train csrc wheel clean
+.PHONY: setup lint typecheck demo test test-long test-fast bench bench-kernels bench-rl bench-rl-train csrc wheel gpu-bundle clean
 
 setup:  ## build .venv from nothing (idempotent; reruns are fast)
 	bash scripts/setup_env.sh
@@ -45,6 +45,9 @@ bench-rl-train: setup  ## RL training loop: GRPO on a self-pretrained tiny polic
 
 wheel: setup  ## dist/: the plugin wheel and the replacement sglang-0.5.23+vradix wheel (docs/packaging.md)
 	$(PY) scripts/build_wheels.py
+
+gpu-bundle: setup  ## build/gpu-bundle/vradix-gpu-bundle.tar.xz: SGLang, its serving deps and vradix for an offline CUDA machine with torch (≤ 60 MiB; docs/gpu-bundle.md)
+	$(PY) scripts/gpu_bundle.py
 
 clean:
 	rm -rf $(VENV) build dist python/*.egg-info

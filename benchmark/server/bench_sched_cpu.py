@@ -29,6 +29,7 @@ import random
 import statistics
 import sys
 import tempfile
+import time
 
 from vradix.testing.harness.bench_cli import choice_list
 from vradix.testing.harness.process import cpu_seconds, scheduler_processes
@@ -80,13 +81,14 @@ def scheduler_of(server: CpuServer):
     return found[0]
 
 
-def measure(server: CpuServer, scheduler, prompts, new_tokens: int) -> tuple[float, list]:
-    """Send all `prompts` at once; (scheduler CPU ms per request, output ids in prompt order)."""
+def measure(server: CpuServer, scheduler, prompts, new_tokens: int) -> tuple[float, list, float]:
+    """Send all `prompts` at once; (scheduler CPU ms per request, output ids in prompt order, wall seconds from the
+    first request to the last response)."""
     with cf.ThreadPoolExecutor(len(prompts)) as pool:
-        before = cpu_seconds(scheduler)
+        before, t0 = cpu_seconds(scheduler), time.monotonic()
         outs = list(pool.map(lambda p: server.generate(p, new_tokens, timeout=900)["output_ids"], prompts))
-        after = cpu_seconds(scheduler)
-    return ms_per_request(before, after, len(prompts)), outs
+        after, wall = cpu_seconds(scheduler), time.monotonic() - t0
+    return ms_per_request(before, after, len(prompts)), outs, wall
 
 
 def mismatches(a: list, b: list) -> int:
@@ -101,11 +103,14 @@ def server_env(threads: int) -> dict:
     return {"OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": "PASSIVE"}
 
 
-def bench(model: str, a) -> dict:
-    """Run every round of every workload on one stock and one vradix server; per-workload rows."""
+def bench(model: str, a, **server_kw) -> dict:
+    """Run every round of every workload on one stock and one vradix server (`server_kw`: more `CpuServer`
+    arguments, e.g. the GPU serving check's device); per-workload rows (output tokens per second of wall time
+    included)."""
     env = {"stock": server_env(a.threads), "vradix": {**server_env(a.threads), **dict(a.vradix_env)}}
-    servers = dict(zip(MODES, start_servers(*(lambda m=m: CpuServer(model, vradix=(m == "vradix"), env=env[m],
-                                                                     startup_timeout=600) for m in MODES))))
+    kw = {"startup_timeout": 600.0, **server_kw}
+    servers = dict(zip(MODES, start_servers(*(lambda m=m: CpuServer(model, vradix=(m == "vradix"), env=env[m], **kw)
+                                               for m in MODES))))
     try:
         schedulers = {m: scheduler_of(s) for m, s in servers.items()}
         for s in servers.values():
@@ -115,11 +120,12 @@ def bench(model: str, a) -> dict:
             order = MODES if r % 2 == 0 else MODES[::-1]
             for w in a.workloads:
                 prompts, new_tokens = workload(w, r, a)
-                ms, outs = {}, {}
+                ms, outs, wall = {}, {}, {}
                 for m in order:
-                    ms[m], outs[m] = measure(servers[m], schedulers[m], prompts, new_tokens)
+                    ms[m], outs[m], wall[m] = measure(servers[m], schedulers[m], prompts, new_tokens)
                 rows[w]["rounds"].append({"first": order[0], "stock": ms["stock"], "vradix": ms["vradix"],
-                                          "load1": os.getloadavg()[0]})
+                                          "load1": os.getloadavg()[0],
+                                          **{f"{m}_tokens_per_s": len(prompts) * new_tokens / wall[m] for m in MODES}})
                 rows[w]["mismatches"] += mismatches(outs["stock"], outs["vradix"])
                 rows[w]["requests"] += len(prompts)
                 print(f"  {w} round {r}: " + ", ".join(f"{m} {ms[m]:.1f} ms/req" for m in order)
@@ -131,6 +137,8 @@ def bench(model: str, a) -> dict:
         row["stock"] = statistics.median(x["stock"] for x in row["rounds"])
         row["vradix"] = statistics.median(x["vradix"] for x in row["rounds"])
         row["overhead"] = overhead_pct(row["stock"], row["vradix"])
+        for m in MODES:
+            row[f"{m}_tokens_per_s"] = statistics.median(x[f"{m}_tokens_per_s"] for x in row["rounds"])
     return rows
 
 

@@ -67,7 +67,8 @@ def test_bench_hicache_smoke_prints_three_tables():
 SCRIPTS = ["benchmark/kernels/bench_kernels.py", "benchmark/kernels/bench_fingerprint.py",
            "benchmark/server/bench_hicache.py", "benchmark/server/tie_check.py", "benchmark/server/soak_publications.py",
            "benchmark/rl_rollout", "benchmark/server/bench_steady_state.py", "benchmark/server/bench_sched_cpu.py",
-           "benchmark/cache/profile_steady.py", "benchmark/cache/bench_inspector.py", "scripts/hook_table.py"]
+           "benchmark/cache/profile_steady.py", "benchmark/cache/bench_inspector.py", "scripts/hook_table.py",
+           "benchmark/gpu_check/gpu_serve_check.py", "scripts/gpu_bundle.py"]
 
 #: runs each script named on its command line as `__main__` with `--help`, one after another in one process (the
 #: scripts' imports of SGLang are paid once), and prints each one's help after a `== <script>` line

@@ -18,17 +18,20 @@ from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional
 
 import requests
 
-from vradix.testing import cpu_aids
+from vradix.testing import cpu_aids, gpu_aids
 from vradix.testing.cpu_aids import hybrid as hybrid_aids
 from vradix.testing.cpu_aids import tp as tp_aid
 from vradix.testing.harness.http import ServerClient
 from vradix.testing.harness.process import LoggedProcess
 
+#: the flags of every test server, whatever its device
+COMMON_FLAGS = ["--grammar-backend", "none", "--skip-tokenizer-init", "--host", "127.0.0.1", "--sleep-on-idle"]
 CPU_FLAGS = [
     "--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
-    "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
-    "--grammar-backend", "none", "--skip-tokenizer-init", "--host", "127.0.0.1", "--sleep-on-idle",
+    "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled", *COMMON_FLAGS,
 ]
+#: the flags of a server on a CUDA machine without sgl_kernel or FlashInfer (`vradix.testing.gpu_aids`)
+GPU_AID_FLAGS = [*gpu_aids.GPU_FLAGS, *COMMON_FLAGS]
 
 
 #: SGLang's crash diagnostics at a stop (on by default), off in test servers unless the caller's environment sets them
@@ -141,20 +144,27 @@ class CpuServer(LoggedProcess, ServerClient):
                  startup_timeout: float = 600.0, skip_tokenizer_init: bool = True, timeout: float = 300.0,
                  python: Optional[str] = None, launcher: str = "sglang.launch_server",
                  hybrid: Optional[bool] = None, launch_ports: Optional[Dict[str, Callable[[], int]]] = None,
-                 tp_size: int = 1):
+                 tp_size: int = 1, device: str = "cpu"):
         """`python`: the interpreter that runs the server (default: this one), e.g. another environment's.
         `launcher`: the module run with `python -m` (`vradix.testing.harness.ray_cpu` for SGLang's Ray mode on CPU).
         `hybrid`: load the hybrid (Mamba2) CPU aids and their flags; default: when the model is a hybrid.
         `launch_ports`: {flag: chooser} for further ports the server binds (the P/D bootstrap port): each launch
         passes `flag chooser()`, and a launch that lost one of them starts afresh on new ones, as for the HTTP port
         (`self.launch_ports` holds the values of the launch that came up).
-        `tp_size`: tensor-parallel ranks (> 1 loads the TP CPU aid, `with_tp_cpu_aid`)."""
+        `tp_size`: tensor-parallel ranks (> 1 loads the TP CPU aid, `with_tp_cpu_aid`).
+        `device`: "cpu" (SGLang's CPU engine, the CPU aids) or "cuda" (the GPU aid's route on a machine without
+        sgl_kernel or FlashInfer, `vradix.testing.gpu_aids`: its flags, environment and refusal plugin)."""
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device is 'cpu' or 'cuda', not {device!r}")
         super().__init__("http://127.0.0.1", timeout)  # the port is chosen at launch
         self.python = python or sys.executable
         self.launcher = launcher
         e = dict(os.environ)
-        e.update({"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                  "PYTHONUNBUFFERED": "1"})
+        e.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+        if device == "cpu":
+            e["SGLANG_USE_CPU_ENGINE"] = "1"
+        else:
+            e.pop("SGLANG_USE_CPU_ENGINE", None)
         # SGLang's launcher answers every SIGTERM as a crash: it sleeps 5 s "to let GPU activity settle", then dumps
         # py-spy stacks. A CPU test server has no GPU activity, and its stop would wait for both.
         for name in CRASH_DIAGNOSTICS_ENV:
@@ -164,6 +174,8 @@ class CpuServer(LoggedProcess, ServerClient):
         if not vradix:
             e["VRADIX_DISABLE"] = "1"
         e.update(env or {})
+        if device == "cuda":
+            e = gpu_aids.server_env(e)
         extra_args = list(extra_args)
         if "--enable-hierarchical-cache" in extra_args:
             extra_args = with_hicache_cpu_aids(e, extra_args)
@@ -173,7 +185,8 @@ class CpuServer(LoggedProcess, ServerClient):
             extra_args = with_tp_cpu_aid(e, extra_args, tp_size)
         args = ["--max-total-tokens", str(max_total_tokens), "--chunked-prefill-size", str(chunked_prefill_size),
                 "--context-length", "4096", "--max-running-requests", "32",
-                *(f for f in CPU_FLAGS if skip_tokenizer_init or f != "--skip-tokenizer-init"), *extra_args]
+                *(f for f in (CPU_FLAGS if device == "cpu" else GPU_AID_FLAGS)
+                  if skip_tokenizer_init or f != "--skip-tokenizer-init"), *extra_args]
         deadline = time.monotonic() + startup_timeout  # one start deadline, whatever the attempts
         for attempt in range(1, START_ATTEMPTS + 1):
             self._launch(model_path, args, e, launch_ports or {})

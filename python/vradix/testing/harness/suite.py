@@ -86,7 +86,8 @@ SERVER_GROUPS = ("servers", "servers-side")
 #: kills its actor near the machine's limit) and TP (three engines, two of them with two scheduler processes, grew
 #: the machine to 23.5 of 24 GiB used beside the P/D modules)
 SIDE_SERVER_FILES = ("test_e2e_identity.py", "test_e2e_l3.py", "test_e2e_multimodal.py", "test_e2e_provenance.py",
-                     "test_e2e_staleness.py", "test_e2e_streaming_session.py", "test_wheels.py", "test_hybrid_cpu.py")
+                     "test_e2e_staleness.py", "test_e2e_streaming_session.py", "test_wheels.py", "test_hybrid_cpu.py",
+                     "test_gpu_bundle.py")
 #: what a test file that starts CPU servers says in its source
 SERVER_SIGNS = ("pytest.mark.e2e", "server_pool", "CpuServer(")
 

@@ -1,0 +1,5 @@
+import sys
+
+from vradix.testing.gpu_aids import main
+
+sys.exit(main())
