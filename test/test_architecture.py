@@ -37,7 +37,7 @@ ALLOWED = {
 ROOT_MODULES = {"__init__": "vocabulary", "request": "vocabulary", "identity": "vocabulary",
                 "settings": "settings", "predicate": "vocabulary", "plugin": "plugin", "client": "tools",
                 "publish": "tools", "inspector": "tools", "cli": "tools", "demo": "demo", "_C": "kernels",
-                "collectives": "vocabulary", "engine": "engine", "trainer": "tools", "startup": "vocabulary"}
+                "collectives": "vocabulary", "engine": "engine", "trainer": "tools", "startup": "vocabulary", "labels": "vocabulary"}
 
 
 def module_name(path: pathlib.Path) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import sys
 import time
 import urllib.error
@@ -114,7 +115,7 @@ def read_responses(path: str) -> list:
     """The responses saved at `path` (`-`: standard input): one JSON document (a response, or a list of them, as a
     batched `/generate` answers) or one response per line. Raises InspectError on anything else."""
     try:
-        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+        text = sys.stdin.read() if path == "-" else pathlib.Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise InspectError(f"cannot read {path}: {e}") from None
     try:

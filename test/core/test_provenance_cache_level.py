@@ -2,6 +2,8 @@
 and 16), driven like test_cache_level.py (`vradix.testing.harness.cache_steps`). LoRA does not run on SGLang's CPU
 engine (its LoRA layers pin memory, which needs CUDA), so adapter (re)loads are exercised here with real LoRA-keyed
 requests and the real unload hook body."""
+import pytest
+
 from vradix.core import epochs, lora, provenance
 from vradix.testing.harness.cache_fixture import seq
 from vradix.testing.harness.cache_steps import bump, check, new_req, run_to_end
@@ -255,3 +257,16 @@ def test_miles_forward_versions_are_integers_for_step_labels(env):
     assert all(type(v) is int for v in fields.values())
     fx.finish(r)
     check(fx)
+
+
+@pytest.mark.parametrize("label", ["--5", "²", "1²", "-"])
+def test_a_label_that_only_looks_like_a_step_number_stays_a_label_in_the_fields_and_the_trainer_api(label):
+    """One rule for labels (`vradix.labels.step_number`), shared by the response fields and the consumer API: a label
+    that is not a decimal step number is reported as given; it used to raise in `int()` ("--5", "²"), which would
+    have failed the response (and the scheduler's accumulator) of every request that ran under such a label."""
+    from vradix.trainer import version
+    assert provenance.upstream_version(label) == label and version(label) == label
+    spans = [{"version": label, "start": 0, "end": 10}]
+    assert provenance.forward_weight_versions(spans, 0, 9)["first_prefill_weight_version"] == label
+    assert provenance.response_weight_version_segments(spans, 10) == {
+        "response_weight_version": label, "response_weight_version_segments": [[0, 10, label]]}

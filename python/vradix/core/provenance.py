@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from vradix import request, startup
+from vradix import labels, request, startup
 
 PROVENANCE_KEY = "vradix_provenance"  # the customized_info key that carries it from scheduler to tokenizer manager
 
@@ -114,9 +114,10 @@ UNKNOWN_VERSION = "unknown"
 
 
 def upstream_version(label):
-    """A weight version label as the upstream consumers read it: an integer when the label is one (RL frameworks
-    publish step numbers; miles reads its per-forward versions as integers), else the label itself."""
-    return int(label) if isinstance(label, str) and label.strip().lstrip("-").isdigit() else label
+    """A weight version label as the upstream consumers read it: an integer when the label is a step number
+    (`vradix.labels.step_number`: miles reads its per-forward versions as integers), else the label itself."""
+    step = labels.step_number(label) if isinstance(label, str) else None
+    return label if step is None else step
 
 
 def computed_kv_len(req) -> int:

@@ -35,6 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from vradix import labels
+
 #: a weight version: the label, an int when the label is one
 Version = Union[int, str]
 
@@ -52,14 +54,15 @@ class ResponseError(ValueError):
 
 
 def version(label: Any) -> Version:
-    """The one rule for labels: an integer label (or an int) is an int, anything else its string."""
+    """The one rule for labels (`vradix.labels.step_number`, as in the response's miles fields): a step-number label
+    (or an int) is an int, anything else its string."""
     if isinstance(label, bool):
         raise ResponseError(f"a weight version is a label or an int, not {label!r}")
     if isinstance(label, int):
         return label
     text = str(label)
-    stripped = text.strip()
-    return int(stripped) if stripped.lstrip("-").isdigit() and stripped not in ("", "-") else text
+    step = labels.step_number(text)
+    return text if step is None else step
 
 
 def _spans_over(spans: Sequence[Mapping[str, Any]], n: int, default: Any) -> List[Any]:
