@@ -324,12 +324,12 @@ def _clock(sequence: List[Version], kv_spans: Sequence[Mapping[str, Any]], prefi
         unit = "order"
         clock = {version(k): int(v) for k, v in order.items()}
     else:
-        labels = set(sequence) | {version(sp["version"]) for sp in kv_spans}
+        named = set(sequence) | {version(sp["version"]) for sp in kv_spans}
         if prefix is not None:
-            labels.add(version(prefix["weight_version"]))
-        if labels and all(isinstance(v, int) for v in labels):
+            named.add(version(prefix["weight_version"]))
+        if named and all(isinstance(v, int) for v in named):
             unit = "label"
-            clock = {v: int(v) for v in labels}
+            clock = {v: int(v) for v in named}
         else:
             unit = "appearance"
     known = [i for i, v in enumerate(sequence) if v in clock]
