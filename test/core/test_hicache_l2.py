@@ -115,7 +115,7 @@ def test_stale_host_copies_are_unmatchable_and_freed_at_a_publication(core_ps, p
     used = fx.host_figures()["used"]
 
     inv = bump(fx, state, [crossing])
-    assert inv.host_tokens_freed == used > 0, inv
+    assert inv.host_tokens_freed == used > 0 and inv.host_tokens_left == 0, inv
     assert state.freed.host_tokens_total == used
     assert server_info.engine_block(state, 0)["stale_host_tokens_freed_last"] == used
     assert fx.host_figures()["used"] == 0  # host-only stale nodes and host copies of held stale nodes, all freed

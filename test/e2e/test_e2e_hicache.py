@@ -10,11 +10,10 @@ resets the cache), and every oracle answer is asserted to be computed from scrat
 
 Start-up dominates on CPU, so servers start in two waves (`STARTS_AT_ONCE` at a time) and are shared:
 - wave 1, the writers (stock, vradix with a nonce identity, and with the declared identity `run1-step5`, all on A),
-  and the oracle: each writer serves PROMPT, waits until its pages are in the store,
-  and stops;
-- wave 2, the readers, on the same store: stock on B, vradix (nonce) on B, and two vradix servers declared
-  `run1-step5` on A. Each serves PROMPT first (the restart tests), then the concurrent-engine tests
-  use them;
+  and the oracle: each writer serves PROMPT, waits until its pages are in the store, and stops, but the declared
+  writer, which keeps running as the declared reader's peer;
+- wave 2, the readers, on the same store: stock on B, vradix (nonce) on B, and vradix declared `run1-step5` on A.
+  Each serves PROMPT first (the restart tests), then the concurrent-engine tests use them and the declared peer;
 - last, three publications run at once, one per reader (the in_place publication with L2 and L3 populated, and the
   stale-prefix scenario on stock and on vradix), and their tests check the outcomes.
 A fingerprint writer and reader (`make test-long`) start after the readers.
@@ -65,10 +64,21 @@ def oracle_outputs(models, pool):
 
 def write_prompt(model, store, **kw):
     """Start a HiCache server, serve PROMPT, wait until its pages are stored, stop. Returns (response, vradix info)."""
-    with hicache_server(model, store, **kw) as s:
+    r, info, s = write_prompt_and_keep(model, store, **kw)
+    s.stop()
+    return r, info
+
+
+def write_prompt_and_keep(model, store, **kw):
+    """`write_prompt`, the server left running. Returns (response, vradix info, server)."""
+    s = hicache_server(model, store, **kw)
+    try:
         r = s.generate(PROMPT, NEW, timeout=300)
         wait_stored(s, store, PROMPT)
-        return r, s.vradix_info()
+        return r, s.vradix_info(), s
+    except BaseException:
+        s.stop()
+        raise
 
 
 class Reader:
@@ -106,15 +116,25 @@ FINGERPRINT_ENV = {"VRADIX_WEIGHT_IDENTITY": "fingerprint"}  # the env form of -
 
 @pytest.fixture(scope="module")
 def wave1(models, store, server_pool):
-    """The oracle and the writers, concurrently."""
-    specs = {"stock": dict(vradix=False), "nonce": {}, "declared": dict(identity="declared", weight_version=STEP5)}
+    """The oracle and the writers, concurrently; the declared writer keeps running (`declared_peer`) until the end
+    of the module."""
+    declared = dict(identity="declared", weight_version=STEP5)
     with cf.ThreadPoolExecutor(STARTS_AT_ONCE) as pool:
         futs = {"oracle": pool.submit(oracle_outputs, models, server_pool),
-                **{k: pool.submit(write_prompt, models[0], store, **kw) for k, kw in specs.items()}}
+                "stock": pool.submit(write_prompt, models[0], store, vradix=False),
+                "nonce": pool.submit(write_prompt, models[0], store),
+                "declared": pool.submit(write_prompt_and_keep, models[0], store, **declared)}
         done, error = results(futs)
-    if error is not None:
-        raise error
-    return done
+    kept = done.pop("declared", None)
+    try:
+        if error is not None:
+            raise error
+        r, info, peer = kept
+        yield {**done, "declared": (r, info), "declared_peer": peer}
+    finally:
+        if kept is not None:
+            kept[2].stop()
+            assert "Traceback" not in kept[2].logs(), kept[2].tail(80)
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +146,7 @@ def oracle(wave1):
 def readers(models, store, wave1):
     """The readers, started concurrently once every writer has stopped; stopped at the end of the module."""
     declared = dict(identity="declared", weight_version=STEP5)
-    specs = {"stock": (models[1], dict(vradix=False)), "nonce": (models[1], {}),
-             "declared": (models[0], declared), "declared_peer": (models[0], declared)}
+    specs = {"stock": (models[1], dict(vradix=False)), "nonce": (models[1], {}), "declared": (models[0], declared)}
     with cf.ThreadPoolExecutor(STARTS_AT_ONCE) as pool:
         started, error = results({k: pool.submit(Reader, m, store, **kw) for k, (m, kw) in specs.items()})
     try:
@@ -166,10 +185,9 @@ def test_vradix_restart_on_new_weights_never_reads_the_old_weights_pages(wave1, 
 
 
 # ---- 2. the same weights across a restart: a declared (or proven) identity reuses the pages --------------------------
-@pytest.mark.parametrize("reader", ["declared", "declared_peer"])
-def test_declared_identity_reuses_storage_across_a_restart(wave1, readers, oracle, reader):
+def test_declared_identity_reuses_storage_across_a_restart(wave1, readers, oracle):
     written, before = wave1["declared"]
-    r, after = readers[reader].first, readers[reader].info
+    r, after = readers["declared"].first, readers["declared"].info
     assert before["weight_id"] == after["weight_id"] == f"declared:{STEP5}"
     assert after["weight_identity"] == {"mode": "declared", "source": "declared"} and after["epoch"] == 0
     assert written["meta_info"]["cached_tokens"] == 0
@@ -214,8 +232,8 @@ def test_concurrent_engines_on_different_weights_never_read_each_others_pages(re
     assert r["meta_info"]["cached_tokens"] == 0 and r["output_ids"] == oracle["A"]["nonce"], r["meta_info"]
 
 
-def test_concurrent_engines_with_an_equal_declared_identity_share_pages(readers, oracle, store):
-    a, peer = readers["declared"].s, readers["declared_peer"].s  # both A, both declared run1-step5, both running
+def test_concurrent_engines_with_an_equal_declared_identity_share_pages(wave1, readers, oracle, store):
+    a, peer = readers["declared"].s, wave1["declared_peer"]  # both A, both declared run1-step5, both running
     a.generate(P_SHARED, NEW)
     wait_stored(a, store, P_SHARED)
     r = peer.generate(P_SHARED, NEW)
@@ -285,10 +303,14 @@ def test_in_place_publication_misses_device_host_and_storage(published, readers,
 
 
 def test_in_place_publication_frees_the_stale_host_copies(published):
+    """Every stale host copy is freed at the bump but those an L3 backup still in flight holds (the flood's last
+    prompts, when their storage writes have not finished yet): the bump reports those as left, and they are all the
+    host pool still holds."""
     info = published["in_place"]["info"]  # read right after the publication, the engine idle
-    assert info["last_publication"]["host_tokens_freed"] >= len(PROMPT) - 1, info["last_publication"]
+    last = info["last_publication"]
+    assert last["host_tokens_freed"] >= len(PROMPT) - 1, last
     host = info["pool"]["host"]
-    assert host["used"] == 0 and host["available"] == host["total"], host
+    assert host["used"] == last["host_tokens_left"] and host["available"] == host["total"] - host["used"], (host, last)
 
 
 def test_cache_inspector_shows_the_host_and_storage_tiers_per_weights(published):
@@ -297,7 +319,8 @@ def test_cache_inspector_shows_the_host_and_storage_tiers_per_weights(published)
     backed-up pages under the weight identity that wrote them."""
     held, after = published["in_place"]["view_held"], published["in_place"]["view_after"]
     assert held["host"]["tokens_by_epoch"].get("0", 0) >= len(PROMPT) - 1, held["host"]
-    assert "0" not in (after["host"]["tokens_by_epoch"] or {}), after["host"]
+    left = published["in_place"]["info"]["last_publication"]["host_tokens_left"]  # held by L3 backups in flight
+    assert (after["host"]["tokens_by_epoch"] or {}).get("0", 0) == left, after["host"]
     assert "File" in held["storage"]["backend"], held["storage"]
     backed_up = held["storage"]["pages_backed_up_by_weight_id"]
     assert set(backed_up) == {f"declared:{STEP5}"} and backed_up[f"declared:{STEP5}"] > 0, backed_up

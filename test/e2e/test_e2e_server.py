@@ -3,8 +3,9 @@ stale-prefix bug; vradix fixes it. The oracle is a fresh server started on the n
 
 Tests that need no fresh process lease theirs from the session's server pool (`server_pool`): the stock server on A
 (the oracle's, too) and the vradix server on A are shared, reset before each lease, so a vradix test reads the counters
-it starts from (`Counters`) and asserts differences. The configurations one test alone uses start together, before
-the first of those tests (`own_configurations`), and each is stopped after its test."""
+it starts from (`Counters`) and asserts differences. The configurations only this module uses start together, before
+the first of those tests (`own_configurations`): the chunked-prefill server serves two tests (pooled, reset between),
+each other one is stopped after its test."""
 import itertools
 import time
 from typing import NamedTuple
@@ -38,11 +39,12 @@ def guard_env(verify: str) -> dict:
     return {"VRADIX_FAULT_NO_NAMESPACE": "1", "VRADIX_VERIFY": verify}
 
 
-#: {name: CpuServer keyword arguments} of the configurations one test each uses (on A)
+#: {name: CpuServer keyword arguments} of the configurations only this module uses (on A): "chunk32" serves the two
+#: chunked-prefill tests (leased twice, reset between), the others one test each
 #: "guard-strict" runs the kernels' device forms (`VRADIX_KERNELS=torch`: a verdict is never complete before its
 #: batch's result, as on a busy GPU) with prefill chunks of 64, so the overlap loop checkpoints chunks before their
 #: verdicts are read and holds them (`hooks.ledger.hold_stash_until_verdict`)
-OWN = {"chunk32": dict(chunked_prefill_size=32), "chunk128": dict(chunked_prefill_size=128),
+OWN = {"chunk32": dict(chunked_prefill_size=32),
        "guard-off": dict(env=guard_env("off")),
        "guard-strict": dict(env={**guard_env("strict"), "VRADIX_KERNELS": "torch"}, chunked_prefill_size=64)}
 
@@ -57,6 +59,13 @@ def own_configurations(models, server_pool):
 def own(models, server_pool, own_configurations):
     """`own(name)`: a context leasing the fresh server of the `OWN` configuration `name`, stopped afterwards."""
     return lambda name: server_pool.lease(models[0], once=True, **OWN[name])
+
+
+@pytest.fixture
+def chunked(models, server_pool, own_configurations):
+    """The "chunk32" server, leased from the pool (on A, label `default`, its cache flushed); it stays in the pool."""
+    with server_pool.lease(models[0], **OWN["chunk32"]) as s:
+        yield s
 
 
 class Counters:
@@ -160,29 +169,29 @@ def test_lock_aware_flush_and_update_weight_version(models, oracle, server_pool)
         assert v["label"] == "v9" and start.since(v, "publications") == 1 and start.since(v, "epoch") == 2
 
 
-def test_chunked_prefill_crossing_a_publication(models, oracle, own):
-    with own("chunk32") as s:
-        give_up = time.monotonic() + 300  # a prefill that ends before the pause voids the attempt
-        for attempt in itertools.count():
-            long = StreamingRequest(s.url, CHUNKED_PROMPT, 4)
-            deadline = time.monotonic() + 60  # poll the scheduler's own state until the prefill is chunking
-            while not s.vradix_info()["chunked_prefill_in_progress"] and not long.started.is_set():
-                assert time.monotonic() < deadline, "chunked prefill never observed"
-            s.post("/pause_generation", {"mode": "in_place"})
-            upd = s.post("/update_weights_from_disk", {"model_path": models[1 - attempt % 2],
-                                                       "flush_cache": False, "weight_version": f"c{attempt}"}).json()
-            s.post("/continue_generation")
-            final = long.result()
-            assert final["meta_info"]["num_retractions"] == 0
-            if "(1 mid-prefill)" in upd["message"]:
-                break
-            if time.monotonic() > give_up:
-                pytest.fail(f"publication never landed mid-prefill in {attempt + 1} attempts: {upd['message']}")
-        weights = "B" if attempt % 2 == 0 else "A"
-        probe = s.generate(CHUNKED_PROMPT, 4, timeout=300)
-        assert probe["meta_info"]["cached_tokens"] == 0  # the crossing chunks were not inserted anywhere
-        assert probe["output_ids"] == oracle[weights]["chunked"]
-        assert s.vradix_info()["stale_tokens_pinned"] == 0
+def test_chunked_prefill_crossing_a_publication(models, oracle, chunked):
+    s = chunked
+    give_up = time.monotonic() + 300  # a prefill that ends before the pause voids the attempt
+    for attempt in itertools.count():
+        long = StreamingRequest(s.url, CHUNKED_PROMPT, 4)
+        deadline = time.monotonic() + 60  # poll the scheduler's own state until the prefill is chunking
+        while not s.vradix_info()["chunked_prefill_in_progress"] and not long.started.is_set():
+            assert time.monotonic() < deadline, "chunked prefill never observed"
+        s.post("/pause_generation", {"mode": "in_place"})
+        upd = s.post("/update_weights_from_disk", {"model_path": models[1 - attempt % 2],
+                                                   "flush_cache": False, "weight_version": f"c{attempt}"}).json()
+        s.post("/continue_generation")
+        final = long.result()
+        assert final["meta_info"]["num_retractions"] == 0
+        if "(1 mid-prefill)" in upd["message"]:
+            break
+        if time.monotonic() > give_up:
+            pytest.fail(f"publication never landed mid-prefill in {attempt + 1} attempts: {upd['message']}")
+    weights = "B" if attempt % 2 == 0 else "A"
+    probe = s.generate(CHUNKED_PROMPT, 4, timeout=300)
+    assert probe["meta_info"]["cached_tokens"] == 0  # the crossing chunks were not inserted anywhere
+    assert probe["output_ids"] == oracle[weights]["chunked"]
+    assert s.vradix_info()["stale_tokens_pinned"] == 0
 
 
 class Burst(NamedTuple):
@@ -226,16 +235,16 @@ def mislabelled(results, oracle, labels):
     return Burst(checked, wrong, crossing)
 
 
-def test_overlap_batch_in_flight_at_pause_is_labelled_with_its_weights(models, oracle, own):
+def test_overlap_batch_in_flight_at_pause_is_labelled_with_its_weights(models, oracle, chunked):
     """Each response's label must name the weights that computed its token. A request whose prefill was chunked across
     the publication (a crossing request, computed by neither weights alone) must say so in its provenance instead; the
-    small chunk size makes such a request likely, so that branch runs too (it did in 2 of 3 runs)."""
-    with own("chunk128") as s:
-        burst = mislabelled(burst_across_publication(s, models[1], "v2"), oracle, {"default": "A", "v2": "B"})
-        assert burst.wrong == [] and burst.checked >= 10, burst
-        for i, spans in burst.crossing:
-            assert [x["version"] for x in spans] == ["default", "v2"], (i, spans)
-            assert spans[0]["start"] == 0 < spans[1]["start"] < len(BURST[i]), (i, spans)
+    small chunk size makes such a request likely, so that branch runs too."""
+    s = chunked
+    burst = mislabelled(burst_across_publication(s, models[1], "v2"), oracle, {"default": "A", "v2": "B"})
+    assert burst.wrong == [] and burst.checked >= 10, burst
+    for i, spans in burst.crossing:
+        assert [x["version"] for x in spans] == ["default", "v2"], (i, spans)
+        assert spans[0]["start"] == 0 < spans[1]["start"] < len(BURST[i]), (i, spans)
 
 
 def test_stock_overlap_mislabels_a_batch_in_flight_at_pause(models, oracle, server_pool):

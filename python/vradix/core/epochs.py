@@ -133,6 +133,7 @@ class Invalidation:
     tokens_freed: int
     tokens_deferred: int
     host_tokens_freed: Optional[int]
+    host_tokens_left: Optional[int]
     crossing_requests: int
     tokens_pinned: int
     latency_ms: float
@@ -169,12 +170,14 @@ def invalidate(state: Engine, cache, live_reqs: Iterable, queued_reqs: Iterable,
     rebound = sum(admission.rebind_if_unheld(state, req) for req in queued_reqs)
     with counting_host_freed(state, cache) as host:
         freed, deferred = reclaim_stale(state, cache, holders)
+    host_left = host_tier.stale_left(cache) if state.host_tier else None
     state.freed.count(freed)
     state.freed.count_host(host.tokens)
     return Invalidation(epoch_before=epoch_before, epoch_after=state.epoch, label=label, reason=reason,
                         weight_id=identity.weight_id, session_slots_released=slots_released,
                         crossing_mid_prefill=mid_prefill, requeued_rebound=rebound, tokens_freed=freed,
                         tokens_deferred=deferred, host_tokens_freed=host.tokens,
+                        host_tokens_left=host_left,
                         crossing_requests=len(state.crossing), tokens_pinned=stale_tokens_pinned(state, cache),
                         latency_ms=(time.perf_counter() - t0) * 1e3)
 

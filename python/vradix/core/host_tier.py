@@ -113,6 +113,15 @@ def free_stale_host(cache) -> int:
     return cache.evict_host(everything)
 
 
+def stale_left(cache) -> int:
+    """Right after `free_stale_host`: host-pool tokens still in use. All are stale (the new namespace is empty) and
+    none can be matched again; SGLang skipped them because something holds them: a storage (L3) backup in flight
+    host-locks its node until its ack, and with storage attached the host copies of nodes crossing requests hold on
+    device stay (`duplicates_reclaimable`). The host pool's own eviction frees them once nothing holds them."""
+    pool = host_pool(cache)
+    return pool.size - pool.available_size()
+
+
 def pool_figures(cache) -> Optional[dict]:
     """The host pool's terms (tokens), or None without a host tier. `used` is what the tree (and any transfer in
     flight) holds; when the engine is idle right after a bump, nothing is left to hold it: `available == total`."""

@@ -50,6 +50,10 @@ class Bump:
     identity_ms: float = 0.0
     #: HiCache host-pool tokens given back by the bump (None without a host tier)
     host_tokens_freed: Optional[int] = None
+    #: stale host-pool tokens the bump could not free because something held them (`host_tier.stale_left`: a storage
+    #: backup in flight, or with storage attached a crossing request's device copy); the host pool's eviction frees
+    #: them later, and nothing matches them (None without a host tier)
+    host_tokens_left: Optional[int] = None
     #: the pause the publication added on the scheduler, in two parts: waiting for the in-flight batches before the
     #: weights changed (`drain_ms`, every drain the publication ran, a session's begin included), and the whole bump
     #: step after they changed (`bump_ms`: identity, epoch bump, revocations, audit; it contains `latency_ms` and
@@ -59,6 +63,8 @@ class Bump:
 
     def summary(self) -> str:
         host = f" and {self.host_tokens_freed} stale host tokens" if self.host_tokens_freed is not None else ""
+        if self.host_tokens_left:
+            host += f" ({self.host_tokens_left} held, left to the host pool's eviction)"
         deferred = (f" (+{self.tokens_deferred} unlocked stale tokens reclaimed after the bump)"
                     if self.tokens_deferred else "")
         return (f"vradix: epoch {self.epoch_before}->{self.epoch_after} ({self.reason}, label={self.label!r}, "
