@@ -179,10 +179,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_collection_modifyitems(config, items):
     """In an xdist worker of `make test`: the two server groups first, so each worker starts on one, and the other
-    files go to whichever worker is free (the scheduler hands out groups in collection order)."""
+    files go to whichever worker is free, the slowest first (the scheduler hands out groups in collection order;
+    `suite.hand_out_order`)."""
     if getattr(config.option, "loadgroup", False):  # what xdist sets in a worker of `--dist loadgroup`
-        from vradix.testing.harness.suite import SERVER_GROUPS, worker_group
-        items.sort(key=lambda i: SERVER_GROUPS.index(g) if (g := worker_group(i.nodeid)) in SERVER_GROUPS else 2)
+        from vradix.testing.harness.suite import hand_out_order
+        items.sort(key=lambda i: hand_out_order(i.nodeid))
 
 
 @pytest.fixture(scope="session")

@@ -138,6 +138,18 @@ def test_module_times_sum_every_phase_per_file():
 
 
 
+def test_the_workers_take_the_server_groups_first_then_the_slowest_files_without_servers():
+    from vradix.testing.harness import suite
+    for name in suite.SLOW_FILES + suite.SIDE_SERVER_FILES:
+        assert suite.find_test_file(name) is not None, name
+    assert not any(suite.starts_servers(name) for name in suite.SLOW_FILES)
+    ids = ["test/test_identity.py::t", "test/kernels/test_csrc_build.py::t", "test/e2e/test_e2e_l3.py::t",
+           "test/test_plugin.py::t", "test/e2e/test_e2e_pd.py::t"]
+    assert sorted(ids, key=suite.hand_out_order) == [
+        "test/e2e/test_e2e_pd.py::t", "test/e2e/test_e2e_l3.py::t", "test/test_plugin.py::t",
+        "test/kernels/test_csrc_build.py::t", "test/test_identity.py::t"]
+
+
 def test_module_starts_sum_the_server_starts_each_report_carries_per_file():
     from vradix.testing.harness.suite import module_starts
     reports = [SimpleNamespace(nodeid="test/e2e/test_x.py::test_a@servers", when=w, user_properties=props)

@@ -88,8 +88,23 @@ SERVER_GROUPS = ("servers", "servers-side")
 SIDE_SERVER_FILES = ("test_e2e_identity.py", "test_e2e_l3.py", "test_e2e_multimodal.py", "test_e2e_provenance.py",
                      "test_e2e_staleness.py", "test_e2e_streaming_session.py", "test_wheels.py", "test_hybrid_cpu.py",
                      "test_gpu_bundle.py")
+#: the files without servers that take longest (40-60 s each in `make test`; the table of docs/cpu-environment.md),
+#: handed out first among those files, longest first, so that the worker that finishes its server group first takes
+#: them and the two workers end together
+SLOW_FILES = ("test_plugin.py", "test_csrc_build.py", "test_model_based.py", "test_census.py",
+              "test_process_census.py")
 #: what a test file that starts CPU servers says in its source
 SERVER_SIGNS = ("pytest.mark.e2e", "server_pool", "CpuServer(")
+
+
+def hand_out_order(node_id: str) -> tuple:
+    """The sort key of a test in a `make test` worker's collection (test/conftest.py): the two server groups first,
+    then `SLOW_FILES` in their order, then every other file in collection order (a stable sort keeps it)."""
+    group = worker_group(node_id)
+    if group in SERVER_GROUPS:
+        return (SERVER_GROUPS.index(group), 0)
+    name = pathlib.Path(node_id.split("::", 1)[0]).name
+    return (2, SLOW_FILES.index(name)) if name in SLOW_FILES else (3, 0)
 
 
 @functools.lru_cache(maxsize=None)
