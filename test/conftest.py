@@ -22,7 +22,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # One OpenMP thread per process: this test process and every CPU server it starts (they inherit the environment).
 # Torch's default is a thread per core; two workers' servers and tests then run more busy threads than the machine has
 # cores, and each parallel region waits on threads that are not running: 24 requests on two servers at once took
-# 7-24 s with the default, 0.8 s with one thread (one server alone: 1.0 s either way; docs/cpu-environment.md).
+# 21-24 s with the default, 0.9 s with one thread (one server alone: under 1 s either way;
+# benchmark/server/bench_threads.py, docs/cpu-environment.md).
 # Torch reads it when it is first imported, below.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.pop("VRADIX_DISABLE", None)

@@ -144,7 +144,8 @@ def oracle(wave1):
 
 @pytest.fixture(scope="module")
 def readers(models, store, wave1):
-    """The readers, started concurrently once every writer has stopped; stopped at the end of the module."""
+    """The readers, started concurrently once the writers are done (all stopped but the declared one, the peer);
+    stopped at the end of the module."""
     declared = dict(identity="declared", weight_version=STEP5)
     specs = {"stock": (models[1], dict(vradix=False)), "nonce": (models[1], {}), "declared": (models[0], declared)}
     with cf.ThreadPoolExecutor(STARTS_AT_ONCE) as pool:
