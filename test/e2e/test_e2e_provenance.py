@@ -17,7 +17,8 @@ import vradix
 from vradix.client import EngineHandle, PublishError, publish
 from vradix.predicate import UnsafeDeployment
 from vradix.testing.harness.pool import stopped_while_unused
-from vradix.testing.harness.scenario import LONG_PROMPT, PROBE, StreamingRequest, pause_holding, pause_took_effect
+from vradix.testing.harness.scenario import (LONG_PROMPT, PROBE, StreamingRequest, crossed_update, pause_holding,
+                                             pause_took_effect)
 from vradix.testing.harness.server import CpuServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -60,11 +61,13 @@ class StreamFinishedFirst(RuntimeError):
     """The publish client paused the engine after the request meant to be in flight had finished."""
 
 
-def publish_holding(url, start, *args, deadline_s: float = 300.0, **kwargs):
+def publish_holding(url, start, *args, held=crossed_update, deadline_s: float = 300.0, **kwargs):
     """`publish(url, *args, **kwargs)` with the streaming request `start()` running when the client's pause took
-    effect: its engine handle checks that right after the pause. An attempt where the request finished first fails
-    before any update (the client raises, the engine stays paused): the engine is continued, the request drained, and
-    a new attempt starts, until `deadline_s`. Returns (the request, the client's results)."""
+    effect: its engine handle checks that right after the pause. An attempt where the request finished first (or came
+    `near_end`) fails before any update (the client raises, the engine stays paused): the engine is continued, the
+    request drained, and a new attempt starts, until `deadline_s`. The request's own final record then proves it was
+    held (`held(meta_info)`: by default SGLang's `weight_versions` show the change); an attempt it does not prove is
+    void too, and the publication is made again. Returns (the request, the client's results)."""
     deadline = time.monotonic() + deadline_s
     while True:
         stream = start()
@@ -75,17 +78,19 @@ def publish_holding(url, start, *args, deadline_s: float = 300.0, **kwargs):
                 r = super().post_ok(path, payload)
                 if path == "/pause_generation":
                     pause_took_effect(self)
-                    if stream.done:
-                        raise StreamFinishedFirst("the streaming request finished before the pause")
+                    if stream.near_end:
+                        raise StreamFinishedFirst("the streaming request (nearly) finished before the pause")
                 return r
 
         try:
-            return stream, publish(url, *args, engine_factory=Holding, **kwargs)
+            results = publish(url, *args, engine_factory=Holding, **kwargs)
+            if held(stream.result()["meta_info"]):
+                return stream, results
         except PublishError as e:
             if not isinstance(e.__cause__, StreamFinishedFirst):
                 raise
-        assert requests.post(url + "/continue_generation", timeout=60).status_code == 200
-        stream.result()
+            assert requests.post(url + "/continue_generation", timeout=60).status_code == 200
+            stream.result()
         assert time.monotonic() < deadline, "the streaming request finished before every pause of the publish client"
 
 
@@ -399,7 +404,7 @@ def test_publish_client_on_stock_engine_retracts_flushes_and_verifies_with_a_pro
     with pytest.raises(UnsafeDeployment, match="in_place pause on an engine without vradix"):
         publish(s.url, models[1], "s0", pause_mode="in_place")  # rejected before touching the engine
     stream, (res,) = publish_holding(s.url, lambda: StreamingRequest(s.url, LONG_PROMPT, 200), models[1], "s1",
-                                     seed=7)
+                                     held=lambda meta: meta["num_retractions"] >= 1, seed=7)
     assert res.verified and not res.vradix and res.state == "running"
     assert (res.plan.pause_mode, res.plan.radix_enabled, res.plan.flush) == ("retract", True, True)
     assert res.probe_cached_before > 0  # the probe was really cached before the publication...

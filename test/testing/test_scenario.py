@@ -8,7 +8,7 @@ from vradix.testing.harness import scenario
 
 class FakeStream:
     def __init__(self, finishes_first: bool):
-        self.done = finishes_first
+        self.done = self.near_end = finishes_first
         self.drained = False
 
     def wait_decoding(self, timeout=120.0):
@@ -68,3 +68,14 @@ def test_on_a_real_server_a_request_that_finished_first_voids_the_attempt(models
         assert s.vradix_info()["pool"]["paused"]
         s.resume()
         assert held.result()["meta_info"]["completion_tokens"] == 300
+
+
+def test_a_request_near_its_end_counts_as_possibly_finished_in_its_scheduler():
+    """The client sees a finished request's last chunks only after the detokenizer passed them on: a stream within
+    `NEAR_END_TOKENS` of its end may be over in its scheduler, so it voids a hold like a finished one."""
+    stream = scenario.StreamingRequest.__new__(scenario.StreamingRequest)
+    stream.max_new_tokens, stream.error = 200, None
+    stream._thread = type("Alive", (), {"is_alive": staticmethod(lambda: True)})()
+    for seen, near in [(1, False), (200 - scenario.NEAR_END_TOKENS - 1, False), (200 - scenario.NEAR_END_TOKENS, True)]:
+        stream.final = {"meta_info": {"completion_tokens": seen, "finish_reason": None}}
+        assert (stream.done, stream.near_end) == (False, near)

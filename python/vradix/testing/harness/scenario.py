@@ -3,9 +3,9 @@
 Timing preconditions: a scenario that needs a request in flight at a pause does not trust the clock. It holds the
 request (a long `max_new_tokens` with `ignore_eos`), waits until the request has streamed a token (it is decoding),
 pauses, and then checks that the request was still running when the pause took effect (`pause_holding`); a request
-that finished first voids the attempt, which is undone (continue, drain) and started afresh, within a deadline. Where
-the weight version changes during the pause, `crossed_update` confirms it afterwards from SGLang's own per-request
-record (`weight_versions`).
+that finished first, or came so near its end that its scheduler may have finished it (`near_end`), voids the attempt,
+which is undone (continue, drain) and started afresh, within a deadline. Where the weight version changes during the
+pause, `crossed_update` confirms it afterwards from SGLang's own per-request record (`weight_versions`).
 """
 from __future__ import annotations
 
@@ -24,10 +24,15 @@ PROBE = PREFIX + [11]
 LONG_PROMPT = [9, 8, 7] * 20
 
 
+#: how many tokens before its end a streamed request counts as possibly finished in its scheduler (`near_end`)
+NEAR_END_TOKENS = 32
+
+
 class StreamingRequest:
     """A /generate stream in a thread; `started` is set once the first chunk arrived, i.e. it is running."""
 
     def __init__(self, url: str, input_ids, max_new_tokens: int, timeout: float = 300.0, **extra):
+        self.max_new_tokens = max_new_tokens
         self.started = threading.Event()
         self.final: Optional[dict] = None
         self.error: Optional[BaseException] = None
@@ -56,6 +61,17 @@ class StreamingRequest:
         return not self._thread.is_alive() or self.error is not None or bool(
             self.final and self.final["meta_info"].get("finish_reason"))
 
+    @property
+    def near_end(self) -> bool:
+        """Whether the request may have finished in its scheduler: it is `done`, or its client has seen it within
+        `NEAR_END_TOKENS` of its `max_new_tokens`. A finished request's last chunks reach the client through the
+        detokenizer process, which no round trip to the scheduler waits for; on a loaded machine they can lag the
+        scheduler by a few decode steps, so a request this close to its end may already be over there."""
+        if self.done:
+            return True
+        seen = (self.final or {}).get("meta_info", {}).get("completion_tokens", 0)
+        return seen >= self.max_new_tokens - NEAR_END_TOKENS
+
     def wait_decoding(self, timeout: float = 120.0) -> None:
         """Until the request has streamed an output token (it is past prefill and decoding); raises if it failed."""
         assert self.started.wait(timeout), "streaming request never started"
@@ -82,7 +98,9 @@ def pause_took_effect(server) -> None:
 
     A server-info call travels to the scheduler behind the pause and is answered after it; the outputs the scheduler
     emitted before the pause travel on a second socket to the same tokenizer, so a second round trip lets the
-    tokenizer stream them out before this returns (a request that finished first shows as `done`)."""
+    tokenizer stream them out before this returns. Those outputs pass through the detokenizer process, which neither
+    round trip waits for: a request that finished first may lag there by a few decode steps, which `near_end` allows
+    for."""
     for _ in range(2):
         requests.get(server.url + "/get_server_info", timeout=60).raise_for_status()
 
@@ -109,7 +127,7 @@ def pause_holding(server, start: Callable[[], Sequence[StreamingRequest]], *,
             s.wait_decoding()
         pause()
         pause_took_effect(server)
-        if not any(s.done for s in streams):
+        if not any(s.near_end for s in streams):
             return streams
         resume()
         for s in streams:
