@@ -13,7 +13,6 @@ from sglang.srt.mem_cache.utils import get_storage_hash_str
 from sglang.srt.server_args import prepare_server_args
 
 from vradix import identity, settings
-from vradix.core.admission import admit
 from vradix.core.epochs import bump
 from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache
@@ -30,7 +29,7 @@ def engine(weight_identity=None, mode="nonce"):
 def storage_keys(fx, state, tokens=TOKENS, user_key=None):
     """The HiCache L3 page keys a request of the engine's current epoch would read and write."""
     req = fx.make_req(tokens, extra_key=user_key)
-    admit(state, req)
+    state.admit_or_raise(req)
     return get_storage_hash_str(RadixKey(tokens, extra_key=req.extra_key), None, page_size=16)
 
 

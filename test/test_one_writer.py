@@ -21,7 +21,9 @@ PKG = pathlib.Path(__file__).resolve().parents[1] / "python" / "vradix"
 RECORDS = {
     "vradix.engine": ("Engine", "PrefixHits"),
     "vradix.core.state": ("Bump", "GuardRecord", "LoraRecord", "DedupRecord", "FreedCounters",
-                          "StorageCounters", "SessionRecord", "WeightSession", "TreelessState"),
+                          "StorageCounters", "WeightSession", "TreelessState"),
+    "vradix.core.crossing": ("CrossingRequests",),
+    "vradix.core.sessions": ("SessionSlots",),
     "vradix.request": ("ReqState",),
     "vradix.core.deferred_reclaim": ("DeferredReclaim",),
     "vradix.core.staleness": ("StalenessRecord",),
@@ -185,7 +187,7 @@ def checker():
 def test_every_state_dataclass_is_a_checked_record_or_says_why_not():
     listed = {n for names in RECORDS.values() for n in names}
     bad = []
-    for module in ("vradix.core.state", "vradix.request"):
+    for module in ("vradix.core.state", "vradix.request", "vradix.core.crossing", "vradix.core.sessions"):
         mod = importlib.import_module(module)
         for name, obj in vars(mod).items():
             if dataclasses.is_dataclass(obj) and obj.__module__ == module and name not in listed | set(NOT_RECORDS):
@@ -211,6 +213,8 @@ PLANTED = [
     ("from vradix import request\ndef f(req):\n    s = request.of(req)\n    s.crossed = True\n", "s.crossed (ReqState"),
     ("def f(x: Engine):\n    setattr(x, 'label', 'v2')\n", "x.label (Engine"),
     ("def f(state, req):\n    state.crossing[id(req)] = req\n", "state.crossing (Engine"),
+    ("def f(state, req):\n    state.crossing.held[id(req)] = req\n", "state.crossing.held (CrossingRequests"),
+    ("def f(state, sid):\n    state.sessions.stale_slots.pop(sid)\n", "state.sessions.stale_slots (SessionSlots"),
     ("def f(state, k):\n    state.lora.adapter_ids.pop(k, None)\n", "state.lora.adapter_ids (LoraRecord"),
     ("def f(scheduler):\n    inv = bump_scheduler(scheduler, reason='r')\n    inv.drain_ms = 1.0\n",
      "inv.drain_ms (Bump"),
@@ -264,15 +268,16 @@ def test_the_last_bump_is_the_later_of_the_last_publication_and_the_last_flush()
 
     state = Engine(tree_core="t")
     assert state.last is None
+    keep = state._keep_bump  # what `finish_bump` and `record_reset` end with
     publication = Bump(0, 1, "a", "update")
-    state.record_bump(publication, is_publication=True)
+    keep(publication, is_publication=True)
     assert state.last is publication and state.last_flush is None
     idle = Bump(1, 1, "a", "flush (idle reset)")  # keeps the epoch: later than the publication
-    state.record_bump(idle, is_publication=False)
+    keep(idle, is_publication=False)
     assert state.last is idle and state.last_publication is publication
     again = Bump(1, 2, "b", "update")
-    state.record_bump(again, is_publication=True)
+    keep(again, is_publication=True)
     assert state.last is again
     flush = Bump(2, 3, "b", "lock-aware flush")
-    state.record_bump(flush, is_publication=False)
+    keep(flush, is_publication=False)
     assert state.last is flush and state.last_publication is again

@@ -10,8 +10,6 @@ import torch
 from sglang.srt.mem_cache import common
 
 from vradix import request
-from vradix.core import epochs
-from vradix.core.admission import admit
 from vradix.ledger.guard import GuardConfig
 from vradix.hooks.serving import at_result, before_forward
 from vradix.testing.harness.cache_fixture import ForwardWrite
@@ -35,13 +33,13 @@ def vradix_attributes(req):
 def test_a_request_carries_one_vradix_state_object_through_its_life(env):
     fx, state = env
     a = fx.make_req(seq(10, 40) + [1], extra_key="tenant")
-    admit(state, a)
+    state.admit_or_raise(a)
     assert vradix_attributes(a) == ["_vradix"]
     st = request.of(a)
     assert (st.user_key, st.epoch, st.crossed, st.kv_history) == ("tenant", 0, False, [(0, 0, None, state.weight_id)])
     fx.admit(a)
     fx.prefill(a)
-    epochs.bump(state, fx.cache, [a], [], reason="test", label="v1")
+    state.bump(fx.cache, [a], [], reason="test", label="v1")
     assert request.of(a) is st and st.crossed and len(st.kv_history) == 2
     fx.decode(a, 7)
     fx.finish(a)
@@ -61,14 +59,14 @@ def test_the_sample_guard_names_the_request_whose_row_is_corrupt(env, caplog):
     fx, state = env
     state.guard.config = GuardConfig(verify="sample", sample_every=1)
     warm = fx.make_req(seq(10, 40) + [9])
-    admit(state, warm)
+    state.admit_or_raise(warm)
     fx.admit(warm)
     fx.prefill(warm)
     fx.finish(warm)
     reqs = []
     for i in range(2):  # two requests reusing the cached prefix; the first crosses a publication (checked against its own range)
         r = fx.make_req(seq(10, 40) + [i])
-        admit(state, r)
+        state.admit_or_raise(r)
         assert fx.admit(r) == 40
         fx.prefill(r, checkpoint=False)
         reqs.append(r)

@@ -27,8 +27,6 @@ def percentile(xs, q):
 
 
 def build(core: str, args):
-    from vradix.core import epochs
-    from vradix.core.admission import admit
     from vradix.engine import attach
     from vradix.testing.harness.cache_fixture import build_cache
 
@@ -40,7 +38,7 @@ def build(core: str, args):
 
     def request(i):
         req = fx.make_req(systems[i % len(systems)] + [rng.randrange(32000) for _ in range(args.suffix_len)])
-        admit(state, req)
+        state.admit_or_raise(req)
         return req
 
     i = 0
@@ -57,7 +55,7 @@ def build(core: str, args):
         fx.prefill(r)
         live.append(r)
         i += 1
-    epochs.bump(state, fx.cache, live[:1], [], reason="bench", label="v1")  # one crossing request pins stale KV
+    state.bump(fx.cache, live[:1], [], reason="bench", label="v1")  # one crossing request pins stale KV
     return fx, state, live, request, i
 
 

@@ -67,7 +67,7 @@ def fill(fx, tokens: int, lock_frac: float = 0.01):
 
 
 def bench_publication(core: str, sizes, repeats: int):
-    from vradix.core import epochs, deferred_reclaim
+    from vradix.core import deferred_reclaim
     from vradix.engine import attach
     from vradix.testing.harness.cache_fixture import build_cache
 
@@ -85,7 +85,7 @@ def bench_publication(core: str, sizes, repeats: int):
             nseq, locks = fill(fx, size)
             cached = fx.cache.evictable_size() + fx.cache.protected_size()
             t = time.perf_counter()
-            epochs.bump(state, fx.cache, [], [], reason="bench")
+            state.bump(fx.cache, [], [], reason="bench")
             res["publication"].append(time.perf_counter() - t)
             times, frees = [], []
             free = fx.allocator.free
@@ -117,7 +117,7 @@ def bench_publication(core: str, sizes, repeats: int):
                 fx.cache.unlock(lk)
             fill(fx, size, lock_frac=0)
             t = time.perf_counter()
-            epochs.bump(state, fx.cache, [], [], reason="bench")
+            state.bump(fx.cache, [], [], reason="bench")
             res["bump, nothing locked"].append(time.perf_counter() - t)
             _, locks = fill(fx, size)
             for lk in locks:  # stock can only reset an idle cache
@@ -128,7 +128,7 @@ def bench_publication(core: str, sizes, repeats: int):
             fx.allocator.clear()
             res["stock reset"].append(time.perf_counter() - t)
             t = time.perf_counter()
-            epochs.bump(state, fx.cache, [], [], reason="bench")
+            state.bump(fx.cache, [], [], reason="bench")
             res["no-op"].append(time.perf_counter() - t)
             nodes = nseq
         med = {k: statistics.median(v) * 1e3 for k, v in res.items()}

@@ -120,7 +120,6 @@ def guard_overhead(repeats: int) -> list[dict]:
     try:
         from sglang.srt.plugins import load_plugins
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
-        from vradix.core.admission import admit
         from vradix.hooks.ledger import backstop_extend_batch
         from vradix.engine import attach
         from vradix.testing.harness.cache_fixture import ForwardWrite, build_cache
@@ -133,14 +132,14 @@ def guard_overhead(repeats: int) -> list[dict]:
         fx = build_cache("rust", 16, kv_tokens=4 * plen, max_reqs=9, max_context_len=plen + 64)
         state = attach(fx.cache)
         warm = fx.make_req(list(range(1, plen + 2)))
-        admit(state, warm)
+        state.admit_or_raise(warm)
         fx.admit(warm)
         fx.prefill(warm)
         fx.finish(warm)
         reqs = []
         for i in range(8):
             req = fx.make_req(list(range(1, plen + 1)) + [plen + 2 + i])
-            admit(state, req)
+            state.admit_or_raise(req)
             assert fx.admit(req) == plen
             reqs.append(req)
         res = {}

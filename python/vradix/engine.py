@@ -7,17 +7,21 @@ control messages in the same order, so every rank computes the same epoch sequen
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, Sequence, Union
 
 from vradix import identity, request, settings
-from vradix.core import admission, dedup, host_tier, lora, sessions, staleness
+from vradix.core import dedup, deferred_reclaim, host_tier, lora, reclaim, staleness
+from vradix.core.crossing import CrossingRequests
 from vradix.core.deferred_reclaim import DeferredReclaim
+from vradix.core.epochs import Invalidation
+from vradix.core.sessions import SessionSlots, slots_of
 from vradix.core.staleness import StalenessRecord
 from vradix.core.state import (Bump, DedupRecord, EpochIdentity, FreedCounters, GuardRecord, LoraRecord,
-                               SessionRecord, StorageCounters, TreelessState, WeightSession, treeless_of)
+                               StorageCounters, TreelessState, WeightSession, treeless_of)
 from vradix.ledger import device as kv_ledger
 from vradix.ledger.device import PageLedger
 from vradix.ledger import guard
@@ -125,15 +129,15 @@ class Engine:
     forward batch. Settings are read once, at `attach`.
 
     Its own fields are the epoch's and its publications': set by `attach`, then changed only through its methods:
-    `advance` and `record_bump` (the bump, `vradix.core.epochs`), `count_flush` and `record_bump` (the idle reset,
-    `vradix.core.epochs.record_reset`), `add_crossing`, `forget_crossing` and `release_crossing`
-    (`vradix.core.epochs`), `open_publication`, `close_publication`, `open_session` and `close_session` (only
-    `vradix.scheduler.publication.Publication`), `add_drain`, `take_drain` and `discard_drain`
-    (`vradix.scheduler.publication`), `count_forged_key` (`hooks.admission`). `last` is derived: the later of
-    `last_publication` and `last_flush`. Each step that keeps state of its own keeps it in its record here (`guard`,
-    `lora`, `dedup`, `freed`, `storage`, `sessions`, and the step-owned `deferred`, `prefix_hits` and `staleness`),
-    which changes only through the methods the record's docstring names. The metrics handle is not state: it lives on
-    the scheduler (`vradix.observability.metrics`)."""
+    the bump (`bump` = `invalidate` + `finish_bump`; `advance` is its first step), the release of a crossing request
+    (`on_release`), an idle reset's record (`record_reset`), admission (`admit`, `admit_or_raise`, `admit_refused`,
+    `rebind_if_unheld`, `before_match`), `open_publication`, `close_publication`, `open_session` and
+    `close_session` (only `vradix.scheduler.publication.Publication`), `add_drain`, `take_drain` and
+    `discard_drain` (`vradix.scheduler.publication`), `count_forged_key` (`hooks.admission`). `last` is derived: the
+    later of `last_publication` and `last_flush`. Each part keeps its own state and changes it only through its own
+    methods (`crossing`, `sessions`, `staleness`, `deferred`, `prefix_hits`, `guard`, `lora`, `dedup`, `freed`,
+    `storage`; each class's docstring names them). The metrics handle is not state: it lives on the scheduler
+    (`vradix.observability.metrics`)."""
 
     tree_core: str
     epoch: int = 0
@@ -141,9 +145,8 @@ class Engine:
     publications: int = 0
     flushes: int = 0
     forged_keys_rejected: int = 0
-    #: id(req) -> live request that holds a lock on KV of an older epoch (freed when it releases); keyed by identity
-    #: because user rids need not be unique
-    crossing: Dict[int, Any] = field(default_factory=dict)
+    #: the live requests that hold a lock on KV of an older epoch (freed when they release it)
+    crossing: CrossingRequests = field(default_factory=CrossingRequests)
     #: the publication open on this engine (`vradix.scheduler.publication.Publication`): an update call's while it
     #: runs, a weight-update session's from its begin to its end; the hooks SGLang calls inside it hand it their events
     publication: Optional[Any] = None
@@ -172,15 +175,13 @@ class Engine:
     dedup: DedupRecord = field(default_factory=DedupRecord)
     freed: FreedCounters = field(default_factory=FreedCounters)
     storage: StorageCounters = field(default_factory=StorageCounters)
-    sessions: SessionRecord = field(default_factory=SessionRecord)
-    #: the unlocked stale KV a bump left in the tree, reclaimed after it (written only by
-    #: `vradix.core.deferred_reclaim`)
+    sessions: SessionSlots = field(default_factory=SessionSlots)
+    #: the unlocked stale KV a bump left in the tree, reclaimed after it (`vradix.core.deferred_reclaim`)
     deferred: DeferredReclaim = field(default_factory=DeferredReclaim)
     #: the cached prefixes admitted requests reused, for the cache inspector (`vradix.observability.snapshot`; written
     #: only by `vradix.core.prefix_hits`, at admission)
     prefix_hits: PrefixHits = field(default_factory=PrefixHits)
-    #: bounded staleness: the server window and what bounded requests reused (written only by
-    #: `vradix.core.staleness`; the window at attach)
+    #: bounded staleness: the server window, namespace choice and what bounded requests reused (the window at attach)
     staleness: StalenessRecord = field(default_factory=StalenessRecord)
     #: drain time (ms) the publication under way has spent so far, taken by its bump (`Bump.drain_ms`);
     #: written only by `vradix.scheduler.publication`
@@ -239,29 +240,8 @@ class Engine:
     def use_metrics(self, series: Any) -> None:
         self.metrics = series
 
-    def record_bump(self, inv: Bump, is_publication: bool) -> None:
-        """Keep `inv` as the last publication, or as the last flush."""
-        if is_publication:
-            self.last_publication = inv
-        else:
-            self.last_flush = inv
-
-    def count_flush(self) -> None:
-        """An idle flush (SGLang's own reset; no bump)."""
-        self.flushes += 1
-
     def count_forged_key(self) -> None:
         self.forged_keys_rejected += 1
-
-    def add_crossing(self, req: "Req") -> None:
-        self.crossing[id(req)] = req
-
-    def forget_crossing(self, key: int) -> None:
-        del self.crossing[key]
-
-    def release_crossing(self, req: "Req") -> bool:
-        """Forget `req` as a crossing request; whether it was one."""
-        return self.crossing.pop(id(req), None) is not None
 
     def open_publication(self, publication: "Publication") -> None:
         """`publication` is the engine's open one (`vradix.scheduler.publication.opened`) until `close_publication`."""
@@ -321,12 +301,220 @@ class Engine:
         wid = identity.declared(text).weight_id
         return any(e.identity.weight_id == wid for e in self.identities.values())
 
+    @property
+    def window_floor(self) -> int:
+        """The oldest epoch whose KV is kept now (`StalenessRecord.floor_at`; the current epoch with no window)."""
+        return self.staleness.floor_at(self.epoch)
+
+    # ---- the bump: one per publication or lock-aware flush (`vradix.core.epochs` states the contract) -------------
+    def bump(self, cache: "UnifiedRadixCache", live_reqs: Iterable["Req"], queued_reqs: Iterable["Req"], *,
+             reason: str, label: Optional[str] = None, is_publication: bool = True,
+             identity: Optional[identity.WeightIdentity] = None) -> Bump:
+        """Advance the epoch and invalidate everything older, lock-aware (`invalidate`), and record the bump
+        (`finish_bump`), with nothing of a scheduler step around it. Returns the bump's record."""
+        done = self.invalidate(cache, live_reqs, queued_reqs, reason=reason, label=label,
+                               is_publication=is_publication, identity=identity)
+        return self.finish_bump(done, is_publication)
+
+    def invalidate(self, cache: "UnifiedRadixCache", live_reqs: Iterable["Req"], queued_reqs: Iterable["Req"], *,
+                   reason: str, label: Optional[str] = None, is_publication: bool = True,
+                   identity: Optional[identity.WeightIdentity] = None) -> Invalidation:
+        """Steps 1-5 of `vradix.core.epochs`: advance the epoch and invalidate everything older, lock-aware.
+        `identity` is the new weights' identity: None means the engine's nonce of the new epoch for a publication
+        (`nonces`), and the current identity for a lock-aware flush (same weights). The bump is not recorded yet:
+        `finish_bump` records it."""
+        t0 = time.perf_counter()
+        if identity is None:
+            identity = (self.nonces.for_epoch(self.epoch + 1) if is_publication
+                        else self.identities[self.epoch].identity)
+        epoch_before, label = self.epoch, label if label is not None else self.label
+        self.advance(identity, label, is_publication)
+        self.crossing.sweep_released()
+        live_reqs, queued_reqs = list(live_reqs), list(queued_reqs)
+        slots_released = (self.sessions.settle_at_bump(cache, live_reqs, queued_reqs) if self.streaming_sessions
+                          else 0)
+        holders, mid_prefill = self._mark_holders(live_reqs)
+        rebound = sum(self.rebind_if_unheld(req) for req in queued_reqs)
+        with self._counting_host_freed(cache) as host:
+            freed, deferred = self._reclaim_stale(cache, holders)
+        host_left = host_tier.stale_left(cache) if self.host_tier else None
+        self.freed.count(freed)
+        self.freed.count_host(host.tokens)
+        return Invalidation(epoch_before=epoch_before, epoch_after=self.epoch, label=label, reason=reason,
+                            weight_id=identity.weight_id, session_slots_released=slots_released,
+                            crossing_mid_prefill=mid_prefill, requeued_rebound=rebound, tokens_freed=freed,
+                            tokens_deferred=deferred, host_tokens_freed=host.tokens, host_tokens_left=host_left,
+                            crossing_requests=len(self.crossing), tokens_pinned=self.crossing.tokens_pinned(cache),
+                            latency_ms=(time.perf_counter() - t0) * 1e3)
+
+    def finish_bump(self, done: Invalidation, is_publication: bool, *, identity_ms: float = 0.0,
+                    drain_ms: float = 0.0, promises_revoked: int = 0, mm_embeddings_cleared: int = 0,
+                    position_grids_cleared: int = 0, bump_ms: float = 0.0) -> Bump:
+        """Build the bump's record once, whole, from the epoch step's values (`done`) and those the scheduler step
+        gathered around it (`vradix.scheduler.publication.bump_scheduler`), and keep it as the last publication or
+        last flush. Returns it."""
+        inv = Bump(**vars(done), identity_ms=identity_ms, drain_ms=drain_ms,
+                   promises_revoked=promises_revoked, mm_embeddings_cleared=mm_embeddings_cleared,
+                   position_grids_cleared=position_grids_cleared, bump_ms=bump_ms)
+        self._keep_bump(inv, is_publication)
+        return inv
+
+    def record_reset(self, reason: str, tokens_freed: int, host_tokens_freed: Optional[int],
+                     mm_embeddings_cleared: int) -> Bump:
+        """Record a flush that reset an idle engine's whole cache (SGLang's own flush, which ran just before):
+        nothing was locked, so the epoch stays; the deferred reclaim has nothing left to free. Returns the flush's
+        record."""
+        deferred_reclaim.cancel(self)
+        self.flushes += 1
+        self.freed.count(tokens_freed)
+        inv = Bump(self.epoch, self.epoch, self.label, reason, tokens_freed=tokens_freed,
+                   mm_embeddings_cleared=mm_embeddings_cleared, host_tokens_freed=host_tokens_freed)
+        self._keep_bump(inv, is_publication=False)
+        self.freed.count_host(host_tokens_freed)
+        return inv
+
+    def _keep_bump(self, inv: Bump, is_publication: bool) -> None:
+        if is_publication:
+            self.last_publication = inv
+        else:
+            self.last_flush = inv
+
+    def _counting_host_freed(self, cache: "UnifiedRadixCache") -> Any:
+        """`host_tier.counting_freed` on a cache with a HiCache host tier; without one, a count that stays None."""
+        return (host_tier.counting_freed(cache) if self.host_tier
+                else contextlib.nullcontext(host_tier.HostFreed()))
+
+    def _mark_holders(self, live_reqs: Sequence["Req"]) -> tuple[int, int]:
+        """The bump's crossing marks: mark every live request that holds KV (or a retraction backup with its KV)
+        crossing. Returns (KV holders, how many of them were mid-prefill)."""
+        holders = mid_prefill = 0
+        for req in live_reqs:
+            if request.holds_kv(req):
+                holders += 1
+                self.crossing.mark(self, req)
+                mid_prefill += req.kv.kv_committed_len < len(req.origin_input_ids)
+            elif request.holds_backup(req):
+                # a `host_pool` backup or a host-staged destination lives in the host pool the tree's reset would clear
+                holders += 1
+                if request.retracted_with_backup(req):
+                    self.crossing.mark(self, req)  # its KV is off the device: it pins no slot and no node
+        return holders, mid_prefill
+
+    def _reclaim_stale(self, cache: "UnifiedRadixCache", holders: int) -> tuple[int, int]:
+        """Steps 4 and 5 (inside the host tier's freed-token count): drop the whole tree, defer the stale KV, or free
+        it in one batch. Returns (stale tokens freed, stale tokens deferred)."""
+        if self.host_tier:
+            host_tier.settle_transfers(cache)
+        # the reset drops session slots without freeing their rows: only once every slot was released above
+        # a staleness window keeps the older epochs' KV: never drop the whole tree then
+        if (holders == 0 and not (self.streaming_sessions and slots_of(cache)) and cache.protected_size() == 0
+                and reclaim.resettable(cache) and self.staleness.window == 0 and not reclaim.storage_attached(cache)):
+            freed = reclaim.free_all_by_reset(cache)
+            deferred_reclaim.cancel(self)
+            return freed, 0
+        if deferred_reclaim.supported(cache):
+            return 0, deferred_reclaim.defer(self, cache)
+        freed = reclaim.free_all_unlocked(cache)
+        host_tier.free_stale_host(cache)
+        return freed, 0
+
+    def on_release(self, cache: "UnifiedRadixCache", req: "Req", released_node: Any) -> int:
+        """After `release_kv_cache`: free the stale path a crossing request just unlocked; reset a retracted crossing
+        request. Returns the stale tokens freed.
+
+        A retracted request without a KV backup gives back all its KV and will be prefilled again from scratch, so it
+        stops being a crossing request: it is re-bound at its next match and may insert its (pure new-epoch) KV
+        again. One retracted with a backup (P/D decode, `vradix.core.retraction`; `release_req` takes the backup
+        before it releases) resumes from its mixed KV, so it stays crossing and never inserts it."""
+        freed = 0
+        st = request.of(req)
+        in_window = self.staleness.window > 0 and st is not None and st.epoch >= self.window_floor
+        if self.crossing.release(req) and not in_window:
+            with self._counting_host_freed(cache) as host:
+                freed = reclaim.free_released_path(cache, released_node)
+            self.freed.count_at_release(freed)
+            self.freed.count_host(host.tokens)
+        if st is not None and st.crossed and not req.finished() and not request.holds_backup(req):
+            req.skip_radix_cache_insert = st.skip_insert_before
+            st.end_crossing()
+        return freed
+
+    def release_stale_slot(self, cache: "UnifiedRadixCache", req: "Req") -> bool:
+        """Before SGLang lends a streaming-session slot's record to `req`: release the slot when a crossing turn wrote
+        it (`SessionSlots.take_stale`), and free the stale tree path its lock kept. Whether a slot was released."""
+        stale = self.sessions.take_stale(cache, req)
+        if stale is None:
+            return False
+        node = stale.lock.node if stale.lock is not None else None
+        evictable_before = cache.evictable_size()
+        cache.release_session(req.session.session_id)
+        freed = reclaim.free_released_path(cache, node)
+        self.freed.count_at_release(freed)
+        deferred_reclaim.note_release(self, evictable_before, cache.evictable_size())
+        return True
+
+    # ---- admission: binding a request to an epoch (the plain request's path is `admit`, below) --------------------
+    def admit_or_raise(self, req: "Req") -> None:
+        """Bind a newly admitted request to the current epoch: its record (`request.ReqState`) and
+        `req.extra_key == namespace(current epoch) + adapter tag + user key`. Raises `identity.ReservedNamespaceError`
+        on a forged key and `staleness.StalenessError` on a bound above the server window."""
+        user_key = req.extra_key
+        if user_key:
+            identity.check_user_key(user_key)
+        salt = getattr(req, "cache_salt", None)
+        if salt:
+            identity.check_user_key(salt)
+        assert self.current is not None  # bound at attach
+        st = request.attach(req, user_key, self.current)
+        lora_id = getattr(req, "lora_id", None)
+        if lora_id is not None:
+            st.set_adapter(lora.adapter_identity_of(self, lora_id))
+        self._bind(req, st)
+        staleness.bind_bound(st, req, self.staleness.window)
+
+    def admit_refused(self, req: "Req") -> None:
+        """Bind a request whose user key was refused (it is being aborted) to the current epoch without that key. A
+        LoRA request keeps its adapter tag: SGLang still prefills it (with the adapter) before the abort lands, so
+        its KV must stay out of the base model's namespace."""
+        req.extra_key = None
+        assert self.current is not None  # bound at attach
+        st = request.attach(req, None, self.current)
+        st.set_adapter(lora.adapter_identity_of(self, getattr(req, "lora_id", None)))
+        self._bind(req, st)
+
+    def rebind_if_unheld(self, req: "Req") -> bool:
+        """Re-bind a request that holds no KV, on the device or in a retraction backup, to the current epoch (a
+        request holding KV is crossing: its row points at slots of its own epoch); True if it changed epoch. Raises
+        `request.UnstampedRequestError` for a request vradix never admitted."""
+        st = request.require(req)
+        if st.epoch == self.epoch or request.holds_own_kv(req):
+            return False
+        self._bind(req, st)
+        return True
+
+    def prepare_for_match(self, cache: "UnifiedRadixCache", req: "Req",
+                          token_ids: Optional[Sequence[int]] = None) -> None:
+        """Before a match, for a request not plainly bound to the current epoch: `rebind_if_unheld`; then a bounded
+        request that holds no KV adopts one window epoch's namespace (`StalenessRecord.choose_namespace`), its
+        provenance starting with that epoch."""
+        st = request.require(req)
+        if st.epoch == self.epoch and st.max_staleness == 0:
+            return
+        self.rebind_if_unheld(req)
+        if staleness.is_bounded(st) and not request.holds_own_kv(req):
+            self.staleness.choose_namespace(self, cache, req, token_ids)
+
+    def _bind(self, req: "Req", st: request.ReqState) -> None:
+        request.record_bind(st, self)
+        if self.fault_no_namespace:
+            return  # test-only fault: the namespace is lost, so only the KV page ledger's guard stands between
+        req.extra_key = identity.stamped(self.current_prefix, st.user_key, st.adapter)
+
 
     # ---- the hot path: what every request pays (one call per hook adapter) ------------------------------------------
     def admit(self, req: "Req", scheduler: Optional["Scheduler"] = None) -> None:
-        """Bind a request entering a queue to the current epoch (`vradix.core.admission`): its record and its
-        namespace. A plain request takes one path (its record, its namespace: no other call); any other goes through
-        `admission.admit`. A request vradix refuses (a forged key, a bound above the window) is bound without its key
+        """Bind a request entering a queue to the current epoch: its record and its namespace. A plain request takes
+        one path (its record, its namespace: no other call); any other goes through `admit_or_raise`. A request vradix refuses (a forged key, a bound above the window) is bound without its key
         and aborted with HTTP 400. `scheduler` (None in cache-level tests) holds the LoRA adapters a LoRA request's
         identity is read from."""
         if (not req.extra_key and not getattr(req, "cache_salt", None) and getattr(req, "lora_id", None) is None
@@ -339,33 +527,33 @@ class Engine:
         if scheduler is not None:
             lora.identify_adapter(self, scheduler, getattr(req, "lora_id", None))
         try:
-            admission.admit(self, req)
+            self.admit_or_raise(req)
         except staleness.StalenessError as e:
             req.set_finish_with_abort(f"Invalid request: {e}")
         except identity.ReservedNamespaceError as e:
             self.count_forged_key()
-            admission.admit_refused(self, req)  # bound without the forged key, so it can match nothing foreign
+            self.admit_refused(req)  # bound without the forged key, so it can match nothing foreign
             req.set_finish_with_abort(f"Invalid request: {e}")
 
     def before_match(self, req: "Req", cache: "UnifiedRadixCache", token_ids: Optional[Sequence[int]] = None) -> None:
         """Before every prefix match: a request holding no KV matches under the current epoch (re-bound, or, bounded,
-        under one epoch of its window: `admission.prepare_for_match`), and a streaming-session slot a publication
-        left stale is released before it can be lent (`sessions.release_before_lend`). A plain request bound to the
+        under one epoch of its window: `prepare_for_match`), and a streaming-session slot a publication left stale is
+        released before it can be lent (`release_stale_slot`). A plain request bound to the
         current epoch returns after three compares. Raises `request.UnstampedRequestError` for a request vradix never
         admitted."""
         st = getattr(req, request.ATTR, None)
         if st is not None and st.bound.epoch == self.epoch and not st.max_staleness and not self.sessions.stale_slots:
             return
-        admission.prepare_for_match(self, cache, req, token_ids)
+        self.prepare_for_match(cache, req, token_ids)
         if self.sessions.stale_slots:
-            sessions.release_before_lend(self, cache, req)
+            self.release_stale_slot(cache, req)
 
     def release_is_plain(self, req: "Req") -> bool:
         """Whether releasing `req` needs nothing of vradix: an exact request bound to one epoch all its life (no
-        crossing, no retraction to reset), not awaited by the deferred reclaim. Then `epochs.on_release` would free
+        crossing, no retraction to reset), not awaited by the deferred reclaim. Then `on_release` would free
         nothing and change nothing, and no ledger spans are read (those are read for crossing or bounded requests)."""
         st = getattr(req, request.ATTR, None)
-        return (st is not None and not st.crossed and not st.max_staleness and id(req) not in self.crossing
+        return (st is not None and not st.crossed and not st.max_staleness and id(req) not in self.crossing.held
                 and (not st.crossings or len(st.kv_history) == 1))
 
     def before_forward(self, batch: Optional["ScheduleBatch"], req_to_token: "torch.Tensor",

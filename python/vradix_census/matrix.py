@@ -260,7 +260,7 @@ KV_ROWS: Dict[str, Dict[str, Cell]] = {
         "ledger-off": na("host-staged receiving turns decode's ledger off itself: the combination is its row")},
     "enable_streaming_session": {
         "radix-off": _RADIX_OFF_SESSION, "window": _WINDOW_SESSION,
-        "ledger-off": ok("slots are released by the publication's bookkeeping (`sessions.settle_at_bump`), not by "
+        "ledger-off": ok("slots are released by the publication's bookkeeping (`SessionSlots.settle_at_bump`), not by "
                          "the ledger", F.SESSIONS, pair=False),
         "streaming": _OWN_COLUMN, "pd": _DECODE_SESSION,
         "hicache": ok("the host tier alone (an L3 storage backend is refused, row l3-streaming-session): a slot's "

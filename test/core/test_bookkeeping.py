@@ -11,8 +11,7 @@ import pytest
 
 from sglang.srt.mem_cache import common
 
-from vradix.core import epochs, lora, reclaim, deferred_reclaim
-from vradix.core.admission import admit
+from vradix.core import lora, reclaim, deferred_reclaim
 from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache, seq
 
@@ -23,7 +22,7 @@ def running(fx, state, tokens, rid=None):
     req = fx.make_req(tokens)
     if rid is not None:
         req.rid = rid
-    admit(state, req)
+    state.admit_or_raise(req)
     fx.admit(req)
     fx.prefill(req)
     return req
@@ -31,7 +30,7 @@ def running(fx, state, tokens, rid=None):
 
 def bump(fx, state, live=()):
     """A publication, then the deferred reclaim of the unlocked stale KV to completion (what an idle engine does)."""
-    inv = epochs.bump(state, fx.cache, list(live), [], reason="test", label=f"v{state.epoch + 1}")
+    inv = state.bump(fx.cache, list(live), [], reason="test", label=f"v{state.epoch + 1}")
     deferred_reclaim.finish(state, fx.cache)
     return inv
 
@@ -80,7 +79,7 @@ def test_adapter_unload_frees_exactly_its_unlocked_entries_in_one_walk(core):
 
     def run(tokens, lora_id=None):
         r = fx.make_req(tokens, lora_id=lora_id)
-        admit(state, r)
+        state.admit_or_raise(r)
         fx.admit(r)
         fx.prefill(r)
         return r
@@ -108,12 +107,12 @@ def test_adapter_unload_frees_exactly_its_unlocked_entries_in_one_walk(core):
 # ---- release-time reclaim: read-only lock probe, one path query per released path ------------------------------------
 def finished(fx, state, tokens):
     r = fx.make_req(tokens)
-    admit(state, r)
+    state.admit_or_raise(r)
     fx.admit(r)
     fx.prefill(r)
     fx.finish(r)
     q = fx.make_req(tokens)  # the node the prompt ends on (match, no lock)
-    admit(state, q)
+    state.admit_or_raise(q)
     common.match_kv_cache(q, fx.cache, q.origin_input_ids)
     return q.last_node
 
@@ -146,7 +145,7 @@ def test_lock_probe_changes_neither_lock_counts_nor_lru_order(env):
     older = finished(fx, state, seq(100, 2 * ps) + [1])
     newer = finished(fx, state, seq(600, 2 * ps) + [1])
     held = fx.make_req(seq(900, 2 * ps) + [1])
-    admit(state, held)
+    state.admit_or_raise(held)
     fx.admit(held)
     fx.prefill(held)
     nodes = [older, newer, held.lock.node]
@@ -166,7 +165,7 @@ def test_long_released_path_is_walked_with_one_path_query(env, monkeypatch):
     for k in range(1, depth + 1):  # a chain of `depth` nodes, one per prompt extension
         finished(fx, state, P[: step * k] + [1])
     r = fx.make_req(P + [2])
-    admit(state, r)
+    state.admit_or_raise(r)
     assert fx.admit(r) == len(P)
     fx.prefill(r)
     bump(fx, state, live=[r])  # r crosses; its lock keeps the whole stale chain

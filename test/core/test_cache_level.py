@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from vradix import identity
-from vradix.core.admission import admit
 from vradix.identity import ReservedNamespaceError
 from vradix.testing.harness.cache_fixture import seq
 from vradix.testing.harness.cache_steps import bump, check, new_req, run_to_end
@@ -181,7 +180,7 @@ def test_reserved_marker_in_user_key_is_rejected(env, forged):
     fx, state = env
     req = fx.make_req(seq(1, 8), extra_key=forged)
     with pytest.raises(ReservedNamespaceError):
-        admit(state, req)
+        state.admit_or_raise(req)
 
 
 def test_only_a_request_that_never_left_its_epoch_releases_on_the_plain_path(env):

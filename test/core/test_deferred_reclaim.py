@@ -16,7 +16,6 @@ from sglang.srt.mem_cache import common
 from sglang.srt.mem_cache.base_prefix_cache import InsertParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from vradix.core import epochs
 from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache, seq
 
@@ -45,7 +44,7 @@ def fill(fx, state, groups, width=48):
 
 
 def bump(fx, state, live=()):
-    return epochs.bump(state, fx.cache, list(live), [], reason="test", label=f"v{state.epoch + 1}")
+    return state.bump(fx.cache, list(live), [], reason="test", label=f"v{state.epoch + 1}")
 
 
 def tree_slots(fx):

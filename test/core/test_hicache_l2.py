@@ -15,8 +15,6 @@ import pytest
 from sglang.srt.mem_cache import common
 
 from vradix.observability import server_info
-from vradix.core import epochs
-from vradix.core.admission import admit
 from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import seq
 from vradix.testing.harness.hicache_fixture import build_hicache, versioned
@@ -45,7 +43,7 @@ def epoch_of_code(code):
 
 def new_req(fx, state, tokens):
     req = fx.make_req(tokens)
-    admit(state, req)
+    state.admit_or_raise(req)
     return req
 
 
@@ -64,7 +62,7 @@ def demote_all(fx):
 
 
 def bump(fx, state, live=()):
-    return epochs.bump(state, fx.cache, list(live), [], reason="test", label=f"v{state.epoch + 1}")
+    return state.bump(fx.cache, list(live), [], reason="test", label=f"v{state.epoch + 1}")
 
 
 def check(fx, state, live=()):
@@ -295,7 +293,7 @@ def test_the_kits_python_inspector_sees_no_stale_host_node(core_ps, monkeypatch)
     lock = cache.lock(held)  # a crossing request's hold
     common.evict_from_tree_cache(cache, allocator.available_size() + cache.evictable_size())
     assert host_tokens_in_tree() == pool.size - pool.available_size() == 9 * ps
-    epochs.bump(state, cache, [], [], reason="test")
+    state.bump(cache, [], [], reason="test")
     assert host_tokens_in_tree() == 0 == pool.size - pool.available_size()
     insert(seq(10, 4 * ps), state.epoch)
     assert host_tokens_in_tree() == pool.size - pool.available_size() == 4 * ps

@@ -124,8 +124,7 @@ def test_the_adapter_tag_is_the_adapters_content_and_no_user_key_can_forge_it(tm
     assert reqs[one].extra_key == state.prefix_of_epoch(0) + tag + one
     forged = fx.make_req([5, 6, 7], extra_key=tag + one)  # a base request spelling adapter one's key
     with pytest.raises(ReservedNamespaceError):
-        from vradix.core.admission import admit
-        admit(state, forged)
+        state.admit_or_raise(forged)
 
 
 def test_a_lora_request_refused_for_a_forged_key_stays_out_of_the_base_namespace(tmp_path):

@@ -41,7 +41,6 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from vradix import identity, request
 from vradix.core import deferred_reclaim, staleness
-from vradix.core.admission import admit
 from vradix.scheduler.publication import bump_scheduler
 from vradix.hooks.publication import lock_aware_flush
 from vradix.hooks.reclaim import finish_reclaim_when_idle, reclaim_slice
@@ -163,7 +162,7 @@ class VersionedCacheMachine(RuleBasedStateMachine):
           k=st.integers(0, len(USER_KEYS) - 1))
     def new_request(self, p, suffix, k):
         req = self.fx.make_req((PREFIXES[p] + suffix)[:MAX_PROMPT], extra_key=USER_KEYS[k])
-        admit(self.state, req)
+        self.state.admit_or_raise(req)
         self.queued.append(req)
         self.count("new_request")
 
@@ -294,7 +293,7 @@ class VersionedCacheMachine(RuleBasedStateMachine):
         after it a third caches fresh KV on the same prefix, next to the stale KV awaiting the deferred reclaim."""
         def run(tokens, to_end):
             req = self.fx.make_req((PREFIXES[p] + tokens)[:MAX_PROMPT], extra_key=USER_KEYS[k])
-            admit(self.state, req)
+            self.state.admit_or_raise(req)
             self.queued.append(req)
             if not self.admit_one(req, MAX_PROMPT) or req.extend_end < len(req.origin_input_ids):
                 return False
@@ -480,7 +479,7 @@ class WindowedCacheMachine(VersionedCacheMachine):
         return meta[3]
 
     def oldest_kept(self):
-        return staleness.window_floor(self.state)
+        return self.state.window_floor
 
     def check_match(self, req):
         st_ = request.of(req)
@@ -512,7 +511,7 @@ class WindowedCacheMachine(VersionedCacheMachine):
         """A request naming its bound (0: exact); `new_request` names none, so it gets the server window."""
         req = self.fx.make_req((PREFIXES[p] + suffix)[:MAX_PROMPT], extra_key=USER_KEYS[k])
         req.sampling_params.custom_params = {staleness.PARAM: min(bound, self.window)}
-        admit(self.state, req)
+        self.state.admit_or_raise(req)
         self.queued.append(req)
         self.count("new_request_with_bound")
 
@@ -548,7 +547,7 @@ class WindowedCacheMachine(VersionedCacheMachine):
         before = self.state.epoch
         for _ in range(self.window + 1):
             self.bump()
-        assert staleness.window_floor(self.state) > before
+        assert self.state.window_floor > before
         for _ in range(10_000):
             if not self.state.deferred.active:
                 break
@@ -634,7 +633,7 @@ class HiCacheMachine(VersionedCacheMachine):
         acks, device pressure demotes the prefix to host (write-back backs it up there), and a second request on the
         prefix is admitted: it loads the prefix back (the copy starts; its ack is left to the next poll)."""
         a = self.fx.make_req((PREFIXES[p] + first)[:MAX_PROMPT], extra_key=USER_KEYS[k])
-        admit(self.state, a)
+        self.state.admit_or_raise(a)
         self.queued.append(a)
         if not self.admit_one(a, MAX_PROMPT) or a.extend_end < len(a.origin_input_ids):
             return
@@ -643,7 +642,7 @@ class HiCacheMachine(VersionedCacheMachine):
         self.fx.process_acks()
         common.evict_from_tree_cache(self.fx.cache, self.fx.total)
         b = self.fx.make_req((PREFIXES[p] + second)[:MAX_PROMPT], extra_key=USER_KEYS[k])
-        admit(self.state, b)
+        self.state.admit_or_raise(b)
         self.queued.append(b)
         self.admit_one(b, n)
         self.count("reuse_a_prefix_through_host")

@@ -4,7 +4,7 @@ once) is `test_e2e_server.py::test_vradix_publication_never_reuses_stale_prefix`
 import pytest
 
 from vradix import settings
-from vradix.core import admission, epochs, dedup
+from vradix.core import dedup
 from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache
 
@@ -20,7 +20,7 @@ def fx():
 
 def stamped(fx, tokens):
     req = fx.make_req(tokens)
-    admission.admit(fx.state, req)
+    fx.state.admit_or_raise(req)
     return req
 
 
@@ -57,7 +57,7 @@ def test_what_the_candidate_has_cached_does_not_count_as_shared(fx):
 def test_other_namespaces_and_requests_that_will_not_insert_hold_nobody_back(fx):
     p = dedup.Pass(threshold=32)
     crossing = stamped(fx, PREFIX + [1])
-    epochs.bump(fx.state, fx.cache, [], [], reason="test")  # crossing's namespace is now an older epoch's
+    fx.state.bump(fx.cache, [], [], reason="test")  # crossing's namespace is now an older epoch's
     p.add(crossing)
     barred = stamped(fx, PREFIX + [2])
     barred.skip_radix_cache_insert = True  # e.g. the strict guard recomputes it as a miss and bars its insert

@@ -4,7 +4,7 @@ engine (its LoRA layers pin memory, which needs CUDA), so adapter (re)loads are 
 requests and the real unload hook body."""
 import pytest
 
-from vradix.core import epochs, lora, provenance
+from vradix.core import lora, provenance
 from vradix.testing.harness.cache_fixture import seq
 from vradix.testing.harness.cache_steps import bump, check, new_req, run_to_end
 
@@ -239,11 +239,11 @@ def test_miles_forward_versions_are_integers_for_step_labels(env):
     """miles reads `first_prefill_weight_version` and `min_/max_/last_forward_weight_version` as integers: a request
     crossing publications labelled with step numbers reports them as ints, its prefill spans as strings."""
     fx, state = env
-    epochs.bump(state, fx.cache, [], [], reason="test", label="41")
+    state.bump(fx.cache, [], [], reason="test", label="41")
     r = new_req(fx, state, seq(500, 40))
     fx.admit(r)
     fx.prefill(r, upto=16)
-    epochs.bump(state, fx.cache, [r], [], reason="test", label="42")
+    state.bump(fx.cache, [r], [], reason="test", label="42")
     fx.prefill(r)
     fx.decode(r, 5)
     info = provenance.response_provenance(r)

@@ -2,8 +2,7 @@
 page sizes 1 and 16, with the vradix hooks installed."""
 import pytest
 
-from vradix.core import deferred_reclaim, epochs, staleness
-from vradix.core.admission import admit
+from vradix.core import deferred_reclaim, staleness
 from vradix.testing.harness.cache_fixture import seq
 from vradix.testing.harness.cache_steps import check
 
@@ -12,7 +11,7 @@ def run(fx, state, tokens, bound=None):
     req = fx.make_req(tokens)
     if bound is not None:
         req.sampling_params.custom_params = {"vradix_max_staleness": bound}
-    admit(state, req)
+    state.admit_or_raise(req)
     hit = fx.admit(req)
     fx.prefill(req)
     fx.finish(req)
@@ -20,7 +19,7 @@ def run(fx, state, tokens, bound=None):
 
 
 def bump(fx, state):
-    inv = epochs.bump(state, fx.cache, [], [], reason="test", label=f"v{state.epoch + 1}")
+    inv = state.bump(fx.cache, [], [], reason="test", label=f"v{state.epoch + 1}")
     deferred_reclaim.finish(state, fx.cache)
     return inv
 
@@ -62,7 +61,7 @@ def test_sglangs_health_probe_runs_exact_and_is_not_counted(env):
     bump(fx, state)
     probe = fx.make_req(P + [2])
     probe.rid = f"{HEALTH_CHECK_RID_PREFIX}_0"
-    admit(state, probe)
+    state.admit_or_raise(probe)
     assert fx.admit(probe) == 0 and probe._vradix.max_staleness == 0
     fx.prefill(probe)
     fx.finish(probe)
@@ -102,7 +101,7 @@ def test_a_flush_ages_the_whole_window_out(env):
     run(fx, state, P + [1], bound=0)
     held = fx.running(state, seq(500, 32) + [2])
     assert lock_aware_flush(stock_flush, fx.scheduler_view(running=[held]))
-    assert staleness.window_floor(state) == state.epoch
+    assert state.window_floor == state.epoch
     hit, req = run(fx, state, P + [3], bound=1)
     assert hit == 0 and req._vradix.epoch == state.epoch, "a bounded request reused KV cached before a flush"
     fx.finish(held)
@@ -170,7 +169,7 @@ def start(fx, state, tokens, bound):
     """A bounded request admitted and prefilled, still running: it locks the prefix it matched."""
     req = fx.make_req(tokens)
     req.sampling_params.custom_params = {"vradix_max_staleness": bound}
-    admit(state, req)
+    state.admit_or_raise(req)
     fx.admit(req)
     fx.prefill(req)
     return req

@@ -9,9 +9,8 @@ from sglang.srt.managers.scheduler_components.pool_stats_observer import Schedul
 from sglang.srt.mem_cache import common
 from sglang.srt.session.session_controller import Session
 
-from vradix.core import epochs, provenance
+from vradix.core import provenance
 from vradix.ledger import guard
-from vradix.core.admission import admit
 from vradix.testing.harness.cache_fixture import seq
 
 
@@ -23,7 +22,7 @@ def match_turn(fx, state, session, tokens):
     """A turn of `session` admitted by the scheduler: stamped, then matched (a slot lends its record here)."""
     req = fx.make_req(tokens)
     req.session = session
-    admit(state, req)
+    state.admit_or_raise(req)
     common.match_kv_cache(req, fx.cache, req.origin_input_ids, max_prefix_len=len(tokens) - 1)
     return req
 
@@ -93,7 +92,7 @@ def idle_check(fx):
 
 
 def bump(fx, state, live=(), queued=()):
-    return epochs.bump(state, fx.cache, list(live), list(queued), reason="test", label=f"v{state.epoch + 1}")
+    return state.bump(fx.cache, list(live), list(queued), reason="test", label=f"v{state.epoch + 1}")
 
 
 def test_turn_after_publication_never_borrows_the_old_slot_record(env):
@@ -215,14 +214,14 @@ def test_a_window_refuses_streaming_sessions_because_an_exact_turn_would_borrow_
     t2 = fx.make_req(next_input(t1, [99]))
     t2.session = session
     t2.sampling_params.custom_params = {staleness.PARAM: 1}
-    admit(state, t2)
+    state.admit_or_raise(t2)
     assert fx.admit(t2) >= 64 and t2._vradix.epoch == 0  # the bounded turn adopts epoch 0's namespace ...
     fx.prefill(t2)
     finish_turn(fx, t2)  # ... and its record, epoch-0 KV included, goes to a new slot
     t3 = fx.make_req(next_input(t2, [98]))  # an exact turn (bound 0)
     t3.session = session
     t3.sampling_params.custom_params = {staleness.PARAM: 0}
-    admit(state, t3)
+    state.admit_or_raise(t3)
     common.match_kv_cache(t3, fx.cache, t3.origin_input_ids, max_prefix_len=len(t3.origin_input_ids) - 1)
     assert t3._vradix.max_staleness == 0 and t3._vradix.epoch == 1
     assert borrows(fx, t3) and lent_prefix_violations(fx, state, t3, t3.prefix_len) >= 64, (

@@ -6,7 +6,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vradix import identity
-from vradix.core.admission import admit
 from vradix.core.epochs import MAX_LABEL_CHARS, InvalidLabelError, check_label
 from vradix.engine import attach
 from vradix.identity import ReservedNamespaceError
@@ -35,7 +34,7 @@ def test_reserved_marker_is_refused_in_every_user_key(field):
     req = fx.make_req([1, 2, 3])
     setattr(req, field, identity.namespace(state.weight_id))
     with pytest.raises(ReservedNamespaceError, match="reserved vradix epoch marker"):
-        admit(state, req)
+        state.admit_or_raise(req)
 
 
 weight_ids = st.one_of(st.just("nonce:0"), st.just("fp:0"),

@@ -13,7 +13,6 @@ import pytest
 from sglang.srt.managers.io_struct import LoadLoRAAdapterReqInput, LoRAUpdateOutput, UnloadLoRAAdapterReqInput
 
 from vradix.core import lora
-from vradix.core.admission import admit
 from vradix.hooks import HOOKS
 from vradix.hooks import lora as lora_hooks
 from vradix.engine import attach
@@ -164,7 +163,7 @@ def test_adapter_load_insert_and_unload_hooks(core, page_size, tmp_path):
     assert state.lora.events == 1 and state.lora.adapter_ids == {"X-1": lora.content_identity(adapter)}
     for lora_id, last in (("X-1", 1), ("X-1", 2), (None, 3)):
         r = fx.make_req(P + [last], lora_id=lora_id)
-        admit(state, r)
+        state.admit_or_raise(r)
         fx.admit(r)
         fx.prefill(r)
         fx.finish(r)
@@ -176,7 +175,7 @@ def test_adapter_load_insert_and_unload_hooks(core, page_size, tmp_path):
     assert state.lora.events == 2 and "X-1" not in state.lora.adapter_ids
     assert 0 < state.lora.tokens_freed == cached - fx.cache.evictable_size()
     base = fx.make_req(P + [4])
-    admit(state, base)
+    state.admit_or_raise(base)
     assert fx.admit(base) == len(P) // page_size * page_size  # the base model's entries are untouched
     fx.prefill(base)
     fx.finish(base)

@@ -14,7 +14,6 @@ from sglang.srt.managers.io_struct import (UpdateWeightFromDiskReqInput, UpdateW
                                            UpdateWeightsFromTensorReqOutput)
 
 from vradix.observability import server_info
-from vradix.core.admission import admit
 from vradix.hooks import launcher, publication
 from vradix.scheduler import publication as publication_glue
 from vradix.engine import attach
@@ -428,7 +427,7 @@ def test_a_prefill_publication_crosses_requests_still_sending_kv_and_rebinds_tho
     state = attach(fx.cache)
     sending = fx.running(state, list(range(10, 40)))
     awaiting = fx.make_req(list(range(50, 80)))
-    admit(state, awaiting)
+    state.admit_or_raise(awaiting)
     key_before = awaiting.extra_key
     scheduler = StubScheduler(fx, [])
     scheduler.disagg_prefill_inflight_queue = [sending]
@@ -437,7 +436,7 @@ def test_a_prefill_publication_crosses_requests_still_sending_kv_and_rebinds_tho
     assert inv.requeued_rebound == 1 and awaiting._vradix.epoch == state.epoch and awaiting.extra_key != key_before
     assert inv.crossing_requests == 1 and sending._vradix.crossed and sending.skip_radix_cache_insert
     fx.finish(sending)  # the transfer succeeded: SGLang releases the request's KV with checkpoint=True
-    assert state.crossing == {} and fx.cache.evictable_size() + fx.cache.protected_size() == 0
+    assert not state.crossing and fx.cache.evictable_size() + fx.cache.protected_size() == 0
     assert fx.idle_invariant_holds()
 
 
@@ -498,7 +497,7 @@ def test_a_decode_publication_revokes_unfulfilled_promises_crosses_fulfilled_one
     unfulfilled, received = fx.make_req(list(range(10, 50))), fx.make_req(list(range(10, 45)))
     unpromised, waiting = fx.make_req(list(range(100, 130))), fx.make_req(list(range(50, 80)))
     for r in (unfulfilled, received, unpromised, waiting):
-        admit(state, r)
+        state.admit_or_raise(r)
     for r in (unfulfilled, received, unpromised):
         pre_allocate(fx, r)
     key_before = waiting.extra_key
@@ -534,11 +533,11 @@ def test_a_decode_publication_revokes_unfulfilled_promises_crosses_fulfilled_one
     assert fx.cache.evictable_size() + fx.cache.protected_size() <= cached  # nothing of it was inserted
     for r in (received, unpromised):
         fx.finish(r)  # committed and served later: crossing requests free their KV instead of inserting it
-    assert state.crossing == {} and fx.idle_invariant_holds()
+    assert not state.crossing and fx.idle_invariant_holds()
 
     # an abort of any other request stays SGLang's
     other = fx.make_req([1, 2, 3])
-    admit(state, other)
+    state.admit_or_raise(other)
     prepare_abort(other, "Aborted by AbortReq.", status_code=500)
     assert other.finished_reason.status_code == 500 and other.finished_reason.message == "Aborted by AbortReq."
 
@@ -555,7 +554,7 @@ def test_a_restore_that_came_up_short_is_answered_503_naming_the_lost_pages():
     state = attach(fx.cache)
     short, other = fx.make_req(list(range(10, 40))), fx.make_req(list(range(50, 60)))
     for r in (short, other):
-        admit(state, r)
+        state.admit_or_raise(r)
     sglang_message = (f"Decode transfer failed for request rank=0 decode_req.req.rid='{short.rid}' "
                       f"decode_req.req.bootstrap_room=7 {lost_restore.MARKER}")
     assert decode.prepare_abort is prepare_abort  # the reference pop_transferred calls is the hooked one

@@ -21,7 +21,7 @@ from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from vradix import identity
-from vradix.core import admission, epochs, reclaim
+from vradix.core import reclaim
 from vradix.scheduler import publication
 from vradix.l3 import gc, manifest
 from vradix.l3.__main__ import main as l3_main
@@ -47,14 +47,14 @@ def host_hit(cache, tokens, extra_key) -> int:
 
 def queued_request(fx, state):
     req = fx.make_req(PROMPT + [7, 8, 9, 10])
-    admission.admit(state, req)
+    state.admit_or_raise(req)
     return req
 
 
 def running_request(fx, state):
     """A request holding KV: a bump then frees stale nodes one by one instead of resetting the tree."""
     req = fx.make_req(list(range(500, 520)))
-    admission.admit(state, req)
+    state.admit_or_raise(req)
     fx.admit(req)
     fx.prefill(req)
     return req
@@ -114,7 +114,7 @@ def test_the_landing_guard_discards_a_prefetch_the_publication_did_not_revoke(tm
         sched = StorageScheduler(fx, waiting=[q], running=[holder])
         op = start_prefetch(sched, q)
 
-        epochs.bump(state, cache, [holder], [q], reason="bump without the scheduler step")
+        state.bump(cache, [holder], [q], reason="bump without the scheduler step")
         assert not op.is_terminated() and q.cache_request_handle in cache.ongoing_prefetch
         poll_twice(cache)  # its final ack (SGLang would insert it now), then the release of its pages
 

@@ -13,8 +13,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.session.session_controller import Session
 
 from vradix import kernels
-from vradix.core import epochs, sessions
-from vradix.core.admission import admit
+from vradix.core import sessions
 from vradix.ledger.guard import GuardConfig
 from vradix.hooks.serving import at_result, before_forward
 from vradix.request import of as state_of_req
@@ -24,7 +23,7 @@ from vradix.testing.harness.cache_fixture import ForwardWrite, seq
 def admitted(fx, state, tokens, session=None):
     req = fx.make_req(tokens)
     req.session = session
-    admit(state, req)
+    state.admit_or_raise(req)
     return req, fx.admit(req)
 
 
@@ -84,7 +83,7 @@ def test_a_session_record_lent_across_a_publication_fails_the_next_turn(env, mon
     fx.finish(t1)
     slot = fx.cache.session.slots["s0"]
     assert slot.kv.holds_kv and slot.kv.kv_committed_len == 49  # the slot keeps turn 1's record
-    epochs.bump(state, fx.cache, [], [], reason="test", label="v1")
+    state.bump(fx.cache, [], [], reason="test", label="v1")
     before = cached_tokens(fx)
     t2, hit = admitted(fx, state, P + [7] + seq(500, 8), session)
     assert state_of_req(t2).epoch == 1 and t2.kv is slot.kv and hit > 0  # lent, with KV of epoch 0
@@ -103,7 +102,7 @@ def test_a_crossing_request_reads_its_own_older_kv_but_nothing_older_than_its_ep
     P = seq(10, 64)
     r, _ = admitted(fx, state, P + seq(200, 40))
     fx.prefill(r, upto=64)  # first chunk under epoch 0
-    epochs.bump(state, fx.cache, [r], [], reason="test", label="v1")
+    state.bump(fx.cache, [r], [], reason="test", label="v1")
     assert state_of_req(r).crossed
     fx.prefill(r, upto=80)  # second chunk under epoch 1, reading its own epoch-0 chunk
     assert r.discard_output_reason is None and state.guard.stats.violations_caught == 0

@@ -25,7 +25,6 @@ from sglang.test.kits.unified_radix_cache.storage import UnifiedRadixCacheStorag
 
 from vradix import identity
 from vradix.ledger import guard, host as host_ledger
-from vradix.core.admission import admit
 from vradix.hooks.startup import ledger_blind_spots
 from vradix.kernels import FREE
 from vradix.ledger.device import ledger_of
@@ -76,7 +75,7 @@ def env(request, make_env):
 def cached_prompt(fx, state, tokens):
     """Serve `tokens` + one more token once, under the current epoch, and return the tree node of `tokens`."""
     req = fx.make_req(tokens + [1])
-    admit(state, req)
+    state.admit_or_raise(req)
     fx.admit(req)
     fx.prefill(req)
     fx.finish(req)
@@ -97,7 +96,7 @@ def admit_with_load_back(fx, state, tokens):
     """The scheduler's admission of a request for `tokens`: match (strict guard), then the PrefillAdder's load-back
     of its host hit (guarded). Returns (request, FULL tokens loaded)."""
     req = fx.make_req(tokens)
-    admit(state, req)
+    state.admit_or_raise(req)
     common.match_kv_cache(req, fx.cache, req.origin_input_ids, max_prefix_len=len(tokens) - 1)
     assert req.prefix_len == 0 and req.host_hit_length == len(P)
     loaded, req.last_node = fx.cache.init_load_back(InitLoadBackParams(
@@ -130,7 +129,7 @@ def test_load_back_carries_the_epoch_of_the_host_copy_and_the_strict_guard_verif
 
     # a request reusing the loaded pages passes the strict guard's backstop at its forward ...
     again = fx.make_req(P + [3])
-    admit(state, again)
+    state.admit_or_raise(again)
     assert fx.admit(again) == len(P)
     fx.prefill(again)
     assert state.guard.stats.prefixes_verified == 2 and state.guard.stats.violations_caught == 0

@@ -15,7 +15,6 @@ import pytest
 import torch
 from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
-from vradix.core.admission import admit
 from vradix.testing.harness.cache_fixture import seq
 
 #: the calls that make the host wait for a device value
@@ -63,7 +62,7 @@ def counted(device_forms, env, monkeypatch):
 
 def admitted(fx, state, tokens):
     req = fx.make_req(tokens)
-    admit(state, req)
+    state.admit_or_raise(req)
     return req, fx.admit(req)
 
 

@@ -4,9 +4,7 @@ backstop: test_backstop.py), and the post-publication audit finds a leaked page 
 import pytest
 import torch
 
-from vradix.core import epochs
 from vradix.ledger import guard
-from vradix.core.admission import admit
 from vradix.ledger.guard import GuardConfig
 from vradix.settings import SettingsError
 from vradix.kernels import FREE
@@ -17,7 +15,7 @@ from vradix.testing.harness.trace import functions_entered
 
 def admitted(fx, state, tokens):
     req = fx.make_req(tokens)
-    admit(state, req)
+    state.admit_or_raise(req)
     hit = fx.admit(req)
     return req, hit
 
@@ -28,7 +26,7 @@ def row_pages(fx, req, n):
 
 
 def bump(fx, state, live=()):
-    return epochs.bump(state, fx.cache, list(live), [], reason="test", label=f"v{state.epoch + 1}")
+    return state.bump(fx.cache, list(live), [], reason="test", label=f"v{state.epoch + 1}")
 
 
 def audit(fx, state, live=()):

@@ -8,7 +8,6 @@ from sglang.srt.mem_cache import common
 
 from vradix import engine as prefix_hits
 from vradix.observability import snapshot
-from vradix.core import epochs
 from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache, seq
 
@@ -48,7 +47,7 @@ def test_per_epoch_figures_after_a_publication_with_a_crossing_request(env):
     assert [r["epoch"] for r in before["epochs"]] == [0]
     assert before["epochs"][0]["cached_tokens"] == fx.cache.evictable_size() + fx.cache.protected_size() > 0
 
-    inv = epochs.bump(state, fx.cache, [held], [], reason="test", label="v1")
+    inv = state.bump(fx.cache, [held], [], reason="test", label="v1")
     view = snap(fx, state, [held])
     current, old = view["epochs"]
     assert (current["epoch"], current["label"], current["current"]) == (1, "v1", True)
@@ -109,7 +108,7 @@ def test_top_prefixes_rank_by_hits_with_lock_counts_and_paginate(env):
     assert [i["node"] for i in page1["items"] + page2["items"]] == [i["node"] for i in items]
     assert snap(fx, state, [holder], limit=0)["top_prefixes"]["items"] == []
 
-    epochs.bump(state, fx.cache, [holder], [], reason="test", label="v1")
+    state.bump(fx.cache, [holder], [], reason="test", label="v1")
     stale_b = snap(fx, state, [holder])["top_prefixes"]["items"][0]
     assert stale_b["node"] == b["node"] and stale_b["stale"] and stale_b["epoch"] == 0
     fx.finish(holder)
@@ -171,7 +170,7 @@ def test_a_staleness_window_keeps_older_namespaces_and_the_snapshot_says_so(env)
     assert snap(fx, state)["window"] is None and "includes_in_window_older" in snap(fx, state)["epochs"][0]
     state.staleness.window = 1
     old = finished(fx, state, seq(1000, 3 * ps) + [7])
-    epochs.bump(state, fx.cache, [], [], reason="test", label="v1")
+    state.bump(fx.cache, [], [], reason="test", label="v1")
     from vradix.core import deferred_reclaim
     assert deferred_reclaim.finish(state, fx.cache) == 0  # the walk after the bump: nothing aged out of the window
     new = finished(fx, state, seq(4000, 2 * ps) + [7])

@@ -24,8 +24,6 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.sampling.sampling_params import SamplingParams
 
-from vradix.core import epochs
-from vradix.core.admission import admit
 from vradix.engine import attach
 from vradix.pd.layout import KvLayout, scope_of
 from vradix.testing.harness.cache_fixture import seq
@@ -129,7 +127,7 @@ class Hybrid:
         """A request stamped in the current epoch, with its row and its own state slot (decode's pre-allocation)."""
         req = Req(rid=f"r{id(tokens)}-{len(tokens)}", origin_input_text="", origin_input_ids=array("q", tokens),
                   sampling_params=SamplingParams(temperature=0, max_new_tokens=4))
-        admit(self.state, req)
+        self.state.admit_or_raise(req)
         self.req_pool.alloc([req])
         return req
 
@@ -216,7 +214,7 @@ def finish(hybrid, req) -> None:
 
 def drained(hybrid) -> dict:
     """The pools' free slots once no request is left and a publication has dropped the tree."""
-    epochs.bump(hybrid.state, hybrid.cache, [], [], reason="drain")
+    hybrid.state.bump(hybrid.cache, [], [], reason="drain")
     return hybrid.figures()
 
 
@@ -280,7 +278,7 @@ def test_a_request_crossing_a_publication_keeps_its_live_state_and_publishes_non
     live = int(req.kv.mamba_pool_idx)
     restore_then_transfer(hybrid, req, live)
     hold_for_decode(hybrid, req, node, tokens)
-    inv = epochs.bump(hybrid.state, hybrid.cache, [req], [], reason="test")
+    inv = hybrid.state.bump(hybrid.cache, [req], [], reason="test")
     assert inv.crossing_requests == 1
 
     fresh = hybrid.request(tokens)  # a new-epoch request for the same prompt: no device, host or state hit

@@ -20,7 +20,6 @@ from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 from vradix import request
-from vradix.core.admission import admit
 from vradix.scheduler.publication import bump_scheduler
 from vradix.l3 import gc, manifest
 from vradix.pd import layout
@@ -72,7 +71,7 @@ def offload(request, tmp_path):
 def decoding(fx, state, prompt, outputs):
     """A decode request holding its row: prompt received from prefill, then `outputs` decoded."""
     req = fx.make_req(prompt)
-    admit(state, req)
+    state.admit_or_raise(req)
     fx.admit(req)
     fx.prefill(req, checkpoint=False)
     for t in outputs:

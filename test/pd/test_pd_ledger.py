@@ -22,7 +22,6 @@ from sglang.srt.managers.schedule_batch import FINISH_ABORT, ScheduleBatch
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from vradix import request
-from vradix.core.admission import admit
 from vradix.hooks.startup import ledger_blind_spots
 from vradix.kernels import FREE
 from vradix.pd import handshake
@@ -55,7 +54,7 @@ def preallocated(fx, state):
     """A decode request as `DecodePreallocQueue` leaves it: bound, its prefix matched and locked in decode's tree,
     a row, and slots for the positions prefill will write ([prefix, prompt)), promised as `decode_prefix_len`."""
     req = fx.make_req(PROMPT)
-    admit(state, req)
+    state.admit_or_raise(req)
     req.bootstrap_host, req.bootstrap_room = "10.0.0.2", ROOM
     hit = fx.admit(req)
     assert hit == len(PREFIX)

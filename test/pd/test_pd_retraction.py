@@ -20,7 +20,6 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 from vradix import request
-from vradix.core.admission import admit
 from vradix.scheduler.publication import bump_scheduler
 from vradix.pd import layout
 from vradix.engine import attach
@@ -42,7 +41,7 @@ def env(request):
 
 def new_req(fx, state, tokens):
     req = fx.make_req(tokens)
-    admit(state, req)
+    state.admit_or_raise(req)
     return req
 
 

@@ -346,7 +346,6 @@ def test_a_decode_role_without_a_radix_cache_would_commit_kv_of_any_weights_so_i
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
     from vradix.closed_world import unversioned
-    from vradix.core.admission import admit
     from vradix.engine import attach
     from vradix.core.state import attach_treeless
     from vradix.hooks import pd as pd_hooks
@@ -357,7 +356,7 @@ def test_a_decode_role_without_a_radix_cache_would_commit_kv_of_any_weights_so_i
     prefill = build_cache("rust", 1, kv_tokens=256)
     pstate = attach(prefill.cache, weight_identity=identity.declared("A"), identity_mode="declared")
     sent = prefill.make_req([5, 6, 7, 8])
-    admit(pstate, sent)
+    pstate.admit_or_raise(sent)
     prefill.admit(sent)
     prefill.prefill(sent)
     bufs = MetadataBuffers(4, hidden_size=8, hidden_states_dtype=torch.float32, max_sampling_mask_tokens=4)

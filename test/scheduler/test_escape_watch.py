@@ -21,7 +21,6 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from vradix import request
 from vradix.closed_world import loops
-from vradix.core.admission import admit
 from vradix.engine import attach
 from vradix import plugin
 from vradix.hooks import publication
@@ -52,7 +51,7 @@ class Held:
         self.state = attach(self.fx.cache)
         self.held = self.fx.running(self.state, range(10, 40))
         self.queued = self.fx.make_req(range(50, 60))
-        admit(self.state, self.queued)
+        self.state.admit_or_raise(self.queued)
         self.scheduler = StubScheduler(self.fx, [self.held])
         self.scheduler.waiting_queue = [self.queued]
         self.scheduler.running_batch = self.batch([self.held])  # where SGLang keeps a running request
@@ -121,7 +120,7 @@ def test_the_walk_reads_attributes_only_and_reaches_nested_containers():
 
     h = Held()
     deep = h.fx.make_req(range(200, 210))
-    admit(h.state, deep)
+    h.state.admit_or_raise(deep)
     h.fx.admit(deep)
     del deep._vradix  # holds a row and a lock, as a request vradix never admitted would
 

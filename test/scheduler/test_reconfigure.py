@@ -18,7 +18,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.runtime_context import get_context
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-from vradix.core import admission, reclaim
+from vradix.core import reclaim
 from vradix.engine import attach
 from vradix.scheduler import publication
 from vradix.testing.harness.l3_store import (PROMPT, RuntimeStorageScheduler, file_store_cache, start_prefetch,
@@ -57,7 +57,7 @@ def test_a_storage_attached_at_runtime_makes_the_next_publication_revoke_queued_
         reclaim.free_all_by_reset(cache)  # the pages are in L3 only
         cache.write_through_threshold = 1 << 30  # the host pool holds only the prefetch
         queued = fx.make_req(PROMPT + [7, 8, 9, 10])
-        admission.admit(state, queued)
+        state.admit_or_raise(queued)
         sched.waiting_queue = [queued]
         op = start_prefetch(sched, queued)
 

@@ -239,7 +239,6 @@ def test_a_publication_frees_the_stale_recurrent_states_of_a_hybrid_tree(monkeyp
     from sglang.test.kits.unified_radix_cache.config import CacheConfig
 
     from vradix import identity
-    from vradix.core import epochs
     from vradix.engine import attach
     from vradix.testing.harness.cache_fixture import seq
 
@@ -265,6 +264,6 @@ def test_a_publication_frees_the_stale_recurrent_states_of_a_hybrid_tree(monkeyp
     assert states.available_size() == states_total - 3
     if locked:
         cache.lock(pinned)  # a crossing request's hold on a stale node
-    epochs.bump(state, cache, [], [], reason="test")
+    state.bump(cache, [], [], reason="test")
     assert cache.evictable_size() == 0 and allocator.available_size() == kv_total - 6 * locked
     assert states.available_size() == states_total - locked, "a stale node's recurrent state was not freed"

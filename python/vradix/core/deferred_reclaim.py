@@ -48,7 +48,6 @@ from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
 
 from vradix import settings
-from vradix.core import staleness
 from vradix.core.reclaim import batched_frees, free_stale_leaf
 
 if TYPE_CHECKING:  # vradix.engine imports this module (the Engine owns a DeferredReclaim)
@@ -174,7 +173,7 @@ def reclaimable(state: Engine, cache: UnifiedRadixCache, node_id: int) -> bool:
     epoch = namespace_epoch(state, cache, node_id)
     if state.staleness.window == 0:
         return epoch != state.epoch
-    return epoch is None or epoch < staleness.window_floor(state)
+    return epoch is None or epoch < state.window_floor
 
 
 def namespace_epoch(state: Engine, cache: UnifiedRadixCache, node_id: int) -> Optional[int]:
@@ -238,7 +237,7 @@ def evict_older_in_window(state: Engine, cache: UnifiedRadixCache, need_tokens: 
     current-epoch node, or one whose key names no known namespace, is never freed here (SGLang's own eviction
     decides about those). Cost: at most one pass of SGLang's eviction order, only while an older epoch is in the
     window."""
-    if need_tokens <= 0 or staleness.window_floor(state) >= state.epoch:
+    if need_tokens <= 0 or state.window_floor >= state.epoch:
         return 0
 
     def older_in_window(node_id: int) -> bool:

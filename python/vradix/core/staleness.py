@@ -6,10 +6,10 @@ set, and a request with bound 0 takes exactly today's path. A request names its 
 `/generate`, `/v1/completions` and `/v1/chat/completions` (`custom_params`); a request that names none gets the
 server window. A bound above the window is refused (HTTP 400 from the launcher, `check_request`).
 
-How a bounded request matches (`choose_namespace`, before every match of a request that holds no KV): at admission
-epoch e with bound K it probes the namespaces of epochs e-K .. e and adopts one. The longest match wins; the current
-epoch wins every tie, and among older epochs the newer one wins a tie. It then matches *and inserts* in that
-namespace. So:
+How a bounded request matches (`StalenessRecord.choose_namespace`, before every match of a request that holds no
+KV): at admission epoch e with bound K it probes the namespaces of epochs e-K .. e and adopts one. The longest match
+wins; the current epoch wins every tie, and among older epochs the newer one wins a tie. It then matches *and inserts*
+in that namespace. So:
 - a namespace's epoch n is the oldest weights any KV in it depends on: KV a bounded request computes on top of
   epoch-n KV lands in namespace n, never in the current one, so no exact request (which only ever sees the current
   namespace) and no request whose window does not reach n can match it;
@@ -17,7 +17,7 @@ namespace. So:
   reclaim frees it (`deferred_reclaim`, window mode);
 - the strict guard lets a bounded request read pages written under epochs n .. current (`guard.allowed_epochs`);
 - its response reports the KV page ledger's spans (exact per token: a match is page aligned) with each epoch's label
-  and weight_id, and its staleness e - (oldest epoch it read) (`report_at_release`).
+  and weight_id, and its staleness e - (oldest epoch it read) (`StalenessRecord.report_at_release`).
 
 Where it does not apply (refused when the window is above 0: at startup per server, `check_server`, `check_ledger`
 and `check_cache`, and per request as a 400): P/D roles, HiCache host/L3 tiers, LoRA, streaming sessions (a slot
@@ -30,11 +30,17 @@ Epochs count every bump: a lock-aware flush is one too (it keeps the weights, bu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from sglang.srt.managers.utils import is_health_check_generate_req
 
 from vradix import identity, request, settings
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    from vradix.engine import Engine
 
 #: the `custom_params` key a request names its bound with
 PARAM = "vradix_max_staleness"
@@ -127,10 +133,11 @@ def check_cache(cache, window: int, can_age_out: bool) -> None:
 
 @dataclass
 class StalenessRecord:
-    """The window and what bounded requests reused (server info `bounded_staleness`). `window` is set at attach;
-    then it changes only through `age_out` (a flush, `deferred_reclaim.age_out_on_flush`), `count_evicted_in_window`
-    (`deferred_reclaim.evict_older_in_window`) and this module's `report_at_release`, when a bounded request
-    releases its KV."""
+    """The engine's bounded-staleness part: the window, how a bounded request picks its namespace, and what bounded
+    requests reused (server info `bounded_staleness`). `window` is set at attach; then the record changes only
+    through its methods: `age_out` (a flush, `deferred_reclaim.age_out_on_flush`), `count_evicted_in_window`
+    (`deferred_reclaim.evict_older_in_window`) and `report_at_release`, when a bounded request releases its KV.
+    `choose_namespace` changes the request, not the record."""
 
     window: int = 0
     #: the oldest epoch a flush left reusable (`deferred_reclaim.age_out_on_flush`): a flush ages the whole window out
@@ -149,6 +156,57 @@ class StalenessRecord:
     def count_evicted_in_window(self, tokens: int) -> None:
         self.tokens_evicted_in_window += tokens
 
+    def floor_at(self, epoch: int) -> int:
+        """The oldest epoch whose KV is kept while `epoch` is current: epoch - window (0 with no window: only the
+        current one matters), and never one before the last flush (`floor`; at most `epoch`)."""
+        return min(epoch, max(0, epoch - self.window, self.floor))
+
+    def candidates(self, engine: "Engine", bound: int) -> List[int]:
+        """The epochs a request admitted now with `bound` may match, newest first (current first)."""
+        lo = max(self.floor_at(engine.epoch), engine.epoch - bound)
+        return [e for e in range(engine.epoch, lo - 1, -1) if e in engine.identities]
+
+    def choose_namespace(self, engine: "Engine", cache: "UnifiedRadixCache", req: "Req",
+                         token_ids: Optional[Sequence[int]] = None) -> int:
+        """Before a bounded request (holding no KV) matches: adopt the namespace of the window epoch with the longest
+        match (`pick`), bind the request to it and to the current epoch as its admission epoch. Returns the epoch."""
+        st = request.require(req)
+        if token_ids is None:
+            token_ids = req.origin_input_ids + req.output_ids
+        epochs = self.candidates(engine, st.max_staleness)
+        if len(epochs) == 1:
+            chosen = epochs[0]
+        else:
+            lengths = {e: probe_length(cache, req, token_ids,
+                                       identity.stamped(engine.prefix_of_epoch(e), st.user_key, st.adapter))
+                       for e in epochs}
+            chosen = pick(lengths, engine.epoch)
+        st.adopt(request.HistoryEntry(0, chosen, engine.label_of(chosen),
+                                      engine.identities[chosen].identity.weight_id), admitted_epoch=engine.epoch)
+        req.extra_key = identity.stamped(engine.prefix_of_epoch(chosen), st.user_key, st.adapter)
+        return chosen
+
+    def report_at_release(self, engine: "Engine", req: "Req") -> None:
+        """When a bounded request releases its KV (its ledger spans were just read, `ReqState.ledger_spans`): count
+        the stale prefix tokens it read, by staleness, and keep what its response adds (`ReqState.bounded_report`):
+        `kv_weight_versions` from the ledger (per span: epoch, label, weight_id) and `vradix_staleness`
+        {max_staleness, admitted_epoch, namespace_epoch, staleness, stale_tokens}."""
+        st = request.of(req)
+        if st is None or not is_bounded(st) or st.admitted_epoch is None:
+            return
+        spans = st.ledger_spans or []
+        read = stale_reads(spans, st.admitted_epoch)
+        self.bounded_requests += 1
+        for k, n in read.items():
+            self.stale_tokens_by_staleness[k] = self.stale_tokens_by_staleness.get(k, 0) + n
+        total = len(req.origin_input_ids) + len(req.output_ids)
+        oldest = min([s[0] for s in spans], default=st.admitted_epoch)
+        st.keep_bounded_report({
+            "kv_weight_versions": spans_with_identity(engine, spans, total),
+            "vradix_staleness": {"max_staleness": st.max_staleness, "admitted_epoch": st.admitted_epoch,
+                                 "namespace_epoch": st.epoch, "staleness": max(0, st.admitted_epoch - oldest),
+                                 "stale_tokens": sum(read.values())}})
+
     @property
     def stale_tokens_total(self) -> int:
         return sum(self.stale_tokens_by_staleness.values())
@@ -159,12 +217,6 @@ class StalenessRecord:
                 "stale_tokens_reused_by_staleness": {str(k): v for k, v in
                                                      sorted(self.stale_tokens_by_staleness.items())},
                 "tokens_evicted_in_window": self.tokens_evicted_in_window}
-
-
-def window_floor(state) -> int:
-    """The oldest epoch whose KV is kept: current - window (0 with no window: only the current one matters), and
-    never one before the last flush (`StalenessRecord.floor`; at most the current epoch)."""
-    return min(state.epoch, max(0, state.epoch - state.staleness.window, state.staleness.floor))
 
 
 def bind_bound(st: request.ReqState, req, window: int) -> None:
@@ -179,12 +231,6 @@ def bind_bound(st: request.ReqState, req, window: int) -> None:
 
 def is_bounded(st: Optional[request.ReqState]) -> bool:
     return st is not None and st.max_staleness > 0
-
-
-def candidates(state, bound: int) -> List[int]:
-    """The epochs a request admitted now with `bound` may match, newest first (current first)."""
-    lo = max(window_floor(state), state.epoch - bound)
-    return [e for e in range(state.epoch, lo - 1, -1) if e in state.identities]
 
 
 def pick(lengths: Dict[int, int], current: int) -> int:
@@ -210,26 +256,6 @@ def probe_length(cache, req, token_ids, key_for) -> int:
     return int(result.device_prefix_len)
 
 
-def choose_namespace(state, cache, req, token_ids=None) -> int:
-    """Before a bounded request (holding no KV) matches: adopt the namespace of the window epoch with the longest
-    match (`pick`), bind the request to it and to the current epoch as its admission epoch. Returns the epoch."""
-    st = request.require(req)
-    if token_ids is None:
-        token_ids = req.origin_input_ids + req.output_ids
-    epochs = candidates(state, st.max_staleness)
-    if len(epochs) == 1:
-        chosen = epochs[0]
-    else:
-        lengths = {e: probe_length(cache, req, token_ids,
-                                   identity.stamped(state.prefix_of_epoch(e), st.user_key, st.adapter))
-                   for e in epochs}
-        chosen = pick(lengths, state.epoch)
-    st.adopt(request.HistoryEntry(0, chosen, state.label_of(chosen), state.identities[chosen].identity.weight_id),
-             admitted_epoch=state.epoch)
-    req.extra_key = identity.stamped(state.prefix_of_epoch(chosen), st.user_key, st.adapter)
-    return chosen
-
-
 def spans_with_identity(state, ledger_spans, total: int) -> List[dict]:
     """The ledger's `(epoch, start, end)` spans as `{version, weight_id, epoch, start, end}`; the last span is
     extended to `total` (the positions computed after the last forward wrote KV were computed by its weights)."""
@@ -251,26 +277,3 @@ def stale_reads(ledger_spans, admitted: int) -> Dict[int, int]:
         if end > start and epoch < admitted:
             out[admitted - epoch] = out.get(admitted - epoch, 0) + end - start
     return out
-
-
-def report_at_release(state, req) -> None:
-    """When a bounded request releases its KV (its ledger spans were just read, `ReqState.ledger_spans`): count the
-    stale prefix tokens it read, by staleness, and keep what its response adds (`ReqState.bounded_report`):
-    `kv_weight_versions` from the ledger (per span: epoch, label, weight_id) and `vradix_staleness`
-    {max_staleness, admitted_epoch, namespace_epoch, staleness, stale_tokens}."""
-    st = request.of(req)
-    if st is None or not is_bounded(st) or st.admitted_epoch is None:
-        return
-    spans = st.ledger_spans or []
-    read = stale_reads(spans, st.admitted_epoch)
-    rec = state.staleness
-    rec.bounded_requests += 1
-    for k, n in read.items():
-        rec.stale_tokens_by_staleness[k] = rec.stale_tokens_by_staleness.get(k, 0) + n
-    total = len(req.origin_input_ids) + len(req.output_ids)
-    oldest = min([s[0] for s in spans], default=st.admitted_epoch)
-    st.keep_bounded_report({
-        "kv_weight_versions": spans_with_identity(state, spans, total),
-        "vradix_staleness": {"max_staleness": st.max_staleness, "admitted_epoch": st.admitted_epoch,
-                             "namespace_epoch": st.epoch, "staleness": max(0, st.admitted_epoch - oldest),
-                             "stale_tokens": sum(read.values())}})

@@ -206,32 +206,6 @@ class StorageCounters:
 
 
 @dataclass
-class SessionRecord:
-    """Streaming-session slots a bump left stale. Changes only through `settle`, `forget_all`, `forget` and
-    `count_released` (`vradix.core.sessions`)."""
-
-    #: session id -> the streaming-session slot a turn was running on at the last bump (its record mixes epochs):
-    #: released before it could be lent again
-    stale_slots: Dict[str, Any] = field(default_factory=dict)
-    #: streaming-session slots released because a publication made their record stale
-    slots_released: int = 0
-
-    def settle(self, stale: Dict[str, Any], released: int) -> None:
-        """At a bump: `stale` are the slots a running turn borrowed; `released` others were released."""
-        self.stale_slots = stale
-        self.slots_released += released
-
-    def forget_all(self) -> None:
-        self.stale_slots.clear()
-
-    def forget(self, sid: str) -> None:
-        del self.stale_slots[sid]
-
-    def count_released(self) -> None:
-        self.slots_released += 1
-
-
-@dataclass
 class WeightSession:
     """One `begin_weight_update ... end_weight_update` session: its buckets (update calls) so far. A session is one
     publication: its buckets apply their labels but never bump; `end_weight_update` bumps once. Changes only through

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from vradix import request
-from vradix.core import epochs, provenance, deferred_reclaim, staleness
+from vradix.core import provenance, deferred_reclaim, staleness
 from vradix.observability import metrics
 from vradix.ledger import device as kv_ledger
 from vradix.engine import state_of
@@ -32,9 +32,9 @@ def release_tracked(state: "Engine", original: Callable, req, tree_cache, *args:
     pending = was_crossing and state.deferred.active
     evictable_before = tree_cache.evictable_size() if pending else 0
     result = original(req, tree_cache, *args, **kwargs)
-    epochs.on_release(state, tree_cache, req, node)
+    state.on_release(tree_cache, req, node)
     if bounded:
-        staleness.report_at_release(state, req)
+        state.staleness.report_at_release(state, req)
     if pending:
         deferred_reclaim.note_release(state, evictable_before, tree_cache.evictable_size())
     if was_crossing or bounded:

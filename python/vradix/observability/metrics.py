@@ -153,10 +153,9 @@ def refresh() -> None:
 
 
 def state_block(scheduler) -> dict:
-    from vradix.core import epochs
     from vradix.observability import server_info
 
     cache = scheduler.tree_cache
     state = state_of(cache)
     assert state is not None, "state_block is read only for a versioned cache"
-    return server_info.engine_block(state, epochs.stale_tokens_pinned(state, cache))
+    return server_info.engine_block(state, state.crossing.tokens_pinned(cache))

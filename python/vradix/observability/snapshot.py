@@ -173,11 +173,10 @@ def window_view(state: Engine, census_view: Optional[dict]) -> Optional[dict]:
     includes them (`includes_in_window_older`), and only the Python core's census splits them. Until the deferred
     reclaim's walk after a bump completes, `stale.awaiting_reclaim_tokens` is an upper bound (a bump cannot tell, in
     O(1), which evictable KV is in the window)."""
-    from vradix.core import staleness
 
     if state.staleness.window == 0:
         return None
-    floor = staleness.window_floor(state)
+    floor = state.window_floor
     complete = census_view if census_view is not None and not census_view["truncated"] else None
     return {"window": state.staleness.window, "floor": floor,
             "epochs": [e for e in range(state.epoch, floor - 1, -1) if e in state.identities],

@@ -12,7 +12,7 @@ These functions take the engine object, whose `bump`, `is_idle` and `export_metr
 """
 from __future__ import annotations
 
-from vradix.core import deferred_reclaim, epochs, host_tier, mm_embeddings
+from vradix.core import deferred_reclaim, host_tier, mm_embeddings
 
 
 def by_itself(engine, sglang_flush) -> bool:
@@ -34,6 +34,6 @@ def reset_idle(engine, sglang_flush) -> bool:
     with host_tier.counting_freed(cache) as host:
         ok = sglang_flush()
     if ok:
-        epochs.record_reset(engine.state, "flush (idle reset)", cached, host.tokens, mm_embeddings.clear_all())
+        engine.state.record_reset("flush (idle reset)", cached, host.tokens, mm_embeddings.clear_all())
         engine.export_metrics()
     return ok

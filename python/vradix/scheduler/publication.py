@@ -415,7 +415,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     steps = steps_of(scheduler)
     lookups = steps.storage_lookups
     revoked = prefetch.end_queued_attempts(scheduler.tree_cache, queued) if lookups else 0
-    done = epochs.invalidate(state, scheduler.tree_cache, live, queued,
+    done = state.invalidate(scheduler.tree_cache, live, queued,
                              reason=reason, label=label, is_publication=is_publication, identity=ident)
     drain_ms, promises_revoked = 0.0, 0
     if is_publication:
@@ -431,7 +431,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
                     revoked, reissued)
     if state.ledger is not None:
         guard.audit(state.guard.config, state.guard.stats, state.ledger, scheduler.tree_cache, live, state.epoch)
-    inv = epochs.finish(state, done, is_publication, identity_ms=identity_ms, drain_ms=drain_ms,
+    inv = state.finish_bump(done, is_publication, identity_ms=identity_ms, drain_ms=drain_ms,
                         promises_revoked=promises_revoked, mm_embeddings_cleared=cleared.mm_embeddings,
                         position_grids_cleared=cleared.position_grids,
                         bump_ms=(time.perf_counter() - t_bump) * 1e3)

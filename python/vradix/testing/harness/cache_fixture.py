@@ -126,10 +126,8 @@ class CacheFixture:
 
     def running(self, state, tokens: Sequence[int]) -> Req:
         """A request stamped in `state`'s current epoch, admitted and prefilled: it holds its KV as a running one."""
-        from vradix.core.admission import admit
-
         req = self.make_req(tokens)
-        admit(state, req)
+        state.admit_or_raise(req)
         self.admit(req)
         self.prefill(req)
         return req

@@ -3,15 +3,13 @@
 bumps, and `check` after each step."""
 from __future__ import annotations
 
-from vradix.core import epochs
-from vradix.core.admission import admit
 from vradix.engine import state_of
 
 
 def new_req(fx, state, tokens, **kw):
     """A request for `tokens`, admitted with the current epoch's namespace (`admission.admit`)."""
     req = fx.make_req(tokens, **kw)
-    admit(state, req)
+    state.admit_or_raise(req)
     return req
 
 
@@ -49,4 +47,4 @@ def run_to_end(fx, state, tokens, **kw):
 
 def bump(fx, state, live=(), queued=()):
     """A publication as the epoch bump it makes (`vradix.core.epochs.bump`), labelled `v<next epoch>`."""
-    return epochs.bump(state, fx.cache, list(live), list(queued), reason="test", label=f"v{state.epoch + 1}")
+    return state.bump(fx.cache, list(live), list(queued), reason="test", label=f"v{state.epoch + 1}")

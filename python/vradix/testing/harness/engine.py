@@ -28,7 +28,6 @@ from sglang.srt.managers.io_struct import (UpdateWeightFromDiskReqInput, UpdateW
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWeightUpdaterManager
 
-from vradix.core.admission import admit
 from vradix.engine import attach
 from vradix.hooks import publication
 from vradix.scheduler import identity_proof
@@ -63,7 +62,7 @@ class Engine:
         self.fx = build_cache("rust", 1, kv_tokens=1024)
         self.state = attach(self.fx.cache, streaming_sessions=False)  # started without --enable-streaming-session
         req = self.fx.make_req(list(range(10, 40)))
-        admit(self.state, req)
+        self.state.admit_or_raise(req)
         self.fx.admit(req)
         self.fx.prefill(req)  # a running request holding KV: a flush now would be a lock-aware bump
         self.scheduler = StubScheduler(self.fx, [req], multimodal)
