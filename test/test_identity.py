@@ -13,7 +13,6 @@ from sglang.srt.mem_cache.utils import get_storage_hash_str
 from sglang.srt.server_args import prepare_server_args
 
 from vradix import identity, settings
-from vradix.core.epochs import bump
 from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache
 
@@ -72,16 +71,16 @@ def test_different_declared_identities_never_share_storage_keys():
 def test_each_epoch_has_its_own_namespace_and_a_flush_keeps_the_weight_id():
     fx, state = engine(identity.declared("step-1"))
     keys0 = storage_keys(fx, state)
-    pub = bump(state, fx.cache, [], [], reason="test publication", identity=identity.declared("step-2"))
+    pub = state.bump(fx.cache, [], [], reason="test publication", identity=identity.declared("step-2"))
     assert pub.weight_id == state.weight_id == "declared:step-2"
-    flush = bump(state, fx.cache, [], [], reason="lock-aware flush", is_publication=False)
+    flush = state.bump(fx.cache, [], [], reason="lock-aware flush", is_publication=False)
     assert flush.weight_id == "declared:step-2" and state.epoch == 2
     prefixes = {state.prefix_of_epoch(e) for e in range(3)}
     assert len(prefixes) == 3, "two epochs of one process share a namespace"
     for e in range(3):
         assert state.epoch_of(state.prefix_of_epoch(e) + "user") == e
     # the same weights published again in one process: a new namespace, still built from their identity
-    bump(state, fx.cache, [], [], reason="republish", identity=identity.declared("step-1"))
+    state.bump(fx.cache, [], [], reason="republish", identity=identity.declared("step-1"))
     assert "step-1" in state.prefix_of_epoch(3) and state.prefix_of_epoch(3) != state.prefix_of_epoch(0)
     assert storage_keys(fx, state) != keys0
 
@@ -90,7 +89,7 @@ def test_a_publication_without_an_identity_gets_a_fresh_nonce():
     fx, state = engine()
     seen = {state.weight_id}
     for _ in range(5):
-        seen.add(bump(state, fx.cache, [], [], reason="publication").weight_id)
+        seen.add(state.bump(fx.cache, [], [], reason="publication").weight_id)
     assert len(seen) == 6 and all(w.startswith("nonce:") for w in seen)
 
 
@@ -114,10 +113,10 @@ def test_every_rank_of_one_engine_reports_one_nonce_identity_at_startup_and_afte
     assert len({s.weight_id for _, s in ranks}) == 1
     seen = {ranks[0][1].weight_id}
     for _ in range(3):
-        ids = {bump(s, fx.cache, [], [], reason="publication").weight_id for fx, s in ranks}
+        ids = {s.bump(fx.cache, [], [], reason="publication").weight_id for fx, s in ranks}
         assert len(ids) == 1, ids
         seen |= ids
-    flushed = {bump(s, fx.cache, [], [], reason="flush", is_publication=False).weight_id for fx, s in ranks}
+    flushed = {s.bump(fx.cache, [], [], reason="flush", is_publication=False).weight_id for fx, s in ranks}
     assert flushed == {ranks[0][1].weight_id} and len(seen) == 4  # a flush keeps the weights; every epoch its own
 
 
@@ -167,7 +166,7 @@ def test_server_flag_sets_the_mode_for_scheduler_processes(models, monkeypatch):
 
 def test_the_weight_id_is_read_back_from_any_stamped_key():
     fx, state = engine(identity.declared("step-1"))
-    bump(state, fx.cache, [], [], reason="flush", is_publication=False)  # same weights, suffixed namespace
+    state.bump(fx.cache, [], [], reason="flush", is_publication=False)  # same weights, suffixed namespace
     for e in range(2):
         assert identity.weight_id_of(state.prefix_of_epoch(e) + "tenant") == "declared:step-1"
     assert identity.weight_id_of("tenant") is None and identity.weight_id_of(None) is None

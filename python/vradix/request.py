@@ -1,7 +1,7 @@
 """vradix's per-request state: one `ReqState` attached to each SGLang `Req` at admission (`req._vradix`).
 
 Invariants:
-- a request carries a `ReqState` from the moment `admission.admit` accepts it until it is gone; nothing else of
+- a request carries a `ReqState` from the moment `Engine.admit` accepts it until it is gone; nothing else of
   vradix's is stored on the `Req`;
 - `epoch` is the epoch whose namespace the request matches and inserts in (`req.extra_key` is built from it and
   `user_key`);
@@ -79,7 +79,7 @@ class ReqState:
     #: a bounded request's admission epoch, the epoch whose weights compute it (`epoch` is the namespace it matched,
     #: at most `max_staleness` older); None for an exact request
     admitted_epoch: Optional[int] = None
-    #: a bounded request's response fields, fixed when it released its KV (`vradix.core.staleness.report_at_release`)
+    #: a bounded request's response fields, fixed when it released its KV (`StalenessRecord.report_at_release`)
     bounded_report: Optional[dict] = None
 
     @property

@@ -160,7 +160,7 @@ _TABLE = (
     Setting("VRADIX_FAULT_NO_NAMESPACE", "", "`1` (test only)",
             "Fault injection: admitted requests are not stamped with their epoch's namespace, so only the ledger's "
             "guard stands between them and stale KV.",
-            "vradix.core.admission", _exactly_one),
+            "vradix.engine", _exactly_one),
 )
 #: name -> its Setting, in the order of docs/settings.md
 SETTINGS: Dict[str, Setting] = {s.name: s for s in _TABLE}

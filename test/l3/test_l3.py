@@ -99,7 +99,7 @@ def test_a_prefetch_in_flight_at_a_publication_is_revoked_and_frees_its_host_pag
 
 
 def test_the_landing_guard_discards_a_prefetch_the_publication_did_not_revoke(tmp_path):
-    """A prefetch the bump did not see (`epochs.bump` alone, as for a request outside the waiting queue) completes
+    """A prefetch the bump did not see (`Engine.bump` alone, as for a request outside the waiting queue) completes
     after the publication: it is discarded instead of inserted, and its host pages return to the pool."""
     with file_store_cache(tmp_path) as fx:
         cache = fx.cache

@@ -72,8 +72,8 @@ def test_a_session_record_lent_across_a_publication_fails_the_next_turn(env, mon
     (`vradix.core.sessions`); with that step switched off, the slot stands for a lending path nobody listed. Lent across a
     publication, the next turn (bound to the new epoch) would extend KV of the old weights: the backstop fails it and
     it inserts nothing."""
-    monkeypatch.setattr(sessions, "settle_at_bump", lambda *a, **k: 0)
-    monkeypatch.setattr(sessions, "release_before_lend", lambda *a, **k: None)
+    monkeypatch.setattr(sessions.SessionSlots, "settle_at_bump", lambda *a, **k: 0)
+    monkeypatch.setattr(sessions.SessionSlots, "take_stale", lambda *a, **k: None)
     fx, state = env
     session = Session(capacity_of_str_len=1 << 20, session_id="s0", streaming=True)
     P = seq(10, 48)

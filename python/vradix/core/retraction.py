@@ -6,7 +6,7 @@ in `DecodePreallocQueue.retracted_queue`; `resume_retracted_reqs` later gives it
 into it (`restore_kv_cache`), without a re-match. Between the two the request holds no row and no lock, yet its KV
 still exists and is still its own: the positions `[0, seqlen - 1)` it had computed (or matched) under its epoch.
 
-Invariants (kept by `vradix.core.admission`, `vradix.core.epochs` and `vradix.request`, which reads what a
+Invariants (kept by `vradix.engine` and `vradix.request`, which reads what a
 request holds: `holds_backup`, `retracted_with_backup`, `backed_up_len`):
 - a request holding a backup is never re-bound (its KV was computed under its bound epoch);
 - a publication while it holds a backup makes it a *crossing* request (it keeps its KV to finish and never inserts

@@ -75,10 +75,11 @@ class SessionSlots:
         if sid not in self.stale_slots:
             return None
         stale: Any = self.stale_slots[sid]  # a `SessionSlot` of SGLang
+        its_own = stale.kv is req.kv
         if slots_of(cache).get(sid) is not stale:
             del self.stale_slots[sid]
             return None
-        if stale.kv is req.kv:
+        if its_own:
             return None  # the crossing turn itself: it keeps its own KV until it releases it
         del self.stale_slots[sid]
         self.slots_released += 1

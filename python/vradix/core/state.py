@@ -17,9 +17,9 @@ from vradix.ledger.guard import GuardConfig, GuardStats, PendingVerdicts
 @dataclass(frozen=True)
 class Bump:
     """The bump's record: what one epoch bump (publication or lock-aware flush), or an idle flush, did. Built whole,
-    once, from values gathered first: by `vradix.core.epochs.finish` (an epoch bump: the core step's values, then
+    once, from values gathered first: by `Engine.finish_bump` (an epoch bump: the core step's values, then
     the scheduler step's identity, drain, revocation, cleared caches and its own duration) or
-    `vradix.core.epochs.record_reset` (the idle flush). Frozen: it changes only through its constructor, never after.
+    `Engine.record_reset` (the idle flush). Frozen: it changes only through its constructor, never after.
     `tokens_deferred` is what the bump left to the deferred reclaim at that moment, not the reclaim's live
     `DeferredReclaim.pending_tokens`."""
 
@@ -171,7 +171,7 @@ class FreedCounters:
     """Stale KV given back so far (server info `stale_tokens_freed_*`, `stale_host_tokens_freed_total`). Changes only
     through `count`, `count_at_release` and `count_host`, called by the steps that free stale KV: the bump and the
     release (`vradix.core.epochs`), the deferred reclaim, the LoRA unload, the streaming-session release and the idle
-    flush (`epochs.record_reset`); each only adds."""
+    flush (`Engine.record_reset`); each only adds."""
 
     tokens_total: int = 0
     #: the part of `tokens_total` freed when a crossing request (or a stale session slot) released it

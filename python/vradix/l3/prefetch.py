@@ -4,7 +4,7 @@ SGLang starts a storage prefetch for a request when it is queued (`Scheduler._pr
 L3 store, then a copy of the hit pages into host memory, all keyed by the request's `extra_key` at that moment. When
 the copy completes, the pages land in the tree as host nodes under that key
 (`UnifiedRadixCache._handle_prefetch_result`, from the scheduler's event poll or its admission check). A publication
-re-binds every queued request that holds no KV to the new namespace (`admission.rebind_if_unheld`), so a prefetch
+re-binds every queued request that holds no KV to the new namespace (`Engine.rebind_if_unheld`), so a prefetch
 started before it fetches the old weights' KV for a request that can no longer use it. Three steps keep that KV out:
 
 1. `end_queued_attempts`, at a publication, before the bump: every queued request that holds no KV (exactly those the
@@ -22,7 +22,7 @@ started before it fetches the old weights' KV for a request that can no longer u
    neither is looked up again.
 3. `stale`/`discard`, the landing guard: a prefetch whose key is not of the current epoch is never inserted; its host
    pages go back to the pool. This covers prefetches the bump did not see (a request outside the waiting queue, e.g.
-   a P/D prefill request in its bootstrap queue, is re-bound at its next match) and callers of `epochs.bump` alone.
+   a P/D prefill request in its bootstrap queue, is re-bound at its next match) and callers of `Engine.bump` alone.
 
 Invariant: after a publication no prefetch keyed by an older namespace lands in the tree, and each revoked
 prefetch's host pages return to the pool exactly once, so once transfers settle the host pool holds only the tree's

@@ -2,7 +2,7 @@
 publication, the weights and their label stay. `/flush_cache` with no publication open is one of two operations:
 
 - an idle engine (`reset_idle`): SGLang's own flush resets the whole cache; nothing was locked, so the epoch stays
-  and the reset is recorded (`core.epochs.record_reset`, with the multimodal embeddings it drops);
+  and the reset is recorded (`Engine.record_reset`, with the multimodal embeddings it drops);
 - with KV holders (`by_itself`): instead of SGLang's refusal, a lock-aware epoch bump that is no publication
   (`bump`, `is_publication` False: same weights, same identity), after which the staleness window ages out
   (`deferred_reclaim.age_out_on_flush`).
@@ -26,7 +26,7 @@ def by_itself(engine, sglang_flush) -> bool:
 
 
 def reset_idle(engine, sglang_flush) -> bool:
-    """SGLang's own flush of an idle engine (`sglang_flush`), recorded as a reset (`epochs.record_reset`): the tokens
+    """SGLang's own flush of an idle engine (`sglang_flush`), recorded as a reset (`Engine.record_reset`): the tokens
     it freed, on the device and in the host tier, and the multimodal embeddings dropped, as every flush does.
     Returns whether the cache was flushed."""
     cache = engine.scheduler.tree_cache

@@ -398,8 +398,8 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     (`vradix.l3.prefetch`). On a P/D decode role a publication also revokes the prefix promises prefill has not
     fulfilled yet (`vradix.pd.revocation`). `weights_changed` is False for a publication of a label alone.
 
-    The bump's record is built once, whole, at the end (`epochs.finish`), from the epoch step's values
-    (`epochs.invalidate`) and those gathered here: the identity's time, the drain, the revoked promises, the cleared
+    The bump's record is built once, whole, at the end (`Engine.finish_bump`), from the epoch step's values
+    (`Engine.invalidate`) and those gathered here: the identity's time, the drain, the revoked promises, the cleared
     caches and the whole step's duration (`Bump.bump_ms`)."""
     t_bump = time.perf_counter()
     state = versioned_state(scheduler)

@@ -7,7 +7,7 @@ from vradix.engine import state_of
 
 
 def new_req(fx, state, tokens, **kw):
-    """A request for `tokens`, admitted with the current epoch's namespace (`admission.admit`)."""
+    """A request for `tokens`, admitted with the current epoch's namespace (`Engine.admit`)."""
     req = fx.make_req(tokens, **kw)
     state.admit_or_raise(req)
     return req
@@ -46,5 +46,5 @@ def run_to_end(fx, state, tokens, **kw):
 
 
 def bump(fx, state, live=(), queued=()):
-    """A publication as the epoch bump it makes (`vradix.core.epochs.bump`), labelled `v<next epoch>`."""
+    """A publication as the epoch bump it makes (`Engine.bump`), labelled `v<next epoch>`."""
     return state.bump(fx.cache, list(live), list(queued), reason="test", label=f"v{state.epoch + 1}")
