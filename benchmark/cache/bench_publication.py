@@ -1,6 +1,7 @@
 """Publication cost on SGLang's real UnifiedRadixCache (CPU), vradix vs stock, and steady-state hook overhead.
 
     python benchmark/cache/bench_publication.py [--sizes 10000,100000,1000000] [--repeats 5] [--cores rust,python]
+        [--page-size 1]  (1: SGLang's token allocator; 16: its paged allocator)
 
 Table 1 (per tree core, per cached size): the cache is filled with GRPO-shaped traffic (groups of 8 sequences of
 256 tokens sharing a 128-token prompt, so ~9 nodes per 1k tokens), 1% of the sequences are held locked by live
@@ -66,7 +67,7 @@ def fill(fx, tokens: int, lock_frac: float = 0.01):
     return len(seqs), locks
 
 
-def bench_publication(core: str, sizes, repeats: int):
+def bench_publication(core: str, sizes, repeats: int, page_size: int = 1):
     from vradix.core import deferred_reclaim
     from vradix.engine import attach
     from vradix.testing.harness.cache_fixture import build_cache
@@ -80,7 +81,7 @@ def bench_publication(core: str, sizes, repeats: int):
         slices = []
         nodes = freed = 0
         for _ in range(repeats):
-            fx = build_cache(core, 1, kv_tokens=size + 4096, max_reqs=8)
+            fx = build_cache(core, page_size, kv_tokens=size + 4096, max_reqs=8)
             state = attach(fx.cache)
             nseq, locks = fill(fx, size)
             cached = fx.cache.evictable_size() + fx.cache.protected_size()
@@ -217,6 +218,8 @@ def main():
     p.add_argument("--sizes", default="10000,100000,1000000")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--cores", default="rust,python")
+    p.add_argument("--page-size", type=int, default=1,
+                   help="KV page size: 1 uses SGLang's token allocator, above 1 its paged allocator")
     p.add_argument("--steady-requests", type=int, default=3000)
     p.add_argument("--steady-runs", type=int, default=5, help="alternating stock/vradix child runs per core")
     p.add_argument("--steady-only", action="store_true", help="only the steady-state table")
@@ -231,14 +234,15 @@ def main():
         return
     sizes = [int(x) for x in a.sizes.split(",")]
     print(f"# publication cost, ms, median of {a.repeats} (CPU: {os.cpu_count()} cores, torch {torch.__version__}; "
-          f"deferred reclaim slices of {__import__('vradix.core.deferred_reclaim').core.deferred_reclaim.SLICE_NODES} nodes)")
+          f"deferred reclaim slices of {__import__('vradix.core.deferred_reclaim').core.deferred_reclaim.SLICE_NODES} nodes; "
+          f"page size {a.page_size})")
     hdr = ["core", "inserted_tokens", "cached_tokens", "sequences", "freed", "publication", "reclaim total",
            "slices", "median slice", "max slice", "max slice cpu", "max free", "max slice w/o free",
            "bump, nothing locked", "stock reset", "reclaim / reset", "no-op"]
     print("| " + " | ".join(hdr) + " |")
     print("|" + "---|" * len(hdr))
     for core in a.cores.split(","):
-        for row in bench_publication(core, sizes, a.repeats):
+        for row in bench_publication(core, sizes, a.repeats, a.page_size):
             print("| " + " | ".join(str(row[h]) for h in hdr) + " |", flush=True)
     steady_table(a.cores.split(","), a.steady_requests, a.steady_runs)
 

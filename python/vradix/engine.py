@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, Sequence, Union
 
 from vradix import identity, request, settings
-from vradix.core import dedup, deferred_reclaim, host_tier, lora, reclaim, staleness
+from vradix.core import dedup, deferred_reclaim, host_tier, reclaim, staleness
 from vradix.core.crossing import CrossingRequests
 from vradix.core.deferred_reclaim import DeferredReclaim
+from vradix.core.lora import LoraRecord
 from vradix.core.epochs import Invalidation
 from vradix.core.sessions import SessionSlots, slots_of
 from vradix.core.staleness import StalenessRecord
-from vradix.core.state import (Bump, DedupRecord, EpochIdentity, FreedCounters, GuardRecord, LoraRecord,
+from vradix.core.state import (Bump, DedupRecord, EpochIdentity, FreedCounters, GuardRecord,
                                StorageCounters, TreelessState, WeightSession, treeless_of)
 from vradix.ledger import device as kv_ledger
 from vradix.ledger.device import PageLedger
@@ -468,7 +469,7 @@ class Engine:
         st = request.attach(req, user_key, self.current)
         lora_id = getattr(req, "lora_id", None)
         if lora_id is not None:
-            st.set_adapter(lora.adapter_identity_of(self, lora_id))
+            st.set_adapter(self.lora.identity_of(lora_id))
         self._bind(req, st)
         staleness.bind_bound(st, req, self.staleness.window)
 
@@ -479,7 +480,7 @@ class Engine:
         req.extra_key = None
         assert self.current is not None  # bound at attach
         st = request.attach(req, None, self.current)
-        st.set_adapter(lora.adapter_identity_of(self, getattr(req, "lora_id", None)))
+        st.set_adapter(self.lora.identity_of(getattr(req, "lora_id", None)))
         self._bind(req, st)
 
     def rebind_if_unheld(self, req: "Req") -> bool:
@@ -525,7 +526,7 @@ class Engine:
             req.extra_key = self.current_prefix
             return
         if scheduler is not None:
-            lora.identify_adapter(self, scheduler, getattr(req, "lora_id", None))
+            self.lora.identify(scheduler, getattr(req, "lora_id", None))
         try:
             self.admit_or_raise(req)
         except staleness.StalenessError as e:

@@ -11,7 +11,7 @@ import pytest
 
 from sglang.srt.mem_cache import common
 
-from vradix.core import lora, reclaim, deferred_reclaim
+from vradix.core import reclaim, deferred_reclaim
 from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache, seq
 
@@ -95,13 +95,13 @@ def test_adapter_unload_frees_exactly_its_unlocked_entries_in_one_walk(core):
     real = fx.cache.tree_core.prefetch_anchor_info
     fx.cache.tree_core.prefetch_anchor_info = lambda n: lookups.append(n) or real(n)
     try:
-        freed = lora.free_adapter_entries(state, fx.cache, "X")
+        freed = state.lora.free_entries(fx.cache, "X")
     finally:
         del fx.cache.tree_core.prefetch_anchor_info
     assert freed == 200 * 6 and fx.cache.evictable_size() == others == 2 * 20 * 6
     assert len(lookups) == len(set(lookups)) <= 200 + 2 * 20 + 1  # each candidate once
     fx.finish(held)
-    assert lora.free_adapter_entries(state, fx.cache, "X") == 6  # released: now unlocked, freed by the next unload
+    assert state.lora.free_entries(fx.cache, "X") == 6  # released: now unlocked, freed by the next unload
 
 
 # ---- release-time reclaim: read-only lock probe, one path query per released path ------------------------------------

@@ -4,7 +4,7 @@ engine (its LoRA layers pin memory, which needs CUDA), so adapter (re)loads are 
 requests and the real unload hook body."""
 import pytest
 
-from vradix.core import lora, provenance
+from vradix.core import provenance
 from vradix.testing.harness.cache_fixture import seq
 from vradix.testing.harness.cache_steps import bump, check, new_req, run_to_end
 
@@ -84,9 +84,9 @@ def test_reloading_adapter_frees_only_its_own_entries(env):
     assert run_to_end(fx, state, P + [5], lora_id="Y") == full
     cached_before = fx.cache.evictable_size()
     # unload X (SGLang waits until no request uses it), then load X again: SGLang mints a new lora_id
-    freed = lora.free_adapter_entries(state, fx.cache, "X-load1")
+    freed = state.lora.free_entries(fx.cache, "X-load1")
     assert freed >= 49 - fx.page_size and fx.cache.evictable_size() == cached_before - freed
-    assert lora.free_adapter_entries(state, fx.cache, "X-load1") == 0  # nothing of X's is left to free
+    assert state.lora.free_entries(fx.cache, "X-load1") == 0  # nothing of X's is left to free
     check(fx)
     assert run_to_end(fx, state, P + [6], lora_id="X-load2") == 0  # new X: no stale KV of the old X
     assert run_to_end(fx, state, P + [7], lora_id="Y") == full  # other adapter untouched
@@ -106,13 +106,13 @@ def test_adapter_free_skips_entries_lru_already_evicted_and_spares_locked_ones(e
     holder = new_req(fx, state, P + [2], lora_id="X")
     fx.admit(holder)
     fx.prefill(holder)  # X request still running: its path is locked
-    lora.free_adapter_entries(state, fx.cache, "X")
+    state.lora.free_entries(fx.cache, "X")
     assert fx.cache.protected_size() >= 32  # the holder's KV is untouched
     check(fx, [holder])
     fx.finish(holder)
     fx.cache.evict(__import__("sglang.srt.mem_cache.base_prefix_cache", fromlist=["EvictParams"]).EvictParams(
         num_tokens=fx.cache.evictable_size()))  # LRU pressure evicts everything X had
-    assert lora.free_adapter_entries(state, fx.cache, "X") == 0  # dead node ids are skipped, not an error
+    assert state.lora.free_entries(fx.cache, "X") == 0  # dead node ids are skipped, not an error
     assert fx.allocator.available_size() == fx.total
     check(fx)
 

@@ -117,37 +117,6 @@ class GuardRecord:
 
 
 @dataclass
-class LoraRecord:
-    """LoRA adapters and what their unloads freed. Changes only through `count_event` and `count_freed` (`hooks.lora`
-    at an adapter load, `scheduler.adapters.unload_adapter` at an unload), `identify`, `identity_or` and `forget` (the
-    adapters' content identities, `vradix.core.lora`)."""
-
-    #: adapter loads/unloads seen
-    events: int = 0
-    tokens_freed: int = 0
-    #: lora_id -> the content identity of the adapter loaded under it (`vradix.core.lora.identify_adapter`), which
-    #: every LoRA request's namespace and P/D handshake carry
-    adapter_ids: Dict[str, str] = field(default_factory=dict)
-
-    def count_event(self) -> None:
-        self.events += 1
-
-    def count_freed(self, tokens: int) -> None:
-        self.tokens_freed += tokens
-
-    def identify(self, lora_id: str, adapter_id: str) -> None:
-        self.adapter_ids[lora_id] = adapter_id
-
-    def identity_or(self, lora_id: str, fallback: str) -> str:
-        """The identity of adapter `lora_id`; `fallback` becomes it when it has none."""
-        return self.adapter_ids.setdefault(lora_id, fallback)
-
-    def forget(self, lora_id: Optional[str]) -> None:
-        if lora_id is not None:  # no adapter is keyed None
-            self.adapter_ids.pop(lora_id, None)
-
-
-@dataclass
 class DedupRecord:
     """Prefill dedup (`vradix.core.dedup`): `enabled` is set only at `attach` (from the settings); `stats` is counted
     by `dedup.should_hold_back`, and `current` changes only through `start_pass` and `end_pass` (the prefill step,

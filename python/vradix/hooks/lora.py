@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-from vradix.core import lora
 from vradix.scheduler import adapters
 from vradix.engine import state_of
 
@@ -17,8 +16,7 @@ def identify_loaded_adapter(result, scheduler, recv_req, *args, **kwargs):
     tensors just loaded."""
     state = state_of(scheduler.tree_cache)
     if state is not None and result.success:
-        state.lora.count_event()
-        adapter_id = lora.reidentify_loaded_adapter(state, scheduler, recv_req.lora_id)
+        adapter_id = state.lora.on_load(scheduler, recv_req.lora_id)
         logger.info("vradix: adapter %r loaded as lora_id %s, content identity %s: its requests match only KV of "
                     "this content", recv_req.lora_name, recv_req.lora_id, adapter_id)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-from vradix.core import lora
 from vradix.engine import state_of_scheduler
 from vradix.scheduler.publication import export_metrics
 
@@ -16,10 +15,8 @@ def unload_adapter(scheduler, recv_req) -> int:
     Returns the tokens freed."""
     state = state_of_scheduler(scheduler)
     assert state is not None, "an adapter unload reached an engine vradix does not version"
-    state.lora.count_event()
-    freed = lora.free_adapter_entries(state, scheduler.tree_cache, recv_req.lora_id)  # found by its identity's tag
-    lora.forget_adapter(state, recv_req.lora_id)
-    state.lora.count_freed(freed)
+    freed = state.lora.on_unload(scheduler.tree_cache, recv_req.lora_id)  # found by its identity's tag
+    state.freed.count(freed)
     logger.info("vradix: adapter %r (lora_id %s) unloaded: freed %d of its cached tokens; other namespaces untouched",
                 recv_req.lora_name, recv_req.lora_id, freed)
     export_metrics(scheduler)
