@@ -17,7 +17,7 @@ from vradix.core import admission, dedup, host_tier, lora, sessions, staleness
 from vradix.core.deferred_reclaim import DeferredReclaim
 from vradix.core.staleness import StalenessRecord
 from vradix.core.state import (Bump, DedupRecord, EpochIdentity, FreedCounters, GuardRecord, LoraRecord,
-                               SessionRecord, StorageCounters, TreelessState, WeightSession, treeless_of)
+                               SessionRecord, StorageCounters, TreelessState, BucketedUpdate, treeless_of)
 from vradix.ledger import device as kv_ledger
 from vradix.ledger.device import PageLedger
 from vradix.ledger import guard
@@ -127,7 +127,7 @@ class Engine:
     Its own fields are the epoch's and its publications': set by `attach`, then changed only through its methods:
     `advance` and `record_bump` (the bump, `vradix.core.epochs`), `count_flush` and `record_bump` (the idle reset,
     `vradix.core.epochs.record_reset`), `add_crossing`, `forget_crossing` and `release_crossing`
-    (`vradix.core.epochs`), `open_publication`, `close_publication`, `open_session` and `close_session` (only
+    (`vradix.core.epochs`), `open_publication`, `close_publication`, `open_bucketed` and `close_bucketed` (only
     `vradix.scheduler.publication.Publication`), `add_drain`, `take_drain` and `discard_drain`
     (`vradix.scheduler.publication`), `count_forged_key` (`hooks.admission`). `last` is derived: the later of
     `last_publication` and `last_flush`. Each step that keeps state of its own keeps it in its record here (`guard`,
@@ -145,10 +145,10 @@ class Engine:
     #: because user rids need not be unique
     crossing: Dict[int, Any] = field(default_factory=dict)
     #: the publication open on this engine (`vradix.scheduler.publication.Publication`): an update call's while it
-    #: runs, a weight-update session's from its begin to its end; the hooks SGLang calls inside it hand it their events
+    #: runs, a bucketed update's from its begin to its end; the hooks SGLang calls inside it hand it their events
     publication: Optional[Any] = None
     #: open from a successful begin_weight_update to end_weight_update: one publication, bumped once at its end
-    session: Optional["WeightSession"] = None
+    bucketed: Optional["BucketedUpdate"] = None
     #: device-side record of which epoch wrote each KV page (None for allocators vradix cannot observe)
     ledger: Optional[PageLedger] = None
     #: the last bump that was a publication (not a lock-aware flush)
@@ -270,13 +270,13 @@ class Engine:
     def close_publication(self) -> None:
         self.publication = None
 
-    def open_session(self, session: "WeightSession") -> None:
-        self.session = session
+    def open_bucketed(self, bucketed: "BucketedUpdate") -> None:
+        self.bucketed = bucketed
 
-    def close_session(self) -> Optional["WeightSession"]:
-        """End the open weight-update session; returns it."""
-        session, self.session = self.session, None
-        return session
+    def close_bucketed(self) -> Optional["BucketedUpdate"]:
+        """End the open bucketed update; returns it."""
+        bucketed, self.bucketed = self.bucketed, None
+        return bucketed
 
     def add_drain(self, ms: float) -> None:
         self.drain_ms_pending += ms
