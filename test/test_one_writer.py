@@ -21,7 +21,7 @@ PKG = pathlib.Path(__file__).resolve().parents[1] / "python" / "vradix"
 RECORDS = {
     "vradix.engine": ("Engine", "PrefixHits"),
     "vradix.core.state": ("Bump", "GuardRecord", "DedupRecord", "FreedCounters",
-                          "StorageCounters", "WeightSession", "TreelessState"),
+                          "StorageCounters", "BucketedUpdate", "TreelessState"),
     "vradix.core.crossing": ("CrossingRequests",),
     "vradix.core.lora": ("LoraRecord",),
     "vradix.core.sessions": ("SessionSlots",),
@@ -35,7 +35,7 @@ NOT_RECORDS = {
 }
 #: the names the code base gives a record where nothing else says what a name holds
 CONVENTIONAL = {"state": "Engine", "st": "ReqState", "inv": "Bump", "q": "DeferredReclaim",
-                "rec": "StalenessRecord", "session": "WeightSession", "treeless": "TreelessState"}
+                "rec": "StalenessRecord", "bucketed": "BucketedUpdate", "treeless": "TreelessState"}
 MUTATORS = {"append", "extend", "insert", "pop", "popitem", "clear", "update", "setdefault", "remove", "add",
             "discard", "move_to_end", "sort", "reverse"}
 
@@ -236,7 +236,7 @@ def test_the_check_reports_a_planted_write(checker, source, reported):
 
 @pytest.mark.parametrize("source", [
     "def f(stats):\n    stats.deferred += 1\n",  # a DedupStats, whose field shares a name with Engine's
-    "def f(cache):\n    session = cache.session\n    session.buckets = 0\n",  # assigned from no record
+    "def f(cache):\n    bucketed = cache.bucketed\n    bucketed.buckets = 0\n",  # assigned from no record
     "def f(req):\n    req.extra_key = None\n",
 ])
 def test_the_check_leaves_other_objects_alone(checker, source):

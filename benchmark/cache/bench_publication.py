@@ -163,7 +163,7 @@ def bench_steady(core: str, nreq: int) -> dict:
     steady.serve(fx, steady.prompts(STEADY_WARMUP, base=40000))
     # the heap the imports and the warm-up left is frozen in both runs, as SGLang's /freeze_gc does in a server:
     # otherwise whether one full collection of it (~0.3 s: vradix's run imports vradix.hooks and the SGLang modules
-    # it names, ~80k more objects) lands in the timed window decides the run
+    # it names, ~80k more objects) lands in the timed interval decides the run
     gc.collect()
     gc.freeze()
     reqs = steady.prompts(nreq)

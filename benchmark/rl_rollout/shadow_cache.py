@@ -17,7 +17,7 @@ class ShadowCache:
 
     A request q whose first forward started at server time t under version v (the version in effect at t, from the
     publication log: the scheduler starts no forward between the pause and the continue, so the midpoint of that
-    window separates old from new), and which was served `cached_tokens = c`, reused stale KV at position i < c
+    interval separates old from new), and which was served `cached_tokens = c`, reused stale KV at position i < c
     unless some copy of q's prefix [0..i] tagged v was available by t. The count
     never blames a mode for a copy it might legitimately have had, whatever the engine's tree policy (LRU, flush,
     namespace): it is a lower bound on stale reuse, exact when the only matchable copies are stale ones (which is the

@@ -50,7 +50,7 @@ def version_at(boundaries: List[float], versions: List[str], t: float) -> str:
 def version_clock(records, publications: Sequence = (), first_version: str = "") -> Tuple[List[float], List[str]]:
     """(boundaries on the server clock, ascending; versions, one more than boundaries): version i is in effect from
     boundaries[i - 1]. The scheduler starts no forward between pause and continue, so a boundary is the midpoint of
-    that window, shifted from the client clock to the server's."""
+    that interval, shifted from the client clock to the server's."""
     offset = server_clock_offset(records) if records and publications else 0.0
     return [p.boundary + offset for p in publications], [first_version] + [p.version for p in publications]
 

@@ -45,7 +45,7 @@ def sampler_versions(meta: dict, n_out: int) -> List[str]:
 def unlabelled_crossing(meta: dict, publications: Sequence) -> bool:
     """Whether the request crossed a publication its `weight_versions` do not record: its first forward started
     before the publication that loaded the version SGLang says sampled its first token. The publication's
-    `boundary` is the midpoint of the window in which the scheduler starts no forward (pause returned -> continue
+    `boundary` is the midpoint of the interval in which the scheduler starts no forward (pause returned -> continue
     sent), on the client clock, which is the server's for the local servers this loop starts. Seen on a
     --disable-radix-cache server: requests in flight across a publication reported every token under the new
     version, the first ones included, which the old weights sampled. `publications` are
@@ -116,7 +116,7 @@ def stock_stale_prefixes(records: Sequence) -> Dict[int, int]:
     A request's version is the one that sampled its first token (`prefill_order` without a publication log), not
     the publication clock: a publication pauses between forwards and every prompt here fits one prefill chunk, so
     that is the version its prefill ran under, read from the engine rather than placed by clock offsets (on a loaded
-    host the offset estimate can move a boundary by more than the pause window)."""
+    host the offset estimate can move a boundary by more than the pause interval)."""
     from rl_rollout.shadow_cache import ShadowCache
     from rl_rollout.trace import MIXED, output_tags, prefill_order, spans_of
 

@@ -7,7 +7,7 @@ alternates the weights (`pause_generation(in_place)` -> `update_weights_from_dis
 `--unpaused-every`-th publication is an update without a pause, which SGLang serializes against in-flight requests).
 Load workers send greedy requests drawn from a pool of prompts that share a few prefixes; the next publication starts
 once `--requests-between` requests sent after the previous one have completed. Each response carries the
-label (`weight_version`) it was served under. A response whose request did not overlap any publication window must
+label (`weight_version`) it was served under. A response whose request did not overlap any pause interval must
 equal the greedy output of a fresh server on the weights its label names (the oracle, computed up front for the whole
 prompt pool on fresh stock servers); a mismatch is a stale hit. Every `--leak-check-every` publications the load is
 paused, and SGLang's strict idle memory check is read from the scheduler (`vradix.testing.harness.reliability`).
@@ -72,7 +72,9 @@ class Soak:
     prompts: List[List[int]]
     max_new_tokens: int
     responses: List[Response] = field(default_factory=list)
-    windows: List[Tuple[float, float]] = field(default_factory=list)
+    #: (start, end) of each publication's pause interval: from just before its pause (an unpaused publication: its
+    #: update call) to just after its continue
+    pauses: List[Tuple[float, float]] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     hold: threading.Event = field(default_factory=threading.Event)  # set: workers idle (leak check)
@@ -114,7 +116,7 @@ class Soak:
         deadline = time.monotonic() + timeout
         while self.inflight:
             if time.monotonic() > deadline:
-                raise TimeoutError("load did not drain")
+                raise TimeoutError("the load's requests did not finish")
             time.sleep(0.01)
 
 
@@ -124,7 +126,7 @@ def percentile(xs, q):
 
 
 def crossed(resp: Response, starts: List[float], ends: List[float]) -> bool:
-    """Whether [t0, t1] overlaps a publication window (windows are sorted and disjoint)."""
+    """Whether [t0, t1] overlaps a publication's pause interval (the intervals are sorted and disjoint)."""
     i = bisect.bisect_right(starts, resp.t1) - 1
     return i >= 0 and ends[i] >= resp.t0
 
@@ -192,7 +194,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
                     time.sleep(0.01)
                 weights = "B" if weights == "A" else "A"
                 paused = n % a.unpaused_every != 0
-                w0 = time.monotonic()
+                p0 = time.monotonic()
                 if paused:
                     server.pause("in_place")
                 u0 = time.monotonic()
@@ -202,7 +204,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
                     server.resume()
                 with soak.lock:
                     last_end, first = time.monotonic(), len(soak.responses)
-                soak.windows.append((w0, last_end))
+                soak.pauses.append((p0, last_end))
                 bump_ms.append(server.vradix_info()["last_publication_latency_ms"])
                 if n % a.leak_check_every == 0 or n == a.publications:
                     soak.quiesce()
@@ -224,7 +226,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
 
     checked = stale = crossing = 0
     stale_examples = []
-    starts, ends = [w[0] for w in soak.windows], [w[1] for w in soak.windows]
+    starts, ends = [p[0] for p in soak.pauses], [p[1] for p in soak.pauses]
     for resp in soak.responses:
         if crossed(resp, starts, ends):
             crossing += 1
@@ -236,7 +238,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
             stale_examples.append((resp.prompt, resp.label, resp.cached, resp.output))
     cached_share = statistics.mean(r.cached > 0 for r in soak.responses) if soak.responses else 0.0
     summary = {
-        "publications": len(soak.windows), "requests": len(soak.responses), "checked_vs_oracle": checked,
+        "publications": len(soak.pauses), "requests": len(soak.responses), "checked_vs_oracle": checked,
         "crossing_not_checked": crossing, "stale_hits": stale, "tie_prone_prompts": tie_prone, "leak_checks_passed": leak_checks,
         "errors": len(soak.errors), "prefix_hit_share": round(cached_share, 3),
         "update_call_ms_p50": round(percentile(update_ms, 50), 1), "update_call_ms_p99": round(percentile(update_ms, 99), 1),

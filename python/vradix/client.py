@@ -29,12 +29,12 @@ can show: the label, and on vradix every rank's epoch. Phase 2 probes the stock 
 only the engines with a probe are resumed, one after the other; the others stay paused until the verdict. Only when
 every check on every engine passed is any engine reported `verified` and the rest continued.
 
-The window: a probed stock engine serves, with the new weights and its cache flushed, from its resume in phase 2 to
-the verdict. The guarantee is that if anything fails (a probe, an HTTP call, anything), the first failure ends phase 2
-(no further engine is resumed), every engine resumed for a probe is paused again with its own plan's pause mode, and
-`PublishError` carries each engine's evidence and final state, with no engine reported verified. By default engines
-stay paused (fail closed: a half-published fleet must not serve), which the message names with the command to resume;
-`on_failure="continue"` resumes every engine instead (still none reported verified).
+The probe interval: a probed stock engine serves, with the new weights and its cache flushed, from its resume in
+phase 2 to the verdict. The guarantee is that if anything fails (a probe, an HTTP call, anything), the first failure
+ends phase 2 (no further engine is resumed), every engine resumed for a probe is paused again with its own plan's
+pause mode, and `PublishError` carries each engine's evidence and final state, with no engine reported verified. By
+default engines stay paused (fail closed: a half-published fleet must not serve), which the message names with the
+command to resume; `on_failure="continue"` resumes every engine instead (still none reported verified).
 
 Behind an SGLang model gateway (`smg --enable-rl`), pass the gateway's URL in `gateways`: the client lists the
 workers the gateway routes to (`GET /v1/rl/workers`), publishes to each one through the gateway's RL control plane

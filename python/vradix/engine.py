@@ -21,8 +21,8 @@ from vradix.core.lora import LoraRecord
 from vradix.core.epochs import Invalidation
 from vradix.core.sessions import SessionSlots, slots_of
 from vradix.core.staleness import StalenessRecord
-from vradix.core.state import (Bump, DedupRecord, EpochIdentity, FreedCounters, GuardRecord,
-                               StorageCounters, TreelessState, WeightSession, treeless_of)
+from vradix.core.state import (Bump, BucketedUpdate, DedupRecord, EpochIdentity, FreedCounters, GuardRecord,
+                               StorageCounters, TreelessState, treeless_of)
 from vradix.ledger import device as kv_ledger
 from vradix.ledger.device import PageLedger
 from vradix.ledger import guard
@@ -132,8 +132,8 @@ class Engine:
     Its own fields are the epoch's and its publications': set by `attach`, then changed only through its methods:
     the bump (`bump` = `invalidate` + `finish_bump`; `advance` is its first step), the release of a crossing request
     (`on_release`), an idle reset's record (`record_reset`), admission (`admit`, `admit_or_raise`, `admit_refused`,
-    `rebind_if_unheld`, `before_match`), `open_publication`, `close_publication`, `open_session` and
-    `close_session` (only `vradix.scheduler.publication.Publication`), `add_drain`, `take_drain` and
+    `rebind_if_unheld`, `before_match`), `open_publication`, `close_publication`, `open_bucketed` and
+    `close_bucketed` (only `vradix.scheduler.publication.Publication`), `add_drain`, `take_drain` and
     `discard_drain` (`vradix.scheduler.publication`), `count_forged_key` (`hooks.admission`). `last` is derived: the
     later of `last_publication` and `last_flush`. Each part keeps its own state and changes it only through its own
     methods (`crossing`, `sessions`, `staleness`, `deferred`, `prefix_hits`, `guard`, `lora`, `dedup`, `freed`,
@@ -149,10 +149,10 @@ class Engine:
     #: the live requests that hold a lock on KV of an older epoch (freed when they release it)
     crossing: CrossingRequests = field(default_factory=CrossingRequests)
     #: the publication open on this engine (`vradix.scheduler.publication.Publication`): an update call's while it
-    #: runs, a weight-update session's from its begin to its end; the hooks SGLang calls inside it hand it their events
+    #: runs, a bucketed update's from its begin to its end; the hooks SGLang calls inside it hand it their events
     publication: Optional[Any] = None
     #: open from a successful begin_weight_update to end_weight_update: one publication, bumped once at its end
-    session: Optional["WeightSession"] = None
+    bucketed: Optional["BucketedUpdate"] = None
     #: device-side record of which epoch wrote each KV page (None for allocators vradix cannot observe)
     ledger: Optional[PageLedger] = None
     #: the last bump that was a publication (not a lock-aware flush)
@@ -251,13 +251,13 @@ class Engine:
     def close_publication(self) -> None:
         self.publication = None
 
-    def open_session(self, session: "WeightSession") -> None:
-        self.session = session
+    def open_bucketed(self, bucketed: "BucketedUpdate") -> None:
+        self.bucketed = bucketed
 
-    def close_session(self) -> Optional["WeightSession"]:
-        """End the open weight-update session; returns it."""
-        session, self.session = self.session, None
-        return session
+    def close_bucketed(self) -> Optional["BucketedUpdate"]:
+        """End the open bucketed update; returns it."""
+        bucketed, self.bucketed = self.bucketed, None
+        return bucketed
 
     def add_drain(self, ms: float) -> None:
         self.drain_ms_pending += ms

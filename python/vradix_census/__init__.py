@@ -27,7 +27,7 @@ from typing import Iterable, Mapping
 CLASSES = {
     "publication": "changes the weights (or their label): bumps the epoch exactly once",
     "generation control": "pauses, resumes or aborts generation; its behaviour inside a pause and inside a "
-                          "weight-update session is stated and tested",
+                          "bucketed update is stated and tested",
     "versioned": "carries weight-derived state or KV that vradix versions; its tests prove it",
     "read-only": "reads state and changes nothing a later response is computed from",
     "irrelevant": "cannot carry cached or weight-derived state into a response (the reason says why)",

@@ -224,7 +224,7 @@ REQUESTS = {
     "FlushCacheReqInput": Entry(
         "publication", "the flush (`/flush_cache`, an update's `flush_cache=true`): on an idle engine SGLang resets "
         "the tree and vradix counts it; with requests holding KV vradix's lock-aware flush bumps the epoch once "
-        "(stock refuses); inside a weight-update session, or after an update's own bump, it is that publication's "
+        "(stock refuses); inside a bucketed update, or after an update's own bump, it is that publication's "
         "bump, never a second one",
         ("test_e2e_server.py::test_lock_aware_flush_and_update_weight_version",
          "test_publication_hooks.py::test_successful_update_bumps_once_although_the_flush_runs",
@@ -237,31 +237,31 @@ REQUESTS = {
          "test_publication_hooks.py::test_successful_update_bumps_once_although_the_flush_runs",
          "test_publication_hooks.py::test_launcher_refuses_malformed_disk_updates")),
     "UpdateWeightsFromDistributedReqInput": Entry(
-        "publication", "a bucket broadcast over the update group: SGLang runs it only inside a weight-update "
-        "session, whose end is its one publication (a bucket alone does not bump)",
-        ("test_publication_hooks.py::test_distributed_buckets_in_a_session_are_one_publication",)),
+        "publication", "a bucket broadcast over the update group: SGLang runs it only inside a bucketed "
+        "update, whose end is its one publication (a bucket alone does not bump)",
+        ("test_publication_hooks.py::test_distributed_buckets_in_a_bucketed_update_are_one_publication",)),
     "UpdateWeightsFromTensorReqInput": Entry(
-        "publication", "a bucket of tensors: SGLang runs it only inside a weight-update session (outside one it "
+        "publication", "a bucket of tensors: SGLang runs it only inside a bucketed update (outside one it "
         "touches nothing and nothing bumps), whose end is its one publication; a `load_format='direct'` update of a "
         "model that derives weights after loading is refused before loading",
-        ("test_publication_hooks.py::test_a_session_is_one_publication_whatever_its_buckets",
-         "test_publication_hooks.py::test_a_tensor_update_without_a_session_touches_nothing_and_does_not_bump",
+        ("test_publication_hooks.py::test_a_bucketed_update_is_one_publication_whatever_its_buckets",
+         "test_publication_hooks.py::test_a_tensor_update_outside_a_bucketed_update_touches_nothing_and_does_not_bump",
          "test_weight_derived.py::test_a_direct_tensor_update_of_an_mla_model_is_refused_before_loading")),
     "UpdateWeightsFromIPCReqInput": Entry(
-        "publication", "a checkpoint-engine update: one bump per call (inside a weight-update session, the session's "
-        "end); a post-load step that failed fails the update, which is not published",
-        ("test_publication_hooks.py::test_an_ipc_update_without_a_session_is_one_publication",
+        "publication", "a checkpoint-engine update: one bump per call (inside a bucketed update, the bucketed "
+        "update's end); a post-load step that failed fails the update, which is not published",
+        ("test_publication_hooks.py::test_an_ipc_update_outside_a_bucketed_update_is_one_publication",
          "test_weight_derived.py::test_an_ipc_update_whose_post_hook_failed_is_not_published")),
     "EndWeightUpdateReqInput": Entry(
-        "publication", "ends a weight-update session: its one publication, whatever its buckets (a session with none "
-        "still bumps once); generation resumes if the session's begin paused it",
-        ("test_publication_hooks.py::test_a_session_is_one_publication_whatever_its_buckets",
-         "test_weight_sessions.py::test_a_session_without_buckets_bumps_once_and_an_explicit_pause_stays",
+        "publication", "ends a bucketed update: its one publication, whatever its buckets (one with none still "
+        "bumps once); generation resumes if its begin paused it",
+        ("test_publication_hooks.py::test_a_bucketed_update_is_one_publication_whatever_its_buckets",
+         "test_bucketed_updates.py::test_a_bucketed_update_without_buckets_bumps_once_and_an_explicit_pause_stays",
          "test_publication_hooks.py::test_an_end_that_fails_says_generation_stays_paused")),
     "UpdateWeightVersionReqInput": Entry(
         "publication", "relabels the weights: one bump for a new label (the same label changes nothing); inside a "
-        "session it only relabels; a malformed label, or one an earlier declared identity used, is refused in the "
-        "launcher",
+        "bucketed update it only relabels; a malformed label, or one an earlier declared identity used, is refused in "
+        "the launcher",
         ("test_e2e_server.py::test_lock_aware_flush_and_update_weight_version",
          "test_publication_hooks.py::test_a_label_alone_keeps_the_proven_identity",
          "test_fault_injection.py::test_bad_version_labels_are_refused_and_change_nothing")),
@@ -281,34 +281,34 @@ REQUESTS = {
         "generation control", "pauses generation: `in_place` keeps requests and their KV (vradix first drains the "
         "overlap queue, so a batch in flight is labelled with the weights that computed it), `retract` frees running "
         "requests' KV and re-queues them, `abort` aborts them. Inside a pause it pauses again (same state); inside a "
-        "weight-update session generation is already held and the session's end resumes it (a pause made before "
-        "the session's begin stays the caller's)",
+        "bucketed update generation is already held and its end resumes it (a pause made before the bucketed "
+        "update's begin stays the caller's)",
         ("test_e2e_server.py::test_overlap_batch_in_flight_at_pause_is_labelled_with_its_weights",
          "test_fault_injection.py::test_in_place_pauses_under_decode_load_lose_no_request",
-         "test_weight_sessions.py::test_a_session_without_buckets_bumps_once_and_an_explicit_pause_stays")),
+         "test_bucketed_updates.py::test_a_bucketed_update_without_buckets_bumps_once_and_an_explicit_pause_stays")),
     "ContinueGenerationReqInput": Entry(
         "generation control", "resumes generation: requests kept in place continue, crossing any publication made "
-        "meanwhile with their own KV; outside a pause it changes nothing. Inside an open weight-update session it is "
-        "refused (HTTP 400 naming `end_weight_update`, and the scheduler keeps generation paused): the session's "
-        "buckets are live before its publication",
-        ("test_control_requests.py::test_continue_generation_inside_a_weight_update_session_is_refused",
+        "meanwhile with their own KV; outside a pause it changes nothing. Inside an open bucketed update it is "
+        "refused (HTTP 400 naming `end_weight_update`, and the scheduler keeps generation paused): the bucketed "
+        "update's buckets are live before its publication",
+        ("test_control_requests.py::test_continue_generation_inside_a_bucketed_update_is_refused",
          "test_fault_injection.py::test_pause_continue_without_publication_keeps_the_cache")),
     "AbortReq": Entry(
         "generation control", "ends the requests it names (or all): queued ones leave the queue, running ones end "
         "after one more step and release their KV through `release_kv_cache`, where a crossing request frees its "
         "stale path. Inside a pause it marks paused requests to end (queued ones leave at once, running ones end at "
         "their next step after the resume) and the engine stays paused, across a publication too; inside a "
-        "weight-update session likewise, and the session stays open",
+        "bucketed update likewise, and the bucketed update stays open",
         ("test_fault_injection.py::test_abort_of_requests_paused_in_place",
          "test_cache_level.py::test_crossing_request_keeps_its_kv_and_frees_stale_path_at_release")),
     "BeginWeightUpdateReqInput": Entry(
-        "generation control", "opens a weight-update session: generation is held in place until `end_weight_update` "
+        "generation control", "opens a bucketed update: generation is held in place until `end_weight_update` "
         "(vradix pauses it unless the caller already did, and resumes only what it paused). Inside a pause the "
-        "caller's pause stays; inside an open session SGLang refuses it ('already open'); a session a P2P/RDMA write "
-        "would leave a GPU-derived copy stale is refused at begin",
-        ("test_weight_sessions.py::test_bucketed_session_is_one_publication_with_requests_in_flight",
+        "caller's pause stays; inside an open one SGLang refuses it ('already open'); a bucketed update a P2P/RDMA "
+        "write would leave a GPU-derived copy stale is refused at begin",
+        ("test_bucketed_updates.py::test_a_bucketed_update_is_one_publication_with_requests_in_flight",
          "test_publication_hooks.py::test_a_begin_that_raises_does_not_leave_generation_paused",
-         "test_weight_derived.py::test_a_session_a_p2p_write_would_leave_stale_is_refused_at_begin")),
+         "test_weight_derived.py::test_a_bucketed_update_a_p2p_write_would_leave_stale_is_refused_at_begin")),
     # adapters and sessions
     "LoadLoRAAdapterReqInput": Entry(
         "versioned", "loads an adapter: each load mints a new `lora_id`, a fresh namespace, and vradix tags it with "
@@ -559,7 +559,7 @@ ROUTES = {
         "read-only", "returns a response stored when it was generated (its text, not KV)"),
     "POST /v1/responses/{response_id}/cancel": Entry(
         "generation control", "aborts a background response's request (row AbortReq), inside a pause or a "
-        "weight-update session alike", REQUESTS["AbortReq"].tests),
+        "bucketed update alike", REQUESTS["AbortReq"].tests),
     "POST /api/chat": _OPENAI, "POST /api/generate": _via("generate_request"),
     "GET /api/tags": Entry("read-only", "Ollama-compatible model list"),
     "POST /api/show": Entry("read-only", "Ollama-compatible model information"),

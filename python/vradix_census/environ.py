@@ -19,10 +19,10 @@ REFUSED_AT_LAUNCH = ("test_coverage.py::test_a_refused_flag_stops_the_launch",)
 #: vradix's refusal of an update that would leave a GPU-derived copy stale (row `gpu-derived`)
 GPU_DERIVED = ("test_weight_derived.py::test_a_copy_no_update_rebuilds_refuses_every_update_path_before_loading",
                "test_weight_derived.py::test_every_gpu_derived_copy_is_built_where_the_table_says_in_sglangs_source")
-#: SGLang refuses every update call itself while a derived cache is built, and vradix refuses the session begin that
-#: would bypass that check (row `sglang-guarded`)
+#: SGLang refuses every update call itself while a derived cache is built, and vradix refuses the bucketed update's
+#: begin that would bypass that check (row `sglang-guarded`)
 SGLANG_GUARDED = ("test_publication_hooks.py::test_load_format_refused_before_loading_does_not_bump",
-                  "test_weight_derived.py::test_a_session_a_p2p_write_would_leave_stale_is_refused_at_begin")
+                  "test_weight_derived.py::test_a_bucketed_update_a_p2p_write_would_leave_stale_is_refused_at_begin")
 
 _KERNEL = ("selects a kernel, fusion, tile, layout, stream or communication pattern: a forward still reads the KV it "
            "was handed and the weights loaded now; what such a setting keeps across forwards (a captured graph, a "
@@ -321,8 +321,8 @@ PD = (
             "test_e2e_pd.py::test_skew_with_prefill_updated_first_fails_the_request_and_caches_nothing"))
     + _group("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE "
              "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT",
-             "an aborted decode request's pages are held until prefill acknowledges the drain: held memory, "
-             "never inserted or matched")
+             "an aborted decode request's pages are held until prefill acknowledges that its transfers finished "
+             "(SGLang's drain ack): held memory, never inserted or matched")
 )
 DISTRIBUTED = _group(
     "SGLANG_ONE_VISIBLE_DEVICE_PER_PROCESS SGLANG_RAY_BUNDLE_INDICES SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE "
@@ -413,15 +413,16 @@ SGLANG_REFUSES_UPDATES = (
     _own("SGLANG_OPT_HOPPER_BLOCK_FP8_BF16", "refused",
          "the BF16 expansions of Hopper group-32 FP8 weights are a derived cache: the layer declares "
          "`_derived_weight_cache_error`, so SGLang refuses every weight update, and vradix publishes only a "
-         "successful one and refuses the session begin a P2P/RDMA write would use (row sglang-guarded)",
+         "successful one and refuses the bucketed update's begin a P2P/RDMA write would use (row sglang-guarded)",
          SGLANG_GUARDED, "SGLANG_OPT_HOPPER_BLOCK_FP8_BF16=0 (named in SGLang's error), or restart on the new weights")
     + _own("SGLANG_OPT_DEEPGEMM_HC_PRENORM", "refused",
            "the compensated mHC weight splits are a derived cache SGLang refuses every weight update for, and "
-           "vradix refuses the session begin that would bypass that check (row sglang-guarded)",
+           "vradix refuses the bucketed update's begin that would bypass that check (row sglang-guarded)",
            SGLANG_GUARDED, "SGLANG_OPT_DEEPGEMM_HC_PRENORM=0 (named in SGLang's error), or restart on the new weights")
     + _own("SGLANG_OPT_BF16_FP32_GEMM_ALGO", "refused",
            "`hpc` caches bf16xfp32 weight splits (`hpc_bf16xfp32_gemm_enabled`), for which SGLang refuses every "
-           "weight update, and vradix the session begin (row sglang-guarded); `cublas` (the default) keeps none",
+           "weight update, and vradix the bucketed update's begin (row sglang-guarded); `cublas` (the default) keeps "
+           "none",
            SGLANG_GUARDED, "SGLANG_OPT_BF16_FP32_GEMM_ALGO=cublas")
 )
 # vradix refuses, on every update path, an update that would leave one of these copies stale (row gpu-derived)
@@ -457,7 +458,7 @@ LOADER_DERIVED = _own(
 REFUSED_SETTINGS = (
     _refused_at_launch("SGLANG_RUST_SERVER",
                        "the embedded Rust frontend replaces the HTTP server and TokenizerManager, where vradix's "
-                       "launcher steps run (provenance, the staleness 400, the weight-session hold, the flush "
+                       "launcher steps run (provenance, the staleness 400, the bucketed update's hold, the flush "
                        "report, the inspector; row rust-server)",
                        "the Python HTTP server (leave SGLANG_RUST_SERVER unset)")
     + _own("SGLANG_RUST_BUILD_MODE", "irrelevant",
@@ -513,8 +514,8 @@ QUANTIZATION = _group(
     "SGLANG_ROCM_MXFP8_AITER_PRESHUFFLE SGLANG_HUMMING_ONLINE_QUANT_CONFIG SGLANG_HUMMING_INPUT_QUANT_CONFIG "
     "SGLANG_USE_AITER_MOE_GU_ITLV SGLANG_DSA_HIP_DISABLE_PRESHUFFLE",
     "which quantization, packing or layout a quantization method applies to the loaded weights in its post-load "
-    "step: the result replaces the parameters (no copy is kept beside them), and a disk update or a session's end "
-    "reruns the step (`load_weights_and_postprocess`, `postprocess_weights`). A plain tensor update writes through "
+    "step: the result replaces the parameters (no copy is kept beside them), and a disk update or a bucketed update's "
+    "end reruns the step (`load_weights_and_postprocess`, `postprocess_weights`). A plain tensor update writes through "
     "the parameters' weight loaders without rerunning it, as for any quantized checkpoint with a post-load layout: "
     "that is the quantization method's property, not this setting's (the one SGLang documents as incompatible with "
     "updates, SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED, is refused)")

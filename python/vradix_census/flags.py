@@ -63,7 +63,7 @@ IDENTITY = ("test_published.py::test_every_layout_proves_the_identity_one_rank_d
 GPU_DERIVED = ("test_weight_derived.py::test_a_copy_no_update_rebuilds_refuses_every_update_path_before_loading",
                "test_weight_derived.py::test_a_bucket_after_a_post_load_copy_that_graphs_keep_is_refused_and_loads_nothing")
 SGLANG_GUARDED = ("test_publication_hooks.py::test_load_format_refused_before_loading_does_not_bump",
-                  "test_weight_derived.py::test_a_session_a_p2p_write_would_leave_stale_is_refused_at_begin")
+                  "test_weight_derived.py::test_a_bucketed_update_a_p2p_write_would_leave_stale_is_refused_at_begin")
 HYBRID = ("test_hybrid_cpu.py::test_vradix_hybrid_server_matches_hf_hits_prefixes_and_never_reuses_stale_state",
           "test_hybrid_cpu.py::test_a_publication_frees_the_stale_recurrent_states_of_a_hybrid_tree")
 STALENESS = ("test_staleness.py::test_bounded_request_reuses_the_window_and_exact_requests_never_see_its_kv",
@@ -361,7 +361,7 @@ _OWN: Dict[str, Entry] = {
                                   "plugins: each loads vradix before it serves, or stops (docs/processes.md)",
                                   ("test_tokenizer_workers.py::test_every_tokenizer_worker_installs_vradix",
                                    "test_tokenizer_workers.py::"
-                                   "test_a_session_through_the_workers_holds_generation_between_buckets")),
+                                   "test_a_bucketed_update_through_the_workers_holds_generation_between_buckets")),
     "enable_dp_attention": Entry("versioned", "per-rank trees, each attached; no cross-rank reuse (row "
                                  "dp-attention)", TP),
     "disable_radix_cache": Entry("versioned", "no prefix tree: vradix runs treeless and versions the weight-derived "

@@ -108,7 +108,8 @@ LAUNCHER = ("test_e2e_provenance.py::test_provenance_in_meta_info_across_two_pub
             "test_plugin.py::test_the_import_fault_switch_stops_a_real_launch_and_is_announced")
 TOKENIZER_WORKERS = ("test_tokenizer_workers.py::test_every_tokenizer_worker_installs_vradix",
                      "test_tokenizer_workers.py::test_provenance_reaches_the_client_through_every_worker",
-                     "test_tokenizer_workers.py::test_a_session_through_the_workers_holds_generation_between_buckets",
+                     ("test_tokenizer_workers.py::"
+                      "test_a_bucketed_update_through_the_workers_holds_generation_between_buckets"),
                      "test_tokenizer_worker.py::test_a_worker_where_vradix_cannot_install_stops_before_it_serves")
 ATTACHED_WORKER = ("test_tokenizer_worker.py::test_reading_the_launch_data_installs_vradix_in_the_reading_process",
                    "test_tokenizer_worker.py::test_a_worker_where_vradix_cannot_install_stops_before_it_serves")

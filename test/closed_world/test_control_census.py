@@ -39,7 +39,7 @@ PUBLICATION_HOOKS = {
     "UpdateWeightsFromIPCReqInput": ("weight_updater.update_weights_from_ipc", f"{_UPDATER}.update_weights_from_ipc",
                                      "publication.publish_update_from_ipc"),
     "EndWeightUpdateReqInput": ("weight_updater.end_weight_update", f"{_UPDATER}.end_weight_update",
-                                "publication.publish_on_session_end"),
+                                "publication.publish_on_bucketed_update_end"),
     # SGLang's handler records the label through record_weight_version_change, where the bump is
     "UpdateWeightVersionReqInput": ("handle_update_weight_version", f"{_SCHED}.record_weight_version_change",
                                     "publication.publish_on_version_change"),

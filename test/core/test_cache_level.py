@@ -138,7 +138,7 @@ def test_retracted_crossing_request_reprefills_under_new_epoch(env):
     check(fx)
 
 
-def test_many_bumps_no_double_free_and_pool_full_when_drained(env):
+def test_many_bumps_no_double_free_and_pool_full_when_all_released(env):
     fx, state = env
     live = []
     for i in range(6):

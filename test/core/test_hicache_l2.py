@@ -82,7 +82,7 @@ def check(fx, state, live=()):
     fx.cache.sanity_check()
 
 
-def check_drained(fx):
+def check_idle(fx):
     assert fx.idle_invariant_holds(), fx.accounting()
     assert fx.allocator.available_size() == fx.total
     assert fx.host_idle_leaks() == []
@@ -127,7 +127,7 @@ def test_stale_host_copies_are_unmatchable_and_freed_at_a_publication(core_ps, p
     check(fx, state)
     bump(fx, state)
     check(fx, state)
-    check_drained(fx)
+    check_idle(fx)
 
 
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
@@ -150,7 +150,7 @@ def test_a_crossing_release_frees_its_stale_path_from_device_and_host(core_ps, p
     assert fx.host_figures()["used"] == 0
     assert state.freed.tokens_at_release >= 96
     check(fx, state)
-    check_drained(fx)
+    check_idle(fx)
 
 
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
@@ -179,7 +179,7 @@ def test_a_crossing_requests_mixed_version_kv_is_never_backed_up(core_ps, policy
     assert not cc.write_queue and not fx.cache.ongoing_write_through
     assert fx.host_figures()["used"] == 0, "KV of a crossing request reached the host pool"
     check(fx, state)
-    check_drained(fx)
+    check_idle(fx)
 
 
 @pytest.mark.parametrize("live", [False, True], ids=["idle", "with-crossing"])
@@ -209,7 +209,7 @@ def test_a_backup_in_flight_at_the_publication_leaves_nothing_behind(core_ps, li
         fx.finish(crossing)
         fx.process_acks()
     check(fx, state)
-    check_drained(fx)
+    check_idle(fx)
 
 
 def test_a_load_back_in_flight_at_the_publication_leaves_nothing_behind(core_ps):
@@ -231,7 +231,7 @@ def test_a_load_back_in_flight_at_the_publication_leaves_nothing_behind(core_ps)
     fx.process_acks()
     assert fx.cache.evictable_size() == 0, "the loaded stale path outlived its last holder"
     check(fx, state)
-    check_drained(fx)
+    check_idle(fx)
 
 
 def test_host_pressure_after_a_publication_evicts_only_current_kv(core_ps):
@@ -249,7 +249,7 @@ def test_host_pressure_after_a_publication_evicts_only_current_kv(core_ps):
     assert fx.cache.evict_host(fx.host_figures()["total"]) > 0
     check(fx, state)
     bump(fx, state)
-    check_drained(fx)
+    check_idle(fx)
 
 
 def test_the_kits_python_inspector_sees_no_stale_host_node(core_ps, monkeypatch):

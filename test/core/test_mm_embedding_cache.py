@@ -12,7 +12,7 @@ from sglang.srt.managers import mm_schedule
 from sglang.srt.mem_cache.multimodal_cache import EmbeddingResult
 
 from vradix.hooks import publication
-from vradix.testing.harness.engine import Engine, disk_request, end_session, open_session, succeeding_update
+from vradix.testing.harness.engine import Engine, disk_request, end_bucketed, open_bucketed, succeeding_update
 
 ITEMS = 3
 
@@ -38,16 +38,16 @@ def publish_from_disk(engine):
     publication.publish_update_from_disk(succeeding_update(engine), engine.updater, disk_request("B1"))
 
 
-def publish_session(engine):
-    open_session(engine)
-    end_session(engine)
+def publish_bucketed(engine):
+    open_bucketed(engine)
+    end_bucketed(engine)
 
 
 def publish_version_label(engine):
     engine.scheduler.record_weight_version_change("B1")
 
 
-@pytest.mark.parametrize("publish", [publish_from_disk, publish_session, publish_version_label])
+@pytest.mark.parametrize("publish", [publish_from_disk, publish_bucketed, publish_version_label])
 def test_a_publication_clears_the_multimodal_embedding_cache(engine, mm_cache, publish):
     pubs = engine.state.publications
     publish(engine)
@@ -57,10 +57,10 @@ def test_a_publication_clears_the_multimodal_embedding_cache(engine, mm_cache, p
     assert engine.state.last_publication.as_dict()["mm_embeddings_cleared"] == ITEMS
 
 
-def test_a_session_clears_once_at_its_end_not_per_bucket(engine, mm_cache):
-    open_session(engine)
-    assert len(mm_cache) == ITEMS  # generation is held for the session: nothing can reuse an entry before its end
-    end_session(engine)
+def test_a_bucketed_update_clears_once_at_its_end_not_per_bucket(engine, mm_cache):
+    open_bucketed(engine)
+    assert len(mm_cache) == ITEMS  # generation is held for the bucketed update: nothing reuses an entry before its end
+    end_bucketed(engine)
     assert len(mm_cache) == 0 and engine.state.last_publication.mm_embeddings_cleared == ITEMS
 
 

@@ -16,7 +16,7 @@ written whenever a request computes KV. Invariants checked after every rule:
   (`vradix.core.deferred_reclaim`), which the rules drive per scheduler iteration (`reclaim_slice`), on demand
   (`allocate_under_pressure`: stale KV is evicted before any fresh KV), at idle (`idle_finishes_reclaim`), and which
   a publication may interrupt (`publish_mid_reclaim`);
-- crossing bookkeeping matches the model, and after draining everything and publishing, the pool is full.
+- crossing bookkeeping matches the model, and after releasing everything and publishing, the pool is full.
 
 Profiles (env `VRADIX_MBT_PROFILE`): `ci` (default; derandomized, a few hundred examples over the 4 configurations,
 about a minute on 2 cores) and `long` (>= 100k rule executions in total, random). `VRADIX_MBT_EXAMPLES` overrides
@@ -373,13 +373,13 @@ class VersionedCacheMachine(RuleBasedStateMachine):
         self.count("flush")
 
     @rule(rare=st.integers(1, 5))
-    def drain_and_check_pool_full(self, rare):
+    def release_all_and_check_pool_full(self, rare):
         if rare != 2:  # hypothesis favours boundary values; act on a middle one to keep this rule rare
             return
-        self.drain()
-        self.count("drain_and_check_pool_full")
+        self.release_all()
+        self.count("release_all_and_check_pool_full")
 
-    def drain(self):
+    def release_all(self):
         for req in list(self.held):
             self.fx.finish(req)
             self.release(req)
@@ -453,7 +453,7 @@ class VersionedCacheMachine(RuleBasedStateMachine):
 
     def teardown(self):
         if getattr(self, "fx", None) is not None:
-            self.drain()
+            self.release_all()
 
 
 class WindowedCacheMachine(VersionedCacheMachine):
@@ -467,7 +467,7 @@ class WindowedCacheMachine(VersionedCacheMachine):
     - an exact request's match returns only slots computed under the current epoch by requests whose namespace was the
       current one (never KV computed on top of stale KV);
     - every tree slot of a namespace older than the window is pinned by a crossing request or awaits the deferred
-      reclaim, and after draining and `window + 1` publications the pool is full."""
+      reclaim, and after releasing everything and `window + 1` publications the pool is full."""
     window = 1
 
     def start_vradix(self):
@@ -559,7 +559,7 @@ class WindowedCacheMachine(VersionedCacheMachine):
     def tree_slots(self):
         return set(self.fx.cache.tree_core.all_values_flatten().tolist())
 
-    def drain(self):
+    def release_all(self):
         """Release everything, then `window + 1` publications and the idle reclaim: the pool is full."""
         for req in list(self.held):
             self.fx.finish(req)
@@ -580,7 +580,7 @@ class HiCacheMachine(VersionedCacheMachine):
     insert up (write-back: device eviction does), device eviction demotes backed-up nodes, and the rules below add the
     host tier's own steps. The model reads KV provenance from the KV itself: every computed slot carries a code of
     (epoch, user key, prefix hash), which real backups and load-backs copy. Extra invariants: no host page ever holds
-    KV of an older epoch, SGLang's tree sanity check, and after a drain the host pool is whole again."""
+    KV of an older epoch, SGLang's tree sanity check, and after everything is released the host pool is whole again."""
     write_policy = "write_through"
 
     def build_fixture(self, kv_tokens):
@@ -678,8 +678,8 @@ class HiCacheMachine(VersionedCacheMachine):
         if not self.fx.cache.ongoing_load_back:
             self.fx.cache.sanity_check()
 
-    def drain(self):
-        super().drain()
+    def release_all(self):
+        super().release_all()
         assert self.fx.host_idle_leaks() == [], self.fx.host_figures()
 
 

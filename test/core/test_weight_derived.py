@@ -38,7 +38,7 @@ from vradix.closed_world import epd, post_load
 from vradix.core import weight_derived
 from vradix.engine import of_scheduler
 from vradix.hooks import publication
-from vradix.testing.harness.engine import (Engine, disk_request, end_session, open_session,
+from vradix.testing.harness.engine import (Engine, disk_request, end_bucketed, open_bucketed,
                                            succeeding_update, tensor_bucket)
 from vradix.testing.harness.vision import TreelessEngine, serve, vision_tower
 
@@ -139,16 +139,16 @@ def test_without_radix_cache_a_disk_update_drops_the_weight_derived_caches_once(
     assert engine.treeless.last_publication["label"] == "B1"
 
 
-def test_without_radix_cache_a_session_drops_them_once_at_its_end(mm_cache):
+def test_without_radix_cache_a_bucketed_update_drops_them_once_at_its_end(mm_cache):
     engine = TreelessEngine()
     entries = filled(engine, mm_cache)
-    open_session(engine)
+    open_bucketed(engine)
     original, req = tensor_bucket(engine, "B0")
     assert publication.publish_update_from_tensor(original, engine.updater, req).success
     assert len(mm_cache) == entries and engine.treeless.publications == 0  # a bucket is not a publication
-    end_session(engine)
-    assert engine.treeless.publications == 1 and not engine.treeless.session_open
-    assert_dropped(engine, mm_cache, entries, "weight-update session (1 bucket(s), 0 failed)")
+    end_bucketed(engine)
+    assert engine.treeless.publications == 1 and not engine.treeless.bucketed_open
+    assert_dropped(engine, mm_cache, entries, "bucketed update (1 bucket(s), 0 failed)")
 
 
 def test_without_radix_cache_a_new_label_and_a_flush_drop_them(mm_cache):
@@ -243,18 +243,18 @@ def direct_bucket(engine, load_format="direct"):
 def test_a_direct_tensor_update_of_an_mla_model_is_refused_before_loading():
     engine = Engine(multimodal=True)
     serving_runners(engine, model_shell("sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM"))
-    open_session(engine)
+    open_bucketed(engine)
     original, req = direct_bucket(engine)
     out = publication.publish_update_from_tensor(original, engine.updater, req)
     assert not out.success and "load_format='direct'" in out.message and "load_format=None" in out.message
     assert "DeepseekV2ForCausalLM" in out.message and engine.touched == 0
-    assert engine.state.session.buckets == 0 and engine.state.label != "B0"
+    assert engine.state.bucketed.buckets == 0 and engine.state.label != "B0"
 
 
 def test_direct_updates_of_other_models_and_default_updates_of_mla_models_run():
     engine = Engine(multimodal=True)
     serving_runners(engine, model_shell("sglang.srt.models.llama.LlamaForCausalLM"))
-    open_session(engine)
+    open_bucketed(engine)
     original, req = direct_bucket(engine)
     assert publication.publish_update_from_tensor(original, engine.updater, req).success
     serving_runners(engine, model_shell("sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM"))
@@ -271,7 +271,7 @@ def test_a_direct_update_while_a_weight_loader_buffer_is_built_is_refused():
     sink.register_buffer("_w2_lin", None, persistent=False)
     engine = Engine(multimodal=True)
     serving_runners(engine, serving(sink))
-    open_session(engine)
+    open_bucketed(engine)
 
     def update(load_format="direct"):
         original, req = direct_bucket(engine, load_format)
@@ -433,7 +433,7 @@ def test_a_copy_no_update_rebuilds_refuses_every_update_path_before_loading(sour
     engine = Engine(multimodal=True)
     runner = graphs(types.SimpleNamespace(model=serving(hunyuan_fp32_norms())), captured=False)
     engine.updater.tp_worker.weight_update_runners = lambda: [("target", runner)]
-    engine.updater._session = "open"  # tensor and distributed buckets run inside a session
+    engine.updater._session = "open"  # tensor and distributed buckets run inside a bucketed update
     handler, original, req = UPDATE_PATHS[source](engine)
     before = engine.counters()
     out = handler(original, engine.updater, req)
@@ -463,19 +463,20 @@ def test_a_bucket_after_a_post_load_copy_that_graphs_keep_is_refused_and_loads_n
         out = engine.updater.update_weights_from_tensor(req)
         assert not out.success and "MuseSpark1xRMSNorm._frozen_weight" in out.message, out.message
         assert "CUDA graphs" in out.message and "--cuda-graph-backend-decode disabled" in out.message
-        assert torch.equal(norm.weight, torch.full((4,), 0.5)) and engine.state.session.buckets == 0
+        assert torch.equal(norm.weight, torch.full((4,), 0.5)) and engine.state.bucketed.buckets == 0
         assert engine.counters() == before and engine.state.label != "B1"
         graphs(runner, captured=False)
         out = engine.updater.update_weights_from_tensor(req)
     assert out.success, out.message
-    assert torch.equal(norm.weight, torch.full((4,), 2.0)) and engine.state.session.buckets == 1
+    assert torch.equal(norm.weight, torch.full((4,), 2.0)) and engine.state.bucketed.buckets == 1
 
 
 @pytest.mark.parametrize("held", ["dots-vision-pack", "sglang-guarded"])
-def test_a_session_a_p2p_write_would_leave_stale_is_refused_at_begin(held, monkeypatch):
-    """`begin_weight_update` opens a session a P2P/RDMA write may fill without any update call: refused (SGLang's
-    own BeginWeightUpdateReqOutput) when the model holds a copy such a write leaves stale, Dots3's vision FP8 pack
-    (only `load_state_dict` repacks it), or one SGLang's own check refuses at every update call but not at begin."""
+def test_a_bucketed_update_a_p2p_write_would_leave_stale_is_refused_at_begin(held, monkeypatch):
+    """`begin_weight_update` opens a bucketed update a P2P/RDMA write may fill without any update call: refused
+    (SGLang's own BeginWeightUpdateReqOutput) when the model holds a copy such a write leaves stale, Dots3's vision FP8
+    pack (only `load_state_dict` repacks it), or one SGLang's own check refuses at every update call but not at
+    begin."""
     from sglang.srt.managers.io_struct import BeginWeightUpdateReqInput, BeginWeightUpdateReqOutput
     if held == "dots-vision-pack":
         module, named = dots_vision_fp8_pack(), "MoESwiGLUFFNFP8._fused_w13_fp8"
@@ -487,10 +488,10 @@ def test_a_session_a_p2p_write_would_leave_stale_is_refused_at_begin(held, monke
     out = engine.updater.begin_weight_update(BeginWeightUpdateReqInput())
     assert isinstance(out, BeginWeightUpdateReqOutput) and not out.success
     assert out.message.startswith("vradix refused begin_weight_update") and named in out.message
-    assert engine.updater._session is None and engine.state.session is None and engine.counters() == before
+    assert engine.updater._session is None and engine.state.bucketed is None and engine.counters() == before
 
 
-def test_a_copy_only_a_session_leaves_stale_does_not_refuse_a_disk_update():
+def test_a_copy_only_a_bucketed_update_leaves_stale_does_not_refuse_a_disk_update():
     """A disk update runs `load_state_dict`, whose post-hook repacks Dots3's vision experts: not refused."""
     engine = Engine(multimodal=True)
     serving_runners(engine, serving(dots_vision_fp8_pack()))
@@ -551,7 +552,7 @@ def test_the_refusal_fires_on_sglangs_class_exactly_while_the_copy_is_built(copy
                for source in ("update_weights_from_disk", post_load.BEGIN) for graphs in (False, True)}
     expected = {post_load.ALWAYS: {k: True for k in refused},
                 post_load.UNDER_GRAPHS: {(s, g): g for s, g in refused},
-                post_load.AFTER_SESSION: {(s, g): s == post_load.BEGIN for s, g in refused}}[copy.stale]
+                post_load.AFTER_BUCKETED_UPDATE: {(s, g): s == post_load.BEGIN for s, g in refused}}[copy.stale]
     assert {k: v is not None for k, v in refused.items()} == expected
     message = next(v for v in refused.values() if v is not None)
     assert f"{type(module).__name__}.{copy.attr}" in message and "LlamaForCausalLM" in message

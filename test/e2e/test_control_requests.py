@@ -5,11 +5,11 @@ On the session's pooled servers (tiny float32 models; the stock server is the or
 - `/weights_checker` `reset_tensors` overwrites every parameter: a publication, so the prefix computed before it is
   never matched again, and the answer equals the same server's answer computed afresh on the reset weights;
 - `/set_internal_state` relaxing speculative acceptance is refused with HTTP 400, as the same flags are at launch;
-- `/continue_generation` inside an open weight-update session is refused with HTTP 400 naming `end_weight_update`.
+- `/continue_generation` inside an open bucketed update is refused with HTTP 400 naming `end_weight_update`.
 Without a server (the publication hooks' `Engine`: a real UnifiedRadixCache with a running request, SGLang's real
 updater class): resuming the weights' memory without a CPU backup brings back memory without its contents, a
 publication (the CPU engine cannot release memory, so this runs at hook level); the scheduler's own refusal of a
-continue inside a session, on SGLang's real `Scheduler.continue_generation`; the refusal of an RPC to a
+continue inside a bucketed update, on SGLang's real `Scheduler.continue_generation`; the refusal of an RPC to a
 state-changing method.
 """
 import types
@@ -20,7 +20,7 @@ from sglang.srt.managers.io_struct import (ContinueGenerationReqInput, ResumeMem
                                            ResumeMemoryOccupationReqOutput, RpcReqInput)
 from sglang.srt.managers.scheduler import Scheduler
 
-from vradix.core.state import WeightSession
+from vradix.core.state import BucketedUpdate
 from vradix.hooks import control, publication
 from vradix.testing.harness.engine import Engine
 from vradix.testing.harness.scenario import PROBE
@@ -67,7 +67,7 @@ def test_relaxing_speculative_acceptance_at_runtime_is_refused(models, server_po
 
 
 @pytest.mark.e2e
-def test_continue_generation_inside_a_weight_update_session_is_refused(models, server_pool):
+def test_continue_generation_inside_a_bucketed_update_is_refused(models, server_pool):
     with server_pool.lease(models[0]) as s:
         assert s.post("/begin_weight_update", {}).status_code == 200
         refused = s.post("/continue_generation", {})
@@ -76,7 +76,7 @@ def test_continue_generation_inside_a_weight_update_session_is_refused(models, s
         end = s.post("/end_weight_update", {})
         assert end.status_code == 200 and "generation resumed" in end.json()["message"], end.text
         assert not s.vradix_info()["pool"]["paused"]
-        assert s.post("/continue_generation", {}).status_code == 200  # outside a session it runs as stock's
+        assert s.post("/continue_generation", {}).status_code == 200  # outside a bucketed update it runs as stock's
         assert s.generate(PROBE, 2)["meta_info"]["completion_tokens"] == 2
 
 
@@ -88,14 +88,16 @@ def paused_scheduler(engine):
     return s
 
 
-def test_the_scheduler_keeps_generation_paused_inside_a_weight_update_session():
+def test_the_scheduler_keeps_generation_paused_inside_a_bucketed_update():
     engine = Engine()
     scheduler = paused_scheduler(engine)
-    engine.state.session = WeightSession()
-    control.refuse_continue_inside_session(Scheduler.continue_generation, scheduler, ContinueGenerationReqInput())
-    assert scheduler._engine_paused  # refused: the session's buckets are not published yet
-    engine.state.session = None
-    control.refuse_continue_inside_session(Scheduler.continue_generation, scheduler, ContinueGenerationReqInput())
+    engine.state.bucketed = BucketedUpdate()
+    control.refuse_continue_inside_bucketed_update(Scheduler.continue_generation, scheduler,
+                                                   ContinueGenerationReqInput())
+    assert scheduler._engine_paused  # refused: the bucketed update's buckets are not published yet
+    engine.state.bucketed = None
+    control.refuse_continue_inside_bucketed_update(Scheduler.continue_generation, scheduler,
+                                                   ContinueGenerationReqInput())
     assert not scheduler._engine_paused
 
 

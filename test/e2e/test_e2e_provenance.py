@@ -65,9 +65,9 @@ def publish_holding(url, start, *args, held=crossed_update, deadline_s: float = 
     """`publish(url, *args, **kwargs)` with the streaming request `start()` running when the client's pause took
     effect: its engine handle checks that right after the pause. An attempt where the request finished first (or came
     `near_end`) fails before any update (the client raises, the engine stays paused): the engine is continued, the
-    request drained, and a new attempt starts, until `deadline_s`. The request's own final record then proves it was
-    held (`held(meta_info)`: by default SGLang's `weight_versions` show the change); an attempt it does not prove is
-    void too, and the publication is made again. Returns (the request, the client's results)."""
+    request's result collected, and a new attempt starts, until `deadline_s`. The request's own final record then proves
+    it was held (`held(meta_info)`: by default SGLang's `weight_versions` show the change); an attempt it does not prove
+    is void too, and the publication is made again. Returns (the request, the client's results)."""
     deadline = time.monotonic() + deadline_s
     while True:
         stream = start()

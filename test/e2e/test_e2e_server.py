@@ -111,7 +111,7 @@ def test_vradix_publication_never_reuses_stale_prefix(models, oracle, server_poo
         assert o.cached_again == 200  # prefix sharing resumes under the new epoch
         v = o.vradix
         assert start.since(v, "epoch") == 1 and v["label"] == "v2" and start.since(v, "publications") == 1
-        assert v["crossing_requests"] == 0 and v["stale_tokens_pinned"] == 0  # drained: stale KV all freed
+        assert v["crossing_requests"] == 0 and v["stale_tokens_pinned"] == 0  # all finished: stale KV all freed
         assert start.since(v, "stale_tokens_freed_at_release") > 0
         # the publication deferred the unlocked stale KV (the warm prefix); the engine reclaimed it all by now
         assert v["stale_tokens_pending"] == 0 and not v["stale_reclaim"]["active"], v["stale_reclaim"]

@@ -11,7 +11,7 @@ detects), and a TP=1 engine on A (`tp1`); `tp2` keeps the default identity mode 
   on both, the request crosses with its KV and says so, every later output equals the fresh server on B, and the
   strict idle check holds on both ranks;
 - equal weights give equal fingerprints on the TP=2 and the TP=1 engines; the default-mode ranks agree on one nonce;
-- a bucketed tensor session (B->A, each bucket one payload per rank) is one bump on each rank, outputs equal A's;
+- a bucketed tensor update (B->A, each bucket one payload per rank) is one bump on each rank, outputs equal A's;
 - detection only: a stale prefix read is reported on both ranks, the request runs, and the ranks stay in step;
 - `vradix publish` verifies every rank of the default-mode engine: one new nonce on both, outputs equal B's.
 """
@@ -22,8 +22,8 @@ from vradix.client import publish
 from vradix.ledger.guard import DETECTED_ONLY
 from vradix.testing.harness.pool import stopped_while_unused
 from vradix.testing.harness.reliability import STRICT_CHECK_ENV, strict_idle_check
-from vradix.testing.harness.scenario import (PREFIX, PROBE, StreamingRequest, begin_session_holding, crossed_update,
-                                             pause_holding, tensor_buckets)
+from vradix.testing.harness.scenario import (PREFIX, PROBE, StreamingRequest, begin_bucketed_update_holding,
+                                             crossed_update, pause_holding, tensor_buckets)
 from vradix.testing.harness.server import CpuServer, fresh_stock_outputs, servers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -165,11 +165,11 @@ def test_in_place_publication_with_a_request_in_flight_bumps_each_rank_once(tp2,
     assert_ranks_in_step_at_idle(tp2)
 
 
-def test_a_bucketed_tensor_session_is_one_bump_on_each_rank(tp2, models, oracle):
+def test_a_bucketed_tensor_update_is_one_bump_on_each_rank(tp2, models, oracle):
     """B->A in three buckets (one payload per rank each) with a request in flight: no bump per bucket, one bump on
     each rank at the end, one `weight_id` on both ranks, and every later output equals the fresh server on A."""
-    tp2.update_weights(models[1], "B")  # from B whatever ran before: the session's weights must differ
-    _, begin, inflight = begin_session_holding(tp2)
+    tp2.update_weights(models[1], "B")  # from B whatever ran before: the bucketed update's weights must differ
+    _, begin, inflight = begin_bucketed_update_holding(tp2)
     assert begin.status_code == 200, begin.text
     before = ranks(tp2)
     buckets = list(tensor_buckets(models[0], 3))

@@ -183,8 +183,8 @@ def pause_with_the_waiting_queue_full(engine, pool, deadline_s: float = 300.0):
     """MAX_RUNNING long requests fill the running batch, so every waiter stays in the scheduler's waiting queue (their
     max_new_tokens is small enough that all of them fit the KV budget the scheduler reserves); pause in place then.
     Returns (blockers, waiter futures) once the pause took effect with every blocker running and every waiter queued.
-    An attempt where a blocker finished first (a waiter took its slot) is void: continued, aborted, drained, and
-    started afresh, until `deadline_s`."""
+    An attempt where a blocker finished first (a waiter took its slot) is void: continued, aborted, their results
+    collected, and started afresh, until `deadline_s`."""
     deadline = time.monotonic() + deadline_s
     while True:
         blockers = [engine.stream(LONG + [i], 1000, rid=f"blocker-{i}") for i in range(MAX_RUNNING)]

@@ -8,7 +8,7 @@ a fresh stock server on model B.
 - every tokenizer worker process says it installed vradix (its pid in the log line);
 - provenance reaches the client through the workers, on `/generate` and on the OpenAI endpoint, and the workers
   serve `/vradix/cache`;
-- a bucketed weight-update session sent through the workers holds generation: a request sent between two buckets
+- a bucketed update sent through the workers holds generation: a request sent between two buckets
   equals the fresh server on B (not a hybrid of A and B).
 """
 import concurrent.futures as cf
@@ -73,10 +73,10 @@ def test_provenance_reaches_the_client_through_every_worker(server):
         assert inspected.status_code == 200 and inspected.json()["active"], inspected.text
 
 
-def test_a_session_through_the_workers_holds_generation_between_buckets(server, models, oracle_b):
-    """Each session call goes on a connection of its own, so its begin and end may reach different workers; the
-    request sent inside it goes on another. SGLang broadcasts the begin's pause to every worker, and the end resumes
-    generation whichever worker it reaches."""
+def test_a_bucketed_update_through_the_workers_holds_generation_between_buckets(server, models, oracle_b):
+    """Each call of a bucketed update goes on a connection of its own, so its begin and end may reach different
+    workers; the request sent inside it goes on another. SGLang broadcasts the begin's pause to every worker, and the
+    end resumes generation whichever worker it reaches."""
     server.generate(PROBE, 4)  # PROBE's prefix cached under A
     begin = server.post("/begin_weight_update", {})
     assert begin.status_code == 200, begin.text
@@ -92,6 +92,6 @@ def test_a_session_through_the_workers_holds_generation_between_buckets(server, 
         end = server.post("/end_weight_update", {})
         assert end.status_code == 200 and end.json()["success"], end.text
         out = mid.result(300)
-    assert out["output_ids"] == oracle_b[0], "a request sent inside the session ran on a hybrid of A and B"
+    assert out["output_ids"] == oracle_b[0], "a request sent inside the bucketed update ran on a hybrid of A and B"
     assert "paused in place" in begin.json()["message"] and "generation resumed" in end.json()["message"]
     assert server.generate(PROBE, 4)["output_ids"] == oracle_b[0]

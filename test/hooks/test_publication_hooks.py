@@ -19,8 +19,8 @@ from vradix.scheduler import publication as publication_glue
 from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache
 from vradix.testing.harness.trace import files_entered
-from vradix.testing.harness.engine import (Engine, StubScheduler, checkpoint, disk_request, end_session,
-                                           fingerprint_engine, loading_update, open_session, succeeding_update,
+from vradix.testing.harness.engine import (Engine, StubScheduler, checkpoint, disk_request, end_bucketed,
+                                           fingerprint_engine, loading_update, open_bucketed, succeeding_update,
                                            tensor_bucket)
 
 
@@ -121,45 +121,45 @@ def test_a_refused_update_leaves_no_drain_to_the_next_publication(engine, monkey
     assert engine.state.drain_ms_pending == 0 and engine.state.last_publication is None
 
 
-def test_a_session_pause_counts_every_drain_of_the_session(engine, monkeypatch):
+def test_a_bucketed_update_pause_counts_every_drain_of_the_update(engine, monkeypatch):
     slow_drain(engine, monkeypatch)
-    open_session(engine)
+    open_bucketed(engine)
     for i in range(2):
         original, req = tensor_bucket(engine, f"B{i}")
         publication.publish_update_from_tensor(original, engine.updater, req)
-    end_session(engine)
+    end_bucketed(engine)
     assert engine.state.last_publication.drain_ms >= 3 * 20  # the begin's and each bucket's: one publication's pause
 
 
 @pytest.mark.parametrize("buckets", [0, 1, 3])
-def test_a_session_is_one_publication_whatever_its_buckets(engine, buckets):
+def test_a_bucketed_update_is_one_publication_whatever_its_buckets(engine, buckets):
     epoch, pubs, flushes = engine.counters()
-    open_session(engine)
+    open_bucketed(engine)
     for i in range(buckets):
         original, req = tensor_bucket(engine, f"B{i}")
         out = publication.publish_update_from_tensor(original, engine.updater, req)
-        assert out.success and f"bucket {i + 1} of a weight-update session" in out.message
+        assert out.success and f"bucket {i + 1} of a bucketed update" in out.message
         assert engine.counters() == (epoch, pubs, flushes)  # neither the bucket nor its flush bumped
-    assert engine.state.session.buckets == buckets
-    out = end_session(engine)
+    assert engine.state.bucketed.buckets == buckets
+    out = end_bucketed(engine)
     assert engine.counters() == (epoch + 1, pubs + 1, flushes)
-    assert engine.state.session is None
+    assert engine.state.bucketed is None
     if buckets:
         assert engine.state.label == f"B{buckets - 1}" and f"label='B{buckets - 1}'" in out.message
     else:
         assert "no bucket: P2P/RDMA" in out.message
 
 
-def test_a_failed_bucket_does_not_bump_the_session_end_does(engine):
+def test_a_failed_bucket_does_not_bump_the_update_end_does(engine):
     epoch, pubs, _ = engine.counters()
-    open_session(engine)
+    open_bucketed(engine)
     original, req = tensor_bucket(engine, "B0", success=False)
     assert not publication.publish_update_from_tensor(original, engine.updater, req).success
     assert engine.counters()[:2] == (epoch, pubs)
-    assert "1 failed" in end_session(engine).message and engine.counters()[:2] == (epoch + 1, pubs + 1)
+    assert "1 failed" in end_bucketed(engine).message and engine.counters()[:2] == (epoch + 1, pubs + 1)
 
 
-def test_a_tensor_update_without_a_session_touches_nothing_and_does_not_bump(engine):
+def test_a_tensor_update_outside_a_bucketed_update_touches_nothing_and_does_not_bump(engine):
     before = engine.counters()
 
     def rejected(updater, recv_req):  # SGLang 0.5.23 rejects it before touching weights
@@ -193,20 +193,20 @@ def test_launcher_accepts_every_load_format_sglang_knows(load_format):
                                                                     weight_version="v1", token_step=3))
 
 
-def test_distributed_buckets_in_a_session_are_one_publication(engine):
+def test_distributed_buckets_in_a_bucketed_update_are_one_publication(engine):
     epoch, pubs, flushes = engine.counters()
-    open_session(engine)
+    open_bucketed(engine)
     for i in range(2):
         req = UpdateWeightsFromDistributedReqInput(names=["w"], dtypes=["float32"], shapes=[[1]], group_name="g",
                                                    weight_version=f"D{i}")
         out = publication.publish_update_from_distributed(
             succeeding_update(engine, UpdateWeightsFromDistributedReqOutput), engine.updater, req)
         assert out.success and engine.counters() == (epoch, pubs, flushes)
-    assert "2 bucket(s), 0 failed" in end_session(engine).message
+    assert "2 bucket(s), 0 failed" in end_bucketed(engine).message
     assert engine.counters() == (epoch + 1, pubs + 1, flushes) and engine.state.label == "D1"
 
 
-def test_an_ipc_update_without_a_session_is_one_publication(engine):
+def test_an_ipc_update_outside_a_bucketed_update_is_one_publication(engine):
     epoch, pubs, flushes = engine.counters()
     req = UpdateWeightsFromIPCReqInput(zmq_handles={}, weight_version="I1")
     out = publication.publish_update_from_ipc(succeeding_update(engine, UpdateWeightsFromIPCReqOutput),
@@ -231,7 +231,8 @@ def test_a_failed_update_whose_flush_runs_bumps_once(engine):
 
 
 class LauncherStandIn:
-    """The TokenizerManager attributes the session hooks read: `is_pause` and the pause / continue coroutines."""
+    """The TokenizerManager attributes the bucketed-update hooks read: `is_pause` and the pause / continue
+    coroutines."""
 
     def __init__(self):
         self.is_pause = False
@@ -243,7 +244,8 @@ class LauncherStandIn:
         self.is_pause = False
 
 
-# a begin_weight_update that raises releases the pause the session has just taken (it would otherwise stay forever)
+# a begin_weight_update that raises releases the pause the bucketed update has just taken (it would otherwise stay
+# forever)
 def test_a_begin_that_raises_does_not_leave_generation_paused():
     import asyncio
 
@@ -253,7 +255,7 @@ def test_a_begin_that_raises_does_not_leave_generation_paused():
         raise RuntimeError("communicator failed")
 
     with pytest.raises(RuntimeError, match="communicator failed"):
-        asyncio.run(launcher.hold_generation_for_session(raising_begin, tm, None))
+        asyncio.run(launcher.hold_generation_for_bucketed_update(raising_begin, tm, None))
     assert not tm.is_pause
 
 
@@ -268,8 +270,8 @@ def test_an_end_that_fails_says_generation_stays_paused():
     async def failing_end(tm, obj):
         return False, "no weight-update session is open"
 
-    assert asyncio.run(launcher.hold_generation_for_session(begin, tm, None))[0] and tm.is_pause
-    ok, message = asyncio.run(launcher.release_generation_after_session(failing_end, tm, None))
+    assert asyncio.run(launcher.hold_generation_for_bucketed_update(begin, tm, None))[0] and tm.is_pause
+    ok, message = asyncio.run(launcher.release_generation_after_bucketed_update(failing_end, tm, None))
     assert not ok and "generation stays paused" in message and tm.is_pause
 
 
@@ -360,12 +362,12 @@ def test_a_partial_publication_chains_onto_the_identity_before_it():
     assert other.state.weight_id != a.state.weight_id  # a different partial publication: a different identity
 
 
-def test_a_session_proves_the_same_identity_whatever_its_buckets_and_their_order():
+def test_a_bucketed_update_proves_the_same_identity_whatever_its_buckets_and_their_order():
     new = checkpoint(3)
     ids = []
     for order in (["0.weight", "0.bias", "1.weight", "1.bias"], ["1.bias", "0.weight"], ["1.weight", "0.bias"]):
         e = fingerprint_engine()
-        open_session(e)
+        open_bucketed(e)
         if len(order) == 2:  # two buckets of two tensors each
             buckets = [order, sorted(set(new) - set(order))]
         else:  # four buckets of one tensor
@@ -374,7 +376,7 @@ def test_a_session_proves_the_same_identity_whatever_its_buckets_and_their_order
             original = loading_update(e, {n: new[n] for n in names}, UpdateWeightsFromTensorReqOutput)
             req = UpdateWeightsFromTensorReqInput(serialized_named_tensors=[], weight_version="s")
             assert publication.publish_update_from_tensor(original, e.updater, req).success
-        end_session(e)
+        end_bucketed(e)
         ids.append(e.state.weight_id)
     assert len(set(ids)) == 1 and ids[0] == fingerprint_engine(new).state.weight_id  # complete: a fresh start's id
 
@@ -584,17 +586,17 @@ def treeless_engine():
     return TreelessEngine()
 
 
-def session_of(*buckets):
-    """A weight-update session with one bucket per `(update hook, output type)`."""
+def bucketed_of(*buckets):
+    """A bucketed update with one bucket per `(update hook, output type)`."""
     def run(e):
-        open_session(e)
+        open_bucketed(e)
         for i, (hook, out_cls) in enumerate(buckets):
             req = (UpdateWeightsFromTensorReqInput(serialized_named_tensors=[], weight_version=f"S{i}")
                    if out_cls is UpdateWeightsFromTensorReqOutput else
                    UpdateWeightsFromDistributedReqInput(names=["w"], dtypes=["float32"], shapes=[[1]],
                                                         group_name="g", weight_version=f"S{i}"))
             assert hook(succeeding_update(e, out_cls), e.updater, req).success
-        assert end_session(e).success
+        assert end_bucketed(e).success
     return run
 
 
@@ -617,17 +619,17 @@ ENTRY_POINTS = [
     ("update_weights_from_ipc", Engine, lambda e: publication.publish_update_from_ipc(
         succeeding_update(e, UpdateWeightsFromIPCReqOutput), e.updater,
         UpdateWeightsFromIPCReqInput(zmq_handles={}, weight_version="I1")), 1),
-    ("update_weights_from_tensor session", Engine, session_of(
+    ("update_weights_from_tensor bucketed update", Engine, bucketed_of(
         (publication.publish_update_from_tensor, UpdateWeightsFromTensorReqOutput),
         (publication.publish_update_from_tensor, UpdateWeightsFromTensorReqOutput)), 1),
-    ("update_weights_from_distributed session", Engine, session_of(
+    ("update_weights_from_distributed bucketed update", Engine, bucketed_of(
         (publication.publish_update_from_distributed, UpdateWeightsFromDistributedReqOutput)), 1),
-    ("P2P session", Engine, session_of(), 1),
+    ("P2P bucketed update", Engine, bucketed_of(), 1),
     ("update_weight_version", Engine, lambda e: e.scheduler.record_weight_version_change("B9"), 1),
     ("check_weights reset_tensors", Engine, reset_tensors, 1),
     ("without a tree: update_weights_from_disk", treeless_engine, lambda e: publication.publish_update_from_disk(
         succeeding_update(e), e.updater, disk_request("B1")), 1),
-    ("without a tree: session", treeless_engine, session_of(
+    ("without a tree: bucketed update", treeless_engine, bucketed_of(
         (publication.publish_update_from_tensor, UpdateWeightsFromTensorReqOutput)), 1),
     ("without a tree: update_weight_version", treeless_engine,
      lambda e: e.scheduler.record_weight_version_change("B9"), 1),
@@ -692,15 +694,15 @@ def test_a_flush_or_an_adapter_unload_is_no_publication(name, make, drive, epoch
     assert publication_glue.opened(e.scheduler) is None
 
 
-def test_an_adapter_unload_inside_a_session_frees_its_entries_and_leaves_the_session_open(engine):
-    """Unloading an adapter while a weight-update session is open frees its entries at once and leaves the session
+def test_an_adapter_unload_inside_a_bucketed_update_frees_its_entries_and_leaves_the_update_open(engine):
+    """Unloading an adapter while a bucketed update is open frees its entries at once and leaves the bucketed update
     open: its end still bumps, once."""
     epoch = engine.state.epoch
-    open_session(engine)
+    open_bucketed(engine)
     unload_adapter(engine)
     assert engine.state.lora.events == 1 and engine.state.epoch == epoch
-    assert publication_glue.opened(engine.scheduler).session is engine.state.session
-    assert end_session(engine).success and engine.state.epoch == epoch + 1
+    assert publication_glue.opened(engine.scheduler).bucketed is engine.state.bucketed
+    assert end_bucketed(engine).success and engine.state.epoch == epoch + 1
 
 
 def test_one_update_call_stays_in_few_files(engine):

@@ -33,7 +33,7 @@ from vradix.testing.harness.l3_store import (PROMPT, StorageScheduler, backend_h
 
 def poll_twice(cache) -> None:
     """Two scheduler polls of HiCache events: the first sees the acks now queued (a prefetch's final ack releases its
-    uncopied or revoked pages into the release queue); the second frees what the first released (SGLang drains the
+    uncopied or revoked pages into the release queue); the second frees what the first released (SGLang empties the
     release queue up to its length at the start of a poll)."""
     cache.check_hicache_events()
     cache.check_hicache_events()

@@ -212,9 +212,9 @@ def finish(hybrid, req) -> None:
     common.release_kv_cache(req, hybrid.cache, checkpoint=True)
 
 
-def drained(hybrid) -> dict:
+def idle_figures(hybrid) -> dict:
     """The pools' free slots once no request is left and a publication has dropped the tree."""
-    hybrid.state.bump(hybrid.cache, [], [], reason="drain")
+    hybrid.state.bump(hybrid.cache, [], [], reason="idle")
     return hybrid.figures()
 
 
@@ -253,7 +253,7 @@ def test_a_restored_prefix_state_lands_in_its_node_slot_and_the_live_state_stays
     hold_for_decode(hybrid, req, node, PREFIX + [99])
     finish(hybrid, req)
     assert hybrid.state_is(slot, CANONICAL)  # the finished request's state went to a node of its own
-    assert drained(hybrid) == hybrid.totals
+    assert idle_figures(hybrid) == hybrid.totals
 
 
 def test_off_the_decode_role_a_restore_still_gives_the_request_its_prefix_state(hybrid):
@@ -295,7 +295,7 @@ def test_a_request_crossing_a_publication_keeps_its_live_state_and_publishes_non
     for key in (req.extra_key, fresh.extra_key):  # neither namespace holds its span or a state for it
         m = hybrid.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens + [5]), extra_key=key)))
         assert (m.device_prefix_len, m.host_hit_length) == (0, 0)
-    assert drained(hybrid) == hybrid.totals
+    assert idle_figures(hybrid) == hybrid.totals
 
 
 def test_a_prefix_state_restored_from_l3_lands_in_its_node_slot_and_an_old_epoch_one_is_never_found(hybrid_l3):
@@ -317,7 +317,7 @@ def test_a_prefix_state_restored_from_l3_lands_in_its_node_slot_and_an_old_epoch
     assert hx.state_is(live, LIVE)
     hold_for_decode(hx, req, restored, tokens)
     finish(hx, req)
-    assert drained(hx) == hx.totals
+    assert idle_figures(hx) == hx.totals
 
     fresh = hx.request(tokens)
     assert hx.prefetch_from_l3(fresh, tokens) == 0, "a new-epoch request found the old epoch's L3 pages"

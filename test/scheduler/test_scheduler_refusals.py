@@ -122,25 +122,25 @@ class Receiving:
 
 
 def begin(engine):
-    """`/begin_weight_update` reaching the scheduler: SGLang's begin body (here: the session opens) through
+    """`/begin_weight_update` reaching the scheduler: SGLang's begin body (here: the bucketed update opens) through
     vradix's hook."""
     def original(updater, recv_req):
         updater._session = "open"
         return types.SimpleNamespace(success=True, message="Success")
-    return publication.open_weight_session(original, engine.updater, None)
+    return publication.open_bucketed_update(original, engine.updater, None)
 
 
 def end(engine):
     def original(updater, recv_req):
         updater._session = None
         return types.SimpleNamespace(success=True, message="Success")
-    return publication.publish_on_session_end(original, engine.updater, None)
+    return publication.publish_on_bucketed_update_end(original, engine.updater, None)
 
 
-def test_a_session_the_launcher_did_not_hold_pauses_the_scheduler_and_refuses_new_requests():
+def test_a_bucketed_update_the_launcher_did_not_hold_pauses_the_scheduler_and_refuses_new_requests():
     """Without the launcher's hold (its TokenizerManager runs unpaused, under its model-update lock), the scheduler
     pauses itself in place at begin: nothing runs a forward on half-written weights. A request that arrives during
-    the session is answered at once with HTTP 400 naming end_weight_update, never held (held, it would keep the
+    the bucketed update is answered at once with HTTP 400 naming end_weight_update, never held (held, it would keep the
     TokenizerManager's next bucket waiting for it forever); at end the scheduler resumes itself."""
     engine = Engine()
     r = Receiving(engine)
@@ -159,7 +159,7 @@ def test_a_session_the_launcher_did_not_hold_pauses_the_scheduler_and_refuses_ne
     assert r.handled == ["after"] and len(r.refusals()) == 1
 
 
-def test_a_session_the_launcher_held_stays_the_launchers_and_queues_as_stock():
+def test_a_bucketed_update_the_launcher_held_stays_the_launchers_and_queues_as_stock():
     """With the launcher's hold (generation paused in place before begin), requests that still reach the scheduler
     wait in the queue as in stock SGLang, and the scheduler leaves the resume to whoever paused."""
     engine = Engine()
@@ -171,10 +171,10 @@ def test_a_session_the_launcher_held_stays_the_launchers_and_queues_as_stock():
     assert r.scheduler._engine_paused  # the holder resumes it
 
 
-def test_a_continue_inside_a_held_session_is_deferred_to_its_end_and_new_requests_are_refused():
+def test_a_continue_inside_a_held_bucketed_update_is_deferred_to_its_end_and_new_requests_are_refused():
     """A continue_generation that bypassed the launcher's refusal un-pauses its TokenizerManager, so its requests
     would reach a paused scheduler: the scheduler keeps generation paused, takes the hold over (new requests are
-    refused) and resumes at the session's end, as the continue asked."""
+    refused) and resumes at the bucketed update's end, as the continue asked."""
     engine = Engine()
     r = Receiving(engine, paused=True)
     assert begin(engine).success

@@ -1,6 +1,6 @@
 """`pause_holding` (the precondition of a request in flight at a pause), without a server: an attempt in which a request
-finished before the pause took effect is resumed, drained and started afresh; a held attempt returns paused; a
-precondition never met fails at the deadline, naming it."""
+finished before the pause took effect is resumed, its result collected, and started afresh; a held attempt returns
+paused; a precondition never met fails at the deadline, naming it."""
 import pytest
 
 from vradix.testing.harness import scenario
@@ -9,13 +9,13 @@ from vradix.testing.harness import scenario
 class FakeStream:
     def __init__(self, finishes_first: bool):
         self.done = self.near_end = finishes_first
-        self.drained = False
+        self.collected = False
 
     def wait_decoding(self, timeout=120.0):
         pass
 
     def result(self, timeout=300.0):
-        self.drained = True
+        self.collected = True
         return {"meta_info": {}}
 
 
@@ -37,7 +37,7 @@ def no_fence(monkeypatch):
     monkeypatch.setattr(scenario, "pause_took_effect", lambda server: None)
 
 
-def test_a_void_attempt_is_resumed_drained_and_retried():
+def test_a_void_attempt_is_resumed_collected_and_retried():
     server, outcomes, started = FakeServer(), iter([True, False]), []
 
     def start():
@@ -45,7 +45,7 @@ def test_a_void_attempt_is_resumed_drained_and_retried():
         return started[-1:]
 
     (held,) = scenario.pause_holding(server, start)
-    assert held is started[1] and not held.done and started[0].drained
+    assert held is started[1] and not held.done and started[0].collected
     assert server.calls == ["pause", "resume", "pause"]  # paused on return
 
 

@@ -16,8 +16,8 @@
 - GPU model families whose post-load steps (or first forwards) build weight-derived copies that an update leaves
   stale (`GPU_DERIVED_COPIES`): built once and never rebuilt (`ALWAYS`), rebuilt as new tensors while CUDA graphs
   captured before keep reading the old ones (`UNDER_GRAPHS`), or rebuilt only by a full `load_weights`, which a
-  P2P/RDMA write in a weight-update session bypasses (`AFTER_SESSION`). vradix cannot version them in 0.5.23, so an
-  update that would leave one stale is refused before anything is loaded (`gpu_derived_refusal`), on every update
+  P2P/RDMA write in a bucketed update bypasses (`AFTER_BUCKETED_UPDATE`). vradix cannot version them in 0.5.23, so
+  an update that would leave one stale is refused before anything is loaded (`gpu_derived_refusal`), on every update
   path and at `begin_weight_update`; serving without updates stays allowed. At begin, what SGLang's own check refuses
   at every update call is refused too (`bypassed_sglang_refusal`): a P2P/RDMA write makes no update call.
 """
@@ -111,9 +111,9 @@ class PostHookFailures(logging.Handler):
 ALWAYS = "always"
 #: rebuilt as a new tensor by every post-load step: stale only for the CUDA graphs captured before, which keep the old
 UNDER_GRAPHS = "under CUDA graphs"
-#: rebuilt only by a full `load_weights`: stale after a P2P/RDMA write into an open weight-update session
-AFTER_SESSION = "after a session"
-#: the update source of `begin_weight_update` (a session's writes may follow with no update call)
+#: rebuilt only by a full `load_weights`: stale after a P2P/RDMA write into an open bucketed update
+AFTER_BUCKETED_UPDATE = "after a bucketed update"
+#: the update source of `begin_weight_update` (a bucketed update's writes may follow with no update call)
 BEGIN = "begin_weight_update"
 
 ALTERNATIVES = {
@@ -121,8 +121,8 @@ ALTERNATIVES = {
     UNDER_GRAPHS: ("Restart the engine on the new checkpoint, serve without CUDA graphs (--cuda-graph-backend-decode "
                    "disabled --cuda-graph-backend-prefill disabled), or set VRADIX_DISABLE=1 to update without "
                    "vradix's guarantees"),
-    AFTER_SESSION: ("Update with update_weights_from_disk (a full load rebuilds it), restart the engine on the new "
-                    "checkpoint, or set VRADIX_DISABLE=1 to update without vradix's guarantees"),
+    AFTER_BUCKETED_UPDATE: ("Update with update_weights_from_disk (a full load rebuilds it), restart the engine on "
+                            "the new checkpoint, or set VRADIX_DISABLE=1 to update without vradix's guarantees"),
 }
 
 
@@ -222,8 +222,8 @@ GPU_DERIVED_COPIES = (
     DerivedCopy("Dots3 omni", "vision MoE FP8 expert pack",
                 "sglang.srt.models.dots3_common.dots_omni_vision:MoESwiGLUFFNFP8", "_fused_w13_fp8",
                 "sglang.srt.models.dots3_common.dots_omni_vision:MoESwiGLUFFNFP8._pack_fused_fp8_weights",
-                AFTER_SESSION, "only its load_state_dict post-hook repacks it, which a full load_weights runs and a "
-                "P2P/RDMA write followed by end_weight_update does not"),
+                AFTER_BUCKETED_UPDATE, "only its load_state_dict post-hook repacks it, which a full load_weights runs "
+                "and a P2P/RDMA write followed by end_weight_update does not"),
     DerivedCopy("HunYuan-V3", "fp32 q/k norm weight copies of the HPC-Ops FP8 attention",
                 "sglang.srt.models.hunyuan_v3:HYV3Attention", "_hpc_q_norm_w_fp32",
                 "sglang.srt.models.hunyuan_v3:HYV3Attention._resolve_hpc_ops_fp8_attn", ALWAYS,
@@ -292,7 +292,7 @@ def gpu_derived_refusal(source: str, models, graphs: bool) -> Optional[str]:
 
 
 def refusal_message(source: str, model, module, copy: DerivedCopy) -> str:
-    outcome = "No session was opened" if source == BEGIN else "Nothing was loaded"
+    outcome = "No bucketed update was opened" if source == BEGIN else "Nothing was loaded"
     return (f"vradix refused {source}: {type(model).__name__} holds a weight-derived copy vradix cannot version: "
             f"{copy.family} {copy.what} ({type(module).__name__}.{copy.attr}); {copy.why}, so the served model "
             f"would mix the new weights with values derived from the old ones ({copy.stale}). {outcome}. "
@@ -309,5 +309,5 @@ def bypassed_sglang_refusal(models) -> Optional[str]:
         reason = _unsupported_derived_weight_cache_error(model)
         if reason is not None:
             return (f"vradix refused {BEGIN}: SGLang refuses every update call of {type(model).__name__} ({reason}), "
-                    "and a P2P/RDMA write into a session makes none. No session was opened")
+                    "and a P2P/RDMA write into a bucketed update makes none. No bucketed update was opened")
     return None

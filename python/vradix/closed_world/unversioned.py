@@ -178,14 +178,14 @@ REFUSALS = (
     Refusal("SGLANG_RUST_SERVER", _sglang_env_on("SGLANG_RUST_SERVER"),
             "the embedded Rust frontend replaces the HTTP server and the TokenizerManager, so none of vradix's "
             "launcher-side steps runs: responses carry no provenance, a staleness bound above the window is not "
-            "refused, a weight-update session does not hold generation, and the flush report and the cache "
+            "refused, a bucketed update does not hold generation, and the flush report and the cache "
             "inspector are gone",
             "the Python HTTP server (leave SGLANG_RUST_SERVER unset)"),
     Refusal("--smg-grpc-mode", lambda args: bool(getattr(args, "smg_grpc_mode", False)
                                                  or getattr(args, "grpc_mode", False)),
             "the SMG gRPC server replaces SGLang's HTTP server and TokenizerManager with the servicer's own request "
-            "manager, so no launcher-side vradix check runs there (the weight-session hold, the refusal of a "
-            "continue inside a session and of relaxed acceptance, the staleness bound's 400, provenance)",
+            "manager, so no launcher-side vradix check runs there (the bucketed update's hold, the refusal of a "
+            "continue inside a bucketed update and of relaxed acceptance, the staleness bound's 400, provenance)",
             "the HTTP server, with SGLang's native gRPC server beside it if needed (--grpc-port), which goes "
             "through the TokenizerManager"),
     Refusal("--dllm-algorithm", lambda args: getattr(args, "dllm_algorithm", None) is not None,

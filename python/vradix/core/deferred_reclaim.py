@@ -345,7 +345,7 @@ def free_leaves_where(cache: UnifiedRadixCache, is_victim: Callable[[int], bool]
 def age_out_on_flush(state: Engine, cache: UnifiedRadixCache, after_next_bump: bool = False) -> None:
     """A flush with a staleness window: nothing computed before it stays reusable, not even by bounded requests (a
     flush is a flush). The floor is the current epoch (the flush's own bump, or the bump of the update that asked
-    for it), or the next one inside a weight-update session (its bump comes at `end_weight_update`); the deferred
+    for it), or the next one inside a bucketed update (its bump comes at `end_weight_update`); the deferred
     reclaim then frees every older namespace. No window: nothing to do (the bump already made older KV
     unmatchable)."""
     if state.staleness.window == 0:

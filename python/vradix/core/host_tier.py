@@ -21,7 +21,7 @@ freed only by host-pool pressure (LRU). vradix frees them at the bump instead, w
 Invariant between bumps (HiCache, no L3): no node of an older epoch holds a host copy. Nothing backs up a stale node
 after the bump (crossing requests never insert, and stale nodes are locked, so never evicted), so a crossing request's
 release frees its stale path from the device without demoting it (`reclaim.free_released_path`): its host copies
-were freed at the bump. Once everything drains, the host pool is whole again: `available == total`
+were freed at the bump. Once every request finished, the host pool is whole again: `available == total`
 (`pool_figures`, `idle_leaks`).
 """
 from __future__ import annotations
@@ -71,7 +71,7 @@ def settle_transfers(cache) -> None:
     ones (no cross-rank count is needed)."""
     if not enabled(cache):
         return
-    cache.writing_check(write_back=True)  # SGLang's blocking drain: submit queued backups, wait for every ack
+    cache.writing_check(write_back=True)  # SGLang's blocking wait: submit queued backups, wait for every ack
     acks = cache.cache_controller.ack_load_queue
     for ack in acks:
         ack.finish_event.synchronize()
@@ -140,9 +140,10 @@ def pool_figures(cache) -> Optional[dict]:
 
 
 def idle_leaks(cache) -> list[str]:
-    """The strict host-pool check for an idle engine whose tree holds nothing (after a drain and a bump, or a flush):
-    every host page is free and no transfer is in flight. SGLang checks only the device pools when idle
-    (`available + evictable + protected == total`); this is the host counterpart. Returns the violations (empty: ok)."""
+    """The strict host-pool check for an idle engine whose tree holds nothing (once every request finished, after a
+    bump or a flush): every host page is free and no transfer is in flight. SGLang checks only the device pools when
+    idle (`available + evictable + protected == total`); this is the host counterpart. Returns the violations (empty:
+    ok)."""
     figures = pool_figures(cache)
     if figures is None:
         return []

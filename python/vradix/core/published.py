@@ -15,8 +15,8 @@ takes unsharded tensors and slices them itself); a name only one rank digests vo
 Invariants:
 - `fingerprint_of` depends only on the engine salt (architecture, dtype, quantization: what turns the same tensors
   into the same computation) and the name -> (dtype, shape, bytes) mapping: not on the TP size, the rank that owned
-  a name, the order of the tensors, or how a session split them into buckets (a name loaded twice counts with its
-  last value, as the model holds it);
+  a name, the order of the tensors, or how a bucketed update split them into buckets (a name loaded twice counts with
+  its last value, as the model holds it);
 - a publication that loads every name the engine started with is complete: its identity is that of a fresh engine
   started on the same weights. One that loads fewer chains onto the identity before it, so the identity names a
   history of publications from a proven start (equal histories, equal identities; never equal for different weights

@@ -1,5 +1,5 @@
 """The records of vradix's engine parts (`vradix.engine.Engine`): the bump's record, the guard, LoRA, prefill dedup,
-freed counters, storage, streaming-session slots; the weight-update session; the engine without a radix tree.
+freed counters, storage, streaming-session slots; the bucketed update; the engine without a radix tree.
 
 Everything here is only touched from the scheduler thread (admission, publication, release and flush all run there),
 so it needs no locking.
@@ -55,8 +55,8 @@ class Bump:
     #: them later, and nothing matches them (None without a host tier)
     host_tokens_left: Optional[int] = None
     #: the pause the publication added on the scheduler, in two parts: waiting for the in-flight batches before the
-    #: weights changed (`drain_ms`, every drain the publication ran, a session's begin included), and the whole bump
-    #: step after they changed (`bump_ms`: identity, epoch bump, revocations, audit; it contains `latency_ms` and
+    #: weights changed (`drain_ms`, every drain the publication ran, a bucketed update's begin included), and the whole
+    #: bump step after they changed (`bump_ms`: identity, epoch bump, revocations, audit; it contains `latency_ms` and
     #: `identity_ms`). `pause_ms` in `as_dict` is their sum. The weight load itself is not part of either.
     drain_ms: float = 0.0
     bump_ms: float = 0.0
@@ -175,10 +175,10 @@ class StorageCounters:
 
 
 @dataclass
-class WeightSession:
-    """One `begin_weight_update ... end_weight_update` session: its buckets (update calls) so far. A session is one
-    publication: its buckets apply their labels but never bump; `end_weight_update` bumps once. Changes only through
-    `count_bucket` (`scheduler.publication.record_bucket`)."""
+class BucketedUpdate:
+    """One bucketed update (`begin_weight_update ... end_weight_update`): its buckets (update calls) so far. A bucketed
+    update is one publication: its buckets apply their labels but never bump; `end_weight_update` bumps once. Changes
+    only through `count_bucket` (`scheduler.publication.record_bucket`)."""
 
     buckets: int = 0
     failed_buckets: int = 0
@@ -195,9 +195,9 @@ class WeightSession:
 class TreelessState:
     """vradix on an engine without a radix cache (`--disable-radix-cache`): there is no tree to version, so there is
     no epoch; each publication drops the weight-derived caches (`vradix.core.weight_derived`) once. Its publications are
-    counted the way an `Engine` counts them: an update call outside a session is one, a session is one at its
-    end, a new label by itself is one; a flush by itself drops them too, recorded but not counted. Changes only
-    through `open_publication`, `close_publication`, `open_session` and `close_session` (only
+    counted the way an `Engine` counts them: an update call outside a bucketed update is one, a bucketed update is
+    one at its end, a new label by itself is one; a flush by itself drops them too, recorded but not counted. Changes
+    only through `open_publication`, `close_publication`, `open_bucketed` and `close_bucketed` (only
     `vradix.scheduler.publication.Publication`), `record` (`vradix.scheduler.treeless.TreelessEngine.drop`), and
     `use_steps` / `use_metrics` (at startup and after a runtime reconfiguration)."""
 
@@ -205,8 +205,8 @@ class TreelessState:
     #: the publication open on this engine (`vradix.scheduler.publication.Publication`; the label change and the
     #: flush SGLang runs inside it are part of it, not publications of their own)
     publication: Optional[Any] = None
-    #: a weight-update session is open (its end publishes once)
-    session_open: bool = False
+    #: a bucketed update is open (its end publishes once)
+    bucketed_open: bool = False
     #: what the last publication (or flush) dropped: reason, mm_embeddings_cleared, position_grids_cleared
     last: Optional[dict] = None
     last_publication: Optional[dict] = None
@@ -227,11 +227,11 @@ class TreelessState:
     def use_metrics(self, series: Any) -> None:
         self.metrics = series
 
-    def open_session(self, _session) -> None:
-        self.session_open = True
+    def open_bucketed(self, _bucketed) -> None:
+        self.bucketed_open = True
 
-    def close_session(self) -> None:
-        self.session_open = False
+    def close_bucketed(self) -> None:
+        self.bucketed_open = False
 
     def record(self, dropped: dict, is_publication: bool) -> None:
         """What a publication (or a flush, `is_publication` False) dropped."""

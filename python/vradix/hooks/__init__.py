@@ -101,8 +101,8 @@ HOOKS = [
     ("sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater.update_weights_from_ipc",
      "AROUND", publication.fail_ipc_update_on_post_hook_failure),
     (f"{_UPDATER}.record_weight_version_after_update", "AROUND", publication.publish_after_version_record),
-    (f"{_UPDATER}.begin_weight_update", "AROUND", publication.open_weight_session),
-    (f"{_UPDATER}.end_weight_update", "AROUND", publication.publish_on_session_end),
+    (f"{_UPDATER}.begin_weight_update", "AROUND", publication.open_bucketed_update),
+    (f"{_UPDATER}.end_weight_update", "AROUND", publication.publish_on_bucketed_update_end),
     (f"{_SCHED}.record_weight_version_change", "AROUND", publication.publish_on_version_change),
     # a flush (/flush_cache, an update's flush_cache=true) with KV holders bumps lock-aware instead of being refused;
     # inside a publication it is part of that publication, never a second bump
@@ -111,21 +111,22 @@ HOOKS = [
     (f"{_UPDATER}.check_weights", "AROUND", publication.publish_weights_checker_reset),
     (f"{_UPDATER}.resume_memory_occupation", "AROUND", publication.publish_weights_resumed_without_backup),
     # control requests that would change what responses are computed from without a publication are refused:
-    # resuming generation inside an open weight-update session (here, and in the launcher, below), relaxing
+    # resuming generation inside an open bucketed update (here, and in the launcher, below), relaxing
     # speculative acceptance at runtime (launcher), an RPC to a state-changing scheduler method
-    (f"{_SCHED}.continue_generation", "AROUND", control.refuse_continue_inside_session),
-    # a request reaching a scheduler whose session holds generation itself (the launcher's hold absent) is refused;
-    # so is a decode request without bootstrap fields (below), whatever frontend sent it: one hook per generate request
+    (f"{_SCHED}.continue_generation", "AROUND", control.refuse_continue_inside_bucketed_update),
+    # a request reaching a scheduler whose bucketed update holds generation itself (the launcher's hold absent) is
+    # refused; so is a decode request without bootstrap fields (below), whatever frontend sent it: one hook per generate
+    # request
     (f"{_SCHED}.handle_generate_request", "AROUND", serving.accept_generate),
-    (f"{_SCHED}.handle_embedding_request", "AROUND", control.refuse_requests_inside_held_session),
+    (f"{_SCHED}.handle_embedding_request", "AROUND", control.refuse_requests_inside_held_bucketed_update),
     (f"{_SCHED}.handle_rpc_request", "AROUND", control.refuse_state_changing_rpc),
-    # a weight-update session holds generation (in place) from its begin to its end (launcher process; the scheduler
+    # a bucketed update holds generation (in place) from its begin to its end (launcher process; the scheduler
     # holds it itself when this copy did not, and refuses requests meanwhile: above)
-    (f"{_TCM}.begin_weight_update", "AROUND", launcher.hold_generation_for_session),
-    (f"{_TCM}.end_weight_update", "AROUND", launcher.release_generation_after_session),
-    (f"{_TM}.continue_generation", "BEFORE", launcher.refuse_continue_inside_session),
+    (f"{_TCM}.begin_weight_update", "AROUND", launcher.hold_generation_for_bucketed_update),
+    (f"{_TCM}.end_weight_update", "AROUND", launcher.release_generation_after_bucketed_update),
+    (f"{_TM}.continue_generation", "BEFORE", launcher.refuse_continue_inside_bucketed_update),
     ("sglang.srt.managers.multi_tokenizer_mixin.TokenizerWorker.continue_generation", "BEFORE",
-     launcher.refuse_continue_inside_session),
+     launcher.refuse_continue_inside_bucketed_update),
     (f"{_TCM}.set_internal_state", "BEFORE", launcher.refuse_relaxed_speculative_acceptance),
     # bad input: an invalid publication request is refused in the launcher before anything changes
     (f"{_TCM}.update_weight_version", "BEFORE", launcher.reject_bad_version_label),

@@ -1,14 +1,15 @@
 """Control hooks (scheduler process): control requests that would change what later responses are computed from
 without a publication are refused per call, and the refusal says what to do instead.
 
-- `/continue_generation` while a weight-update session is open: the session's buckets are live in the model as soon
-  as each returns, but the epoch bumps only at `end_weight_update`, so a request resumed inside the session would
+- `/continue_generation` while a bucketed update is open: its buckets are live in the model as soon as each
+  returns, but the epoch bumps only at `end_weight_update`, so a request resumed inside the bucketed update would
   compute on partly written weights and reuse the old epoch's KV under it. The launcher refuses it with HTTP 400
-  (`launcher.refuse_continue_inside_session`); this is the scheduler's own check for callers that bypass that
-  TokenizerManager (a multi-tokenizer worker): generation stays paused until the session ends.
-- a generate or embedding request reaching a scheduler whose session holds generation itself (the launcher's hold
-  did not pause it, `scheduler.publication.Publication.hold_generation`) is answered with HTTP 400 naming
-  end_weight_update, never held: held, it would keep its TokenizerManager's next session call waiting forever.
+  (`launcher.refuse_continue_inside_bucketed_update`); this is the scheduler's own check for callers that bypass that
+  TokenizerManager (a multi-tokenizer worker): generation stays paused until the bucketed update ends.
+- a generate or embedding request reaching a scheduler whose bucketed update holds generation itself (the launcher's
+  hold did not pause it, `scheduler.publication.Publication.hold_generation`) is answered with HTTP 400 naming
+  end_weight_update, never held: held, it would keep its TokenizerManager's next call of the bucketed update waiting
+  forever.
 - an RPC (`Engine.collective_rpc`, `RpcReqInput`) calls any scheduler method by name, so it could flush, load, relabel
   or write weights around every hook; only methods that change no served state run.
 """
@@ -27,28 +28,28 @@ logger = logging.getLogger("vradix")
 #: scheduler methods an RPC may call: each reads the served weights or state and changes nothing a response reads
 READ_ONLY_RPC_METHODS = ("save_remote_model", "save_sharded_model")
 
-CONTINUE_INSIDE_SESSION = (
-    "vradix refused continue_generation: a weight-update session is open, its buckets are already in the model and "
+CONTINUE_INSIDE_BUCKETED_UPDATE = (
+    "vradix refused continue_generation: a bucketed update is open, its buckets are already in the model and "
     "the publication happens at end_weight_update. Call end_weight_update first (it resumes generation when its "
     "begin paused it), or continue_generation after it")
 
 
-def weight_session_open(scheduler) -> bool:
-    """Whether a `begin_weight_update ... end_weight_update` session is open on the scheduler's engine."""
+def bucketed_update_open(scheduler) -> bool:
+    """Whether a bucketed update (`begin_weight_update ... end_weight_update`) is open on the scheduler's engine."""
     state = state_of_scheduler(scheduler)
     if state is not None:
-        return state.session is not None
+        return state.bucketed is not None
     treeless = treeless_of(scheduler.tree_cache)
-    return treeless is not None and treeless.session_open
+    return treeless is not None and treeless.bucketed_open
 
 
-def refuse_continue_inside_session(original, scheduler, recv_req, *args, **kwargs):
-    """AROUND Scheduler.continue_generation: inside an open weight-update session generation stays paused (nothing
-    resumes on half-published weights) and the session takes the hold over (`Publication.hold_generation`): the
-    requests the caller now sends are refused, and generation resumes at the session's end, as the continue asked.
-    Outside a session, SGLang's continue runs unchanged. (SGLang sends no reply to a continue.)"""
-    if weight_session_open(scheduler):
-        logger.error(CONTINUE_INSIDE_SESSION)
+def refuse_continue_inside_bucketed_update(original, scheduler, recv_req, *args, **kwargs):
+    """AROUND Scheduler.continue_generation: inside an open bucketed update generation stays paused (nothing resumes
+    on half-published weights) and the bucketed update takes the hold over (`Publication.hold_generation`): the
+    requests the caller now sends are refused, and generation resumes at its end, as the continue asked. Outside a
+    bucketed update, SGLang's continue runs unchanged. (SGLang sends no reply to a continue.)"""
+    if bucketed_update_open(scheduler):
+        logger.error(CONTINUE_INSIDE_BUCKETED_UPDATE)
         pub = opened(scheduler)
         if pub is not None:
             pub.hold_generation(take_over=True)
@@ -56,18 +57,18 @@ def refuse_continue_inside_session(original, scheduler, recv_req, *args, **kwarg
     return original(scheduler, recv_req, *args, **kwargs)
 
 
-REQUEST_INSIDE_SESSION = (
-    "vradix refused the request: a weight-update session is open, its buckets are already in the model and "
+REQUEST_INSIDE_BUCKETED_UPDATE = (
+    "vradix refused the request: a bucketed update is open, its buckets are already in the model and "
     "generation is held until end_weight_update publishes them. Send it again after end_weight_update")
 
 
-def refuse_requests_inside_held_session(original, scheduler, recv_req, *args, **kwargs):
-    """AROUND Scheduler.handle_generate_request / handle_embedding_request: while a weight-update session holds
+def refuse_requests_inside_held_bucketed_update(original, scheduler, recv_req, *args, **kwargs):
+    """AROUND Scheduler.handle_generate_request / handle_embedding_request: while a bucketed update holds
     generation in this scheduler (`Publication.refuses_requests`), a request is answered with HTTP 400 naming
     end_weight_update and nothing of it is built; otherwise SGLang's handler runs unchanged."""
     pub = opened(scheduler)
     if pub is not None and pub.refuses_requests:
-        answer_refused(scheduler, recv_req, REQUEST_INSIDE_SESSION)
+        answer_refused(scheduler, recv_req, REQUEST_INSIDE_BUCKETED_UPDATE)
         return None
     return original(scheduler, recv_req, *args, **kwargs)
 

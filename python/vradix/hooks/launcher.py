@@ -1,5 +1,5 @@
 """Launcher hooks (launcher process: the TokenizerManager): bad publication input is refused before anything is sent to a
-scheduler, so it changes nothing; a weight-update session holds generation from its begin to its end.
+scheduler, so it changes nothing; a bucketed update holds generation from its begin to its end.
 
 Every refusal here is an early, friendlier copy: the scheduler process, where vradix's fail-closed install is
 guaranteed, decides each one again where it receives the call (docs/fail-closed.md, "Where each check is decided")."""
@@ -45,19 +45,21 @@ async def reject_bad_update_request(original, tokenizer_manager, obj, *args, **k
     return await original(tokenizer_manager, obj, *args, **kwargs)
 
 
-async def hold_generation_for_session(original, tokenizer_manager, obj, *args, **kwargs):
+async def hold_generation_for_bucketed_update(original, tokenizer_manager, obj, *args, **kwargs):
     """AROUND TokenizerControlMixin.begin_weight_update: when generation is not paused, pause it in place first, so no
-    forward pass reads half-written weights until the session ends (`release_generation_after_session`).
+    forward pass reads half-written weights until the bucketed update ends
+    (`release_generation_after_bucketed_update`).
 
-    Why the launcher holds first: an unpaused TokenizerManager runs every session call under its `model_update_lock`
-    writer lock, which waits for every in-flight request to finish; a request admitted between two buckets and then
-    held by a scheduler-only pause would never finish, and the next bucket would wait forever. Pausing here keeps new
-    requests in the TokenizerManager. The scheduler decides the hold too (`scheduler.publication.Publication
-    .hold_generation`): a session whose begin finds the scheduler unpaused (this copy absent) pauses it in place there
-    and refuses the requests that reach it until the end, so neither a half-written forward nor that wait happens.
-    The in-place pause also makes in-flight requests cross the publication with their KV, as with an explicit pause.
-    With several tokenizer workers SGLang broadcasts the pause to every worker, so requests wait in each worker; the
-    session's end resumes generation whichever worker it reaches (`release_generation_after_session`)."""
+    Why the launcher holds first: an unpaused TokenizerManager runs every call of a bucketed update under its
+    `model_update_lock` writer lock, which waits for every in-flight request to finish; a request admitted between
+    two buckets and then held by a scheduler-only pause would never finish, and the next bucket would wait forever.
+    Pausing here keeps new requests in the TokenizerManager. The scheduler decides the hold too
+    (`scheduler.publication.Publication.hold_generation`): a bucketed update whose begin finds the scheduler unpaused
+    (this copy absent) pauses it in place there and refuses the requests that reach it until the end, so neither a
+    half-written forward nor that wait happens. The in-place pause also makes in-flight requests cross the
+    publication with their KV, as with an explicit pause. With several tokenizer workers SGLang broadcasts the pause
+    to every worker, so requests wait in each worker; the bucketed update's end resumes generation whichever worker
+    it reaches (`release_generation_after_bucketed_update`)."""
     from sglang.srt.managers.io_struct import PauseGenerationReqInput
 
     paused_here = not tokenizer_manager.is_pause
@@ -66,14 +68,14 @@ async def hold_generation_for_session(original, tokenizer_manager, obj, *args, *
     try:
         success, message = await original(tokenizer_manager, obj, *args, **kwargs)
     except BaseException:
-        if paused_here:  # no session was opened: do not leave generation paused behind an error
+        if paused_here:  # no bucketed update was opened: do not leave generation paused behind an error
             await resume_generation(tokenizer_manager)
         raise
     if success:
-        tokenizer_manager._vradix_session_open = True
+        tokenizer_manager._vradix_bucketed_update_open = True
     if paused_here:
         if success:
-            tokenizer_manager._vradix_session_paused = True
+            tokenizer_manager._vradix_bucketed_update_paused = True
             message += " [vradix: generation paused in place until end_weight_update]"
         else:
             await resume_generation(tokenizer_manager)
@@ -85,45 +87,46 @@ def several_tokenizer_workers(tokenizer_manager) -> bool:
     return int(getattr(getattr(tokenizer_manager, "server_args", None), "tokenizer_worker_num", 1) or 1) > 1
 
 
-async def release_generation_after_session(original, tokenizer_manager, obj, *args, **kwargs):
-    """AROUND TokenizerControlMixin.end_weight_update: resume generation once the session ended, only if its begin
-    paused it (an explicit pause stays the caller's) and nobody resumed it meanwhile. With several tokenizer workers
-    a paused engine is resumed at the end whoever paused it (the begin's record is in another process): the weights
-    are published by then, so generation resuming before the caller's own continue reads only the new epoch."""
+async def release_generation_after_bucketed_update(original, tokenizer_manager, obj, *args, **kwargs):
+    """AROUND TokenizerControlMixin.end_weight_update: resume generation once the bucketed update ended, only if its
+    begin paused it (an explicit pause stays the caller's) and nobody resumed it meanwhile. With several tokenizer
+    workers a paused engine is resumed at the end whoever paused it (the begin's record is in another process): the
+    weights are published by then, so generation resuming before the caller's own continue reads only the new epoch."""
     success, message = await original(tokenizer_manager, obj, *args, **kwargs)
-    if success or NO_SESSION_OPEN in message:
-        tokenizer_manager._vradix_session_open = False
+    if success or NO_BUCKETED_UPDATE_OPEN in message:
+        tokenizer_manager._vradix_bucketed_update_open = False
     # with several tokenizer workers the begin may have reached another worker, whose record this one cannot read:
     # every worker's pause is SGLang's broadcast one, so a paused engine at the end is resumed
-    held = getattr(tokenizer_manager, "_vradix_session_paused", False) or (
+    held = getattr(tokenizer_manager, "_vradix_bucketed_update_paused", False) or (
         several_tokenizer_workers(tokenizer_manager) and tokenizer_manager.is_pause)
     if held and not success:
-        message += (" [vradix: generation stays paused (the session's begin paused it); resume it with "
-                    "/continue_generation once the session is resolved]")
+        message += (" [vradix: generation stays paused (the bucketed update's begin paused it); resume it with "
+                    "/continue_generation once the bucketed update is resolved]")
     elif held:
-        tokenizer_manager._vradix_session_paused = False
+        tokenizer_manager._vradix_bucketed_update_paused = False
         if tokenizer_manager.is_pause:
             await resume_generation(tokenizer_manager)
             message += " [vradix: generation resumed]"
     return success, message
 
 
-#: what SGLang's end_weight_update answers when no session is open (the session is over either way)
-NO_SESSION_OPEN = "no weight-update session is open"
+#: what SGLang's end_weight_update answers when no bucketed update is open (it is over either way; SGLang's own
+#: text calls it a weight-update session)
+NO_BUCKETED_UPDATE_OPEN = "no weight-update session is open"
 
 
-def refuse_continue_inside_session(tokenizer_manager, obj, *args, **kwargs):
-    """BEFORE TokenizerManager.continue_generation (and a multi-tokenizer worker's): inside a weight-update session
-    this TokenizerManager opened, `/continue_generation` is refused with HTTP 400 naming `end_weight_update`;
-    generation stays paused. The session is open from a successful begin to an end that closed it
-    (`hold_generation_for_session`, `release_generation_after_session`); the scheduler refuses it too
-    (`hooks.control.refuse_continue_inside_session`)."""
+def refuse_continue_inside_bucketed_update(tokenizer_manager, obj, *args, **kwargs):
+    """BEFORE TokenizerManager.continue_generation (and a multi-tokenizer worker's): inside a bucketed update this
+    TokenizerManager opened, `/continue_generation` is refused with HTTP 400 naming `end_weight_update`;
+    generation stays paused. The bucketed update is open from a successful begin to an end that closed it
+    (`hold_generation_for_bucketed_update`, `release_generation_after_bucketed_update`); the scheduler refuses it too
+    (`hooks.control.refuse_continue_inside_bucketed_update`)."""
     from fastapi import HTTPException
 
-    from vradix.hooks.control import CONTINUE_INSIDE_SESSION
+    from vradix.hooks.control import CONTINUE_INSIDE_BUCKETED_UPDATE
 
-    if getattr(tokenizer_manager, "_vradix_session_open", False):
-        raise HTTPException(status_code=400, detail=CONTINUE_INSIDE_SESSION)
+    if getattr(tokenizer_manager, "_vradix_bucketed_update_open", False):
+        raise HTTPException(status_code=400, detail=CONTINUE_INSIDE_BUCKETED_UPDATE)
 
 
 def refuse_relaxed_speculative_acceptance(tokenizer_manager, obj, *args, **kwargs):

@@ -23,6 +23,6 @@ def identify_loaded_adapter(result, scheduler, recv_req, *args, **kwargs):
 
 def free_unloaded_adapter(result, scheduler, recv_req, *args, **kwargs):
     """AFTER Scheduler.unload_lora_adapter: free the entries of the unloaded adapter, and only those
-    (`scheduler.adapters.unload_adapter`): no publication, no epoch changes, even inside a weight-update session."""
+    (`scheduler.adapters.unload_adapter`): no publication, no epoch changes, even inside a bucketed update."""
     if state_of(scheduler.tree_cache) is not None and result.success:
         adapters.unload_adapter(scheduler, recv_req)

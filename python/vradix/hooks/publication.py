@@ -20,8 +20,8 @@ logger = logging.getLogger("vradix")
 def publish_after_version_record(original, updater, weight_version, *args, **kwargs):
     """AROUND SchedulerWeightUpdaterManager.record_weight_version_after_update: the success point of every
     update_weights_* call (weights changed, flush not yet run), handed to the open publication
-    (`Publication.version_recorded`: it applies once per call outside a session, on a radix cache or without one,
-    and not inside one); a record outside every update call vradix opened is a publication of its own."""
+    (`Publication.version_recorded`: it applies once per call outside a bucketed update, on a radix cache or without
+    one, and not inside one); a record outside every update call vradix opened is a publication of its own."""
     result = original(updater, weight_version, *args, **kwargs)
     pub = Publication.open(updater.scheduler, "weight update", drain=False)
     if pub is not None:
@@ -31,7 +31,7 @@ def publish_after_version_record(original, updater, weight_version, *args, **kwa
 
 def publish_on_version_change(original, scheduler, new_version, *args, **kwargs):
     """AROUND Scheduler.record_weight_version_change: `/update_weight_version` alone is a publication
-    (`Publication.relabel`); inside an update call or a weight-update session it only relabels."""
+    (`Publication.relabel`); inside an update call or a bucketed update it only relabels."""
     pub = Publication.open(scheduler, "update_weight_version", drain=False)
     if pub is None or pub.is_open:
         return original(scheduler, new_version, *args, **kwargs)
@@ -40,7 +40,7 @@ def publish_on_version_change(original, scheduler, new_version, *args, **kwargs)
 
 def lock_aware_flush(original, scheduler, *args, **kwargs):
     """AROUND Scheduler.flush_cache: a flush inside an open publication is part of it (`Publication.flush`), never a
-    second bump: the flush an update call asks for after its bump, a flush inside a weight-update session. A flush by
+    second bump: the flush an update call asks for after its bump, a flush inside a bucketed update. A flush by
     itself is the engine's own operation (its `flush`: `vradix.scheduler.flush` on a versioned engine, an idle reset
     or, with KV holders present, a lock-aware bump instead of SGLang's refusal)."""
     def sglang_flush():
@@ -56,11 +56,11 @@ def lock_aware_flush(original, scheduler, *args, **kwargs):
 @dataclass(frozen=True)
 class UpdatePath:
     """One `update_weights_*` path: its source name, SGLang's output type, whether its calls touch weights only
-    inside a session, and the refusals it runs before loading (see `publish_update`)."""
+    inside a bucketed update, and the refusals it runs before loading (see `publish_update`)."""
 
     source: str
     output_type_name: str
-    needs_session: bool
+    needs_bucketed_update: bool
     refuse_before_load: Optional[Callable] = None
     #: the request's own validation (it reads nothing but the request), run before every other refusal
     refuse_malformed: Optional[Callable] = None
@@ -74,10 +74,11 @@ def publish_update(path: UpdatePath, original, updater, recv_req, *args, **kwarg
     """One `update_weights_*` call, as one publication (`vradix.scheduler.publication.Publication`).
 
     Invariants:
-    - outside a weight-update session, one call is one publication: a success bumps exactly once (at
+    - outside a bucketed update, one call is one publication: a success bumps exactly once (at
       `record_weight_version_after_update`; the flush SGLang runs afterwards never bumps again), and a returned
       failure that may have touched the weights bumps once, conservatively;
-    - inside a session the call is one bucket: it applies its label and never bumps (`publish_on_session_end` does);
+    - inside a bucketed update the call is one bucket: it applies its label and never bumps
+      (`publish_on_bucketed_update_end` does);
     - the refusals return the failed response for a request SGLang would reject before touching any weight, or one
       that would leave a GPU-derived copy stale (`refuse_gpu_derived_copies`): such a request changes nothing and
       does not bump; on a radix cache a reused declared identity is refused first;
@@ -94,7 +95,7 @@ def publish_update(path: UpdatePath, original, updater, recv_req, *args, **kwarg
         return pub.refuse(refused, path.source)
     with pub.running():
         out = original(updater, recv_req, *args, **kwargs)
-    return pub.close_update(out, may_touch_weights=not path.needs_session or updater._session is not None)
+    return pub.close_update(out, may_touch_weights=not path.needs_bucketed_update or updater._session is not None)
 
 
 def refusal(path: UpdatePath, pub: Publication, updater, recv_req):
@@ -247,47 +248,47 @@ def fail_ipc_update_on_post_hook_failure(original, weight_updater, recv_req, *ar
     return success, message
 
 
-FROM_DISK = UpdatePath("update_weights_from_disk", "UpdateWeightFromDiskReqOutput", needs_session=False,
+FROM_DISK = UpdatePath("update_weights_from_disk", "UpdateWeightFromDiskReqOutput", needs_bucketed_update=False,
                        refuse_before_load=refuse_disk_update_before_load,
                        refuse_malformed=refuse_malformed_disk_request)
 FROM_DISTRIBUTED = UpdatePath("update_weights_from_distributed", "UpdateWeightsFromDistributedReqOutput",
-                              needs_session=True)
-FROM_TENSOR = UpdatePath("update_weights_from_tensor", "UpdateWeightsFromTensorReqOutput", needs_session=True,
+                              needs_bucketed_update=True)
+FROM_TENSOR = UpdatePath("update_weights_from_tensor", "UpdateWeightsFromTensorReqOutput", needs_bucketed_update=True,
                          refuse_before_load=refuse_tensor_update_before_load)
-FROM_IPC = UpdatePath("update_weights_from_ipc", "UpdateWeightsFromIPCReqOutput", needs_session=False)
+FROM_IPC = UpdatePath("update_weights_from_ipc", "UpdateWeightsFromIPCReqOutput", needs_bucketed_update=False)
 
-refuse_session_before_begin = refuse_gpu_derived_copies(post_load.BEGIN, "BeginWeightUpdateReqOutput")
+refuse_bucketed_update_before_begin = refuse_gpu_derived_copies(post_load.BEGIN, "BeginWeightUpdateReqOutput")
 
 
-def open_weight_session(original, updater, recv_req, *args, **kwargs):
+def open_bucketed_update(original, updater, recv_req, *args, **kwargs):
     """AROUND begin_weight_update: nothing may be in flight when weights start to change (P2P/RDMA writes may start
     right after it), and a successful begin opens one publication that stays open until end_weight_update
-    (`Publication.begin_session`). The launcher has already paused generation in place
-    (`launcher.hold_generation_for_session`), and resumes it when the begin fails.
+    (`Publication.begin_bucketed`). The launcher has already paused generation in place
+    (`launcher.hold_generation_for_bucketed_update`), and resumes it when the begin fails.
 
-    A session on a model holding a copy its writes would leave stale is refused before SGLang opens it
-    (`refuse_session_before_begin`): no session, no bump, nothing restored."""
+    A bucketed update on a model holding a copy its writes would leave stale is refused before SGLang opens it
+    (`refuse_bucketed_update_before_begin`): no bucketed update, no bump, nothing restored."""
     scheduler = updater.scheduler
     pub = Publication.open(scheduler, post_load.BEGIN)
-    refused = refuse_session_before_begin(updater, recv_req) if pub is not None else None
+    refused = refuse_bucketed_update_before_begin(updater, recv_req) if pub is not None else None
     if refused is not None:
         logger.error("vradix: begin_weight_update refused: %s", refused.message)
         pub.engine.discard_drain()
         return refused
     out = original(updater, recv_req, *args, **kwargs)
     if pub is not None and out.success:
-        pub.begin_session()
+        pub.begin_bucketed()
     return out
 
 
-def publish_on_session_end(original, updater, recv_req, *args, **kwargs):
-    """AROUND end_weight_update: the session was one publication, so it bumps exactly once here
-    (`Publication.end_session`), whatever the number of buckets (none: a P2P/RDMA write)."""
+def publish_on_bucketed_update_end(original, updater, recv_req, *args, **kwargs):
+    """AROUND end_weight_update: the bucketed update was one publication, so it bumps exactly once here
+    (`Publication.end_bucketed`), whatever the number of buckets (none: a P2P/RDMA write)."""
     out = original(updater, recv_req, *args, **kwargs)
     pub = opened(updater.scheduler)
-    if pub is None or pub.session is None or not out.success:
+    if pub is None or pub.bucketed is None or not out.success:
         return out
-    return pub.end_session(out)
+    return pub.end_bucketed(out)
 
 
 def drain_before_in_place_pause(scheduler, recv_req, *args, **kwargs):

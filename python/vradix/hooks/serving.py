@@ -29,10 +29,10 @@ if TYPE_CHECKING:
 
 def accept_generate(original: Callable, scheduler: "Scheduler", recv_req: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND Scheduler.handle_generate_request: the scheduler's own refusals of a generate request, decided before
-    SGLang builds anything of it: inside a weight-update session that holds generation here
-    (`control.refuse_requests_inside_held_session`), and, on a P/D role, a decode request without bootstrap fields
-    (`pd.refuse_decode_request_without_bootstrap`). A scheduler with no P/D role whose engine has no publication open
-    runs SGLang's handler after one look at each."""
+    SGLang builds anything of it: inside a bucketed update that holds generation here
+    (`control.refuse_requests_inside_held_bucketed_update`), and, on a P/D role, a decode request without bootstrap
+    fields (`pd.refuse_decode_request_without_bootstrap`). A scheduler with no P/D role whose engine has no publication
+    open runs SGLang's handler after one look at each."""
     engine = getattr(scheduler.tree_cache, "_vradix", None)
     if engine is not None and engine.publication is None and scheduler.disaggregation_mode is _NO_DISAGGREGATION:
         return original(scheduler, recv_req, *args, **kwargs)
@@ -40,7 +40,8 @@ def accept_generate(original: Callable, scheduler: "Scheduler", recv_req: Any, *
     def checked_for_bootstrap(s: "Scheduler", r: Any, *a: Any, **k: Any) -> Any:
         return pd.refuse_decode_request_without_bootstrap(original, s, r, *a, **k)
 
-    return control.refuse_requests_inside_held_session(checked_for_bootstrap, scheduler, recv_req, *args, **kwargs)
+    return control.refuse_requests_inside_held_bucketed_update(checked_for_bootstrap, scheduler, recv_req,
+                                                               *args, **kwargs)
 
 
 def admit(scheduler: "Scheduler", req: "Req", *args: Any, **kwargs: Any) -> None:

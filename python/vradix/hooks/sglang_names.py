@@ -65,12 +65,12 @@ PRIVATE_NAMES = (
     PrivateName("sglang.srt.managers.scheduler_components.flush_wrapper:SchedulerFlushWrapper", "_flush_cache",
                 INSTANCE, "hooks.server_info.report_flush (the scheduler behind a flush)"),
     # weight updates
-    PrivateName(_UPDATER, "_session", MEMBER, "hooks.publication (the open weight-update session)"),
+    PrivateName(_UPDATER, "_session", MEMBER, "hooks.publication (the open bucketed update)"),
     PrivateName(_UPDATER, "_select_runners", MEMBER, "hooks.publication (the target and draft models)"),
     PrivateName("sglang.srt.model_executor.model_runner_components.weight_updater",
                 "_unsupported_derived_weight_cache_error", MEMBER, "closed_world.post_load.bypassed_sglang_refusal"),
     PrivateName("sglang.srt.managers.tokenizer_control_mixin:TokenizerControlMixin",
-                "_update_weight_version_if_provided", MEMBER, "hooks.launcher (a weight session's label)"),
+                "_update_weight_version_if_provided", MEMBER, "hooks.launcher (a bucketed update's label)"),
     # P/D and storage
     PrivateName("sglang.srt.disaggregation.utils", "_is_fake_transfer", MEMBER,
                 "hooks.pd, pd.revocation (warm-up transfers carry no KV)"),

@@ -5,7 +5,7 @@ With `--tokenizer-worker-num N > 1` SGLang's launcher keeps only a router; uvico
 processes that import the app named by `SGLANG_HTTP_SERVER_APP_PATH` (SGLang's `http_server:app` by default) and
 never call `load_plugins()`. Each builds its own `TokenizerWorker` (a TokenizerManager), which answers every HTTP
 request and control call: without vradix there, the launcher hooks (provenance into `meta_info` and the OpenAI
-`metadata`, the weight-update session's generation hold, the friendlier refusals) never run, and `/vradix/cache` and
+`metadata`, the bucketed update's generation hold, the friendlier refusals) never run, and `/vradix/cache` and
 the `/flush_cache` report are missing.
 
 Two SGLang extension points carry the load into every such process:

@@ -46,7 +46,7 @@ def engine_block(state: Engine, pinned_tokens: int) -> dict:
         "lora_adapter_events": state.lora.events,
         "lora_stale_tokens_freed": state.lora.tokens_freed,
         "kv_ledger": ledger_block(state),
-        "weight_session": state.session.as_dict() if state.session is not None else None,
+        "weight_session": state.bucketed.as_dict() if state.bucketed is not None else None,
         "prefill_dedup": state.dedup.stats.as_dict(state.dedup.enabled),
         "bounded_staleness": state.staleness.as_dict(),
         "stale_tokens_reused_total": state.staleness.stale_tokens_total,
@@ -88,4 +88,4 @@ def treeless_block(treeless: TreelessState) -> dict:
     return {"active": True, "version": __version__, "radix_cache": False,
             "versioned": ["multimodal embedding cache", "vision position-embedding grids"],
             "publications": treeless.publications, "last_invalidation_detail": treeless.last,
-            "last_publication": treeless.last_publication, "weight_session_open": treeless.session_open}
+            "last_publication": treeless.last_publication, "weight_session_open": treeless.bucketed_open}

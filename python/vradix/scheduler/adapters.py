@@ -1,5 +1,6 @@
 """A LoRA adapter unloaded (`hooks.lora.free_unloaded_adapter`): no publication, no epoch changes; the entries its
-requests inserted (every node whose key carries its adapter tag), and only those, are freed (`core.lora`), even inside a weight-update session."""
+requests inserted (every node whose key carries its adapter tag), and only those, are freed (`core.lora`), even inside a
+bucketed update."""
 from __future__ import annotations
 
 import logging

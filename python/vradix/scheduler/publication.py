@@ -1,14 +1,14 @@
 """A publication: a change of the weights one scheduler serves from, or of their label (docs/architecture.md), and
-nothing else: an `update_weights_*` call, a weight-update session, a new label by itself, and the weight writes of
+nothing else: an `update_weights_*` call, a bucketed update, a new label by itself, and the weight writes of
 `check_weights` and `resume_memory_occupation`. Each is one `Publication`, which runs the same sequence:
 
-1. open (`Publication.open`): the in-flight batches drain (`drain_for_publication`); a weight-update session already
+1. open (`Publication.open`): the in-flight batches drain (`drain_for_publication`); a bucketed update already
    open on the engine is joined, not doubled; refusals answer before anything changes (`refuse`); SGLang's change
    runs inside `running`, which registers the publication on the engine's state (`Engine.publication`,
    `TreelessState.publication`), so the hooks SGLang calls from inside the change hand their events to it
    (`version_recorded`, `flush`), and taps the tensors it publishes (the engine's `tapping`);
 2. apply (`Publication.apply`), at most once: the engine's publication step (`publish`);
-3. close (`close_update`, `end_session`, ...): the response says what the publication did (the engine's
+3. close (`close_update`, `end_bucketed`, ...): the response says what the publication did (the engine's
    `describe`).
 
 The engine is the scheduler-side object a publication runs on (`engine_of`), one of two variants with the same
@@ -35,7 +35,7 @@ from typing import Optional, Union
 from vradix import identity
 from vradix.core import deferred_reclaim, epochs, overlap, weight_derived
 from vradix.core.epochs import current_label
-from vradix.core.state import Bump, WeightSession, treeless_of
+from vradix.core.state import Bump, BucketedUpdate, treeless_of
 from vradix.engine import Engine, of_scheduler, state_of_scheduler
 from vradix.l3 import prefetch
 from vradix.ledger import guard
@@ -90,7 +90,7 @@ def steps_of(scheduler) -> EngineSteps:
 
 
 def opened(scheduler) -> Optional["Publication"]:
-    """The publication open on the scheduler's engine (an update call's, or a weight-update session's), or None."""
+    """The publication open on the scheduler's engine (an update call's, or a bucketed update's), or None."""
     holder = of_scheduler(scheduler)
     return holder.publication if holder is not None else None
 
@@ -113,23 +113,23 @@ class Publication:
     interface only.
 
     Invariants: `apply` runs at most once (`result` holds what it did); while open, the publication is the engine's
-    only open one (`opened`), from `running` to the end of the call, or from `begin_session` to `end_session`; an
-    update call inside a session is a bucket of the session's publication and never applies."""
+    only open one (`opened`), from `running` to the end of the call, or from `begin_bucketed` to `end_bucketed`; an
+    update call inside a bucketed update is a bucket of its publication and never applies."""
 
     def __init__(self, engine: Union["VersionedEngine", TreelessEngine], source: str):
         self.engine, self.source = engine, source
-        #: the bucket counts, while this publication is a weight-update session
-        self.session: Optional[WeightSession] = None
+        #: the bucket counts, while this publication is a bucketed update
+        self.bucketed: Optional[BucketedUpdate] = None
         #: what `apply` did: the engine's record (a `Bump` on a radix cache, the treeless record without one)
         self.result: Union[Bump, dict, None] = None
-        #: whether this session holds generation itself (`hold_generation`): it then refuses the requests that reach
-        #: the scheduler (`refuses_requests`) and resumes generation at `end_session`
+        #: whether this bucketed update holds generation itself (`hold_generation`): it then refuses the requests that
+        #: reach the scheduler (`refuses_requests`) and resumes generation at `end_bucketed`
         self.holds_generation = False
 
     @classmethod
     def open(cls, scheduler, source: str, *, drain: bool = True) -> Optional["Publication"]:
-        """The publication of a change about to run: the engine's open one (a session's), or a new one; None when
-        vradix is not attached to the scheduler. With `drain`, the in-flight batches finish first."""
+        """The publication of a change about to run: the engine's open one (a bucketed update's), or a new one; None
+        when vradix is not attached to the scheduler. With `drain`, the in-flight batches finish first."""
         if drain and scheduler is not None:
             drain_for_publication(scheduler)
         engine = engine_of(scheduler)
@@ -146,24 +146,24 @@ class Publication:
         return self.engine.holder.publication is self
 
     def refuse(self, refused, source: str):
-        """A change (`source`: a bucket of a session names its own) refused before it touched anything: no apply;
-        its drain is no later publication's (a session's drains stay the session's). Returns the refusal."""
+        """A change (`source`: a bucket of a bucketed update names its own) refused before it touched anything: no
+        apply; its drain is no later publication's (a bucketed update's drains stay its own). Returns the refusal."""
         logger.error("vradix: %s refused before loading: %s", source, refused.message)
-        if self.session is None:
+        if self.bucketed is None:
             self.engine.discard_drain()
         return refused
 
     @contextlib.contextmanager
     def running(self):
         """SGLang's change runs inside: the publication is the engine's open one, and (the engine's `tapping`,
-        fingerprint mode) the tensors it loads are recorded. A session's publication stays open after one of its
-        calls."""
+        fingerprint mode) the tensors it loads are recorded. A bucketed update's publication stays open after one
+        of its calls."""
         self.engine.holder.open_publication(self)
         try:
             with self.engine.tapping():
                 yield self
         finally:
-            if self.session is None:
+            if self.bucketed is None:
                 self.engine.holder.close_publication()
 
     def apply(self, reason: str, *, weights_changed: bool = True):
@@ -178,16 +178,17 @@ class Publication:
         self.apply(f"failed {self.source} (conservative)")
 
     def version_recorded(self) -> None:
-        """SGLang recorded the new weights' label: the success point of an update call. Outside a session it applies
-        (the flush SGLang runs after it is part of it); inside one, the session's end applies."""
-        if self.session is None and self.result is None:
+        """SGLang recorded the new weights' label: the success point of an update call. Outside a bucketed update it
+        applies (the flush SGLang runs after it is part of it); inside one, the bucketed update's end applies."""
+        if self.bucketed is None and self.result is None:
             self.apply(self.source)
 
     def close_update(self, out, may_touch_weights: bool):
-        """The end of an update call: a bucket of a session is counted; a returned failure that may have touched the
-        weights applies once, conservatively, when nothing applied yet. Returns `out`, saying what was done."""
-        if self.session is not None:
-            return record_bucket(self.session, out, self.engine.PUBLISHES)
+        """The end of an update call: a bucket of a bucketed update is counted; a returned failure that may have
+        touched the weights applies once, conservatively, when nothing applied yet. Returns `out`, saying what was
+        done."""
+        if self.bucketed is not None:
+            return record_bucket(self.bucketed, out, self.engine.PUBLISHES)
         if self.result is None and may_touch_weights and not out.success:
             self.apply_conservatively()
         if self.result is not None:
@@ -199,27 +200,27 @@ class Publication:
         second publication (the engine's `flush_within`). Returns whether the cache was flushed."""
         return self.engine.flush_within(self, sglang_flush)
 
-    def begin_session(self) -> None:
-        """A successful begin_weight_update: this publication stays open until `end_session`, which applies once."""
-        self.session = WeightSession()
-        self.engine.holder.open_session(self.session)
+    def begin_bucketed(self) -> None:
+        """A successful begin_weight_update: this publication stays open until `end_bucketed`, which applies once."""
+        self.bucketed = BucketedUpdate()
+        self.engine.holder.open_bucketed(self.bucketed)
         self.engine.holder.open_publication(self)
         self.hold_generation()
 
     def hold_generation(self, *, take_over: bool = False) -> None:
-        """Inside a session no forward may read half-written weights. When generation runs at begin (the launcher's
-        hold, `hooks.launcher.hold_generation_for_session`, did not pause it), the session pauses it in place with
-        SGLang's own pause and holds it until `end_session`; a pause someone else made (the launcher's, an explicit
-        one) stays theirs to resume. `take_over`: a continue_generation refused inside the session
-        (`hooks.control`) makes the hold the session's whatever paused it, since the caller that asked to continue
-        now sends requests (they are refused) and expects generation to run after the end.
+        """Inside a bucketed update no forward may read half-written weights. When generation runs at begin (the
+        launcher's hold, `hooks.launcher.hold_generation_for_bucketed_update`, did not pause it), the bucketed update
+        pauses it in place with SGLang's own pause and holds it until `end_bucketed`; a pause someone else made (the
+        launcher's, an explicit one) stays theirs to resume. `take_over`: a continue_generation refused inside the
+        bucketed update (`hooks.control`) makes the hold the bucketed update's whatever paused it, since the caller that
+        asked to continue now sends requests (they are refused) and expects generation to run after the end.
 
         Invariant: while `holds_generation`, the scheduler is paused and no request that reaches it is held (each is
         refused, `refuses_requests`): a held request would keep its TokenizerManager's `model_update_lock` reader,
-        and that TokenizerManager's next session call would wait for it forever."""
+        and that TokenizerManager's next call of the bucketed update would wait for it forever."""
         from sglang.srt.managers.io_struct import PauseGenerationReqInput
 
-        if self.session is None or self.holds_generation or (self.scheduler._engine_paused and not take_over):
+        if self.bucketed is None or self.holds_generation or (self.scheduler._engine_paused and not take_over):
             return
         if not self.scheduler._engine_paused:
             self.scheduler.pause_generation(PauseGenerationReqInput(mode="in_place"))
@@ -227,11 +228,12 @@ class Publication:
 
     @property
     def refuses_requests(self) -> bool:
-        """Whether a generate or embedding request reaching the scheduler is refused: the session holds generation."""
+        """Whether a generate or embedding request reaching the scheduler is refused: the bucketed update holds
+        generation."""
         return self.holds_generation
 
     def release_generation(self) -> bool:
-        """At the session's end: resume generation if the session held it (SGLang's own continue). Returns whether it
+        """At the bucketed update's end: resume generation if it held it (SGLang's own continue). Returns whether it
         resumed."""
         from sglang.srt.managers.io_struct import ContinueGenerationReqInput
 
@@ -241,23 +243,23 @@ class Publication:
         self.scheduler.continue_generation(ContinueGenerationReqInput(torch_empty_cache=False))
         return True
 
-    def end_session(self, out):
-        """A successful end_weight_update: the session closes and applies, once, with the last label a bucket
+    def end_bucketed(self, out):
+        """A successful end_weight_update: the bucketed update closes and applies, once, with the last label a bucket
         applied, whatever the number of buckets (none: a P2P/RDMA write)."""
-        session, self.session = self.session, None
+        bucketed, self.bucketed = self.bucketed, None
         self.engine.holder.close_publication()
-        self.engine.holder.close_session()
-        how = (f"{session.buckets} bucket(s), {session.failed_buckets} failed" if session.buckets
+        self.engine.holder.close_bucketed()
+        how = (f"{bucketed.buckets} bucket(s), {bucketed.failed_buckets} failed" if bucketed.buckets
                else "no bucket: P2P/RDMA")
-        self.apply(f"weight-update session ({how})")
+        self.apply(f"bucketed update ({how})")
         out.message = f"{out.message} [{self.engine.describe(self.result)}]"
         self.close_hold(out)
         return out
 
     def close_hold(self, out) -> None:
-        """After the end's publication: the generation the session held resumes, and `out` says so."""
+        """After the end's publication: the generation the bucketed update held resumes, and `out` says so."""
         if self.release_generation():
-            out.message = f"{out.message} [vradix: generation resumed (the scheduler held it for the session)]"
+            out.message = f"{out.message} [vradix: generation resumed (the scheduler held it for the bucketed update)]"
 
     def relabel(self, sglang_relabel, new_version):
         """`/update_weight_version` by itself: a new label is one publication of the same weights; the same label
@@ -282,9 +284,9 @@ class Publication:
 
     def write(self, reason: str) -> str:
         """A control request that wrote the weights outside every update call: one publication, or, inside a
-        session, one more write of it (its end applies). Returns what was done, for the log and the response."""
-        if self.session is not None:
-            return f"vradix: {reason} inside a weight-update session; {self.engine.PUBLISHES} at end_weight_update"
+        bucketed update, one more write of it (its end applies). Returns what was done, for the log and the response."""
+        if self.bucketed is not None:
+            return f"vradix: {reason} inside a bucketed update; {self.engine.PUBLISHES} at end_weight_update"
         return self.engine.describe(self.apply(reason))
 
 
@@ -301,7 +303,7 @@ class VersionedEngine:
 
     @property
     def holder(self) -> Engine:
-        """Where the open publication and session are registered."""
+        """Where the open publication and bucketed update are registered."""
         return self.state
 
     def tapping(self):
@@ -350,15 +352,15 @@ class VersionedEngine:
         self.state.discard_drain()
 
     def flush_within(self, publication: Publication, sglang_flush) -> bool:
-        """A flush inside an open publication: never a second bump. Once it applied, or inside a session, the flush
-        ages the staleness window out (`deferred_reclaim.age_out_on_flush`: the floor is the bump it applied, or
-        the session's coming one). Before it applied, an idle engine's flush is SGLang's own reset
+        """A flush inside an open publication: never a second bump. Once it applied, or inside a bucketed update, the
+        flush ages the staleness window out (`deferred_reclaim.age_out_on_flush`: the floor is the bump it applied, or
+        the bucketed update's coming one). Before it applied, an idle engine's flush is SGLang's own reset
         (`scheduler.flush.reset_idle`, its own record); with KV holders it is the open update's conservative bump:
-        SGLang flushes after an update whose target runner loaded although the call failed (a draft runner after
-        it), so the weights may have changed."""
-        if publication.session is not None or publication.result is not None:
+        SGLang flushes after an update whose target runner loaded although the call failed (a draft runner after it), so
+        the weights may have changed."""
+        if publication.bucketed is not None or publication.result is not None:
             deferred_reclaim.age_out_on_flush(self.state, self.scheduler.tree_cache,
-                                              after_next_bump=publication.session is not None)
+                                              after_next_bump=publication.bucketed is not None)
             return True
         if self.is_idle():
             return flush.reset_idle(self, sglang_flush)
@@ -381,11 +383,11 @@ class VersionedEngine:
         export_metrics(self.scheduler)
 
 
-def record_bucket(session: WeightSession, out, publishes: str):
-    """Count one update call of an open session and say, in its response, that the publication (`publishes`: what it
-    does on the engine) waits for the session end."""
-    session.count_bucket(failed=not out.success)
-    out.message = (f"{out.message} [vradix: bucket {session.buckets} of a weight-update session; {publishes} once "
+def record_bucket(bucketed: BucketedUpdate, out, publishes: str):
+    """Count one update call of an open bucketed update and say, in its response, that the publication (`publishes`:
+    what it does on the engine) waits for its end."""
+    bucketed.count_bucket(failed=not out.success)
+    out.message = (f"{out.message} [vradix: bucket {bucketed.buckets} of a bucketed update; {publishes} once "
                    "at end_weight_update]")
     return out
 

@@ -31,7 +31,7 @@ class TreelessEngine:
 
     @property
     def holder(self) -> TreelessState:
-        """Where the open publication and session are registered."""
+        """Where the open publication and bucketed update are registered."""
         return self.treeless
 
     def tapping(self):

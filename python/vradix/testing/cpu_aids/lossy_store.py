@@ -15,7 +15,7 @@ The switch is a marker file in the store folder, `LOSE_ON_READ` (`lose_on_read(s
 marker names every page) first deletes that page's file, so the read finds it gone, as `HiCacheFile` finds any
 missing page: `get` answers None and drops the page from the metadata cache. The existence query is untouched: it
 still reports the page. That is a page lost between decode's promise (its storage hit query) and its restore (the
-prefetch's read), deterministically, with no timing window to hit.
+prefetch's read), deterministically, with no race to hit.
 """
 from __future__ import annotations
 

@@ -45,7 +45,8 @@ class StubScheduler(SchedulerView):
         self.model_config = types.SimpleNamespace(is_multimodal=multimodal)
         self.flush_cache = types.MethodType(Scheduler.flush_cache, self)
         self.record_weight_version_change = types.MethodType(Scheduler.record_weight_version_change, self)
-        # SGLang's in-place pause and its continue (a session the launcher did not hold pauses the scheduler itself)
+        # SGLang's in-place pause and its continue (a bucketed update the launcher did not hold pauses the scheduler
+        # itself)
         self.disagg_decode_prealloc_queue, self._pause_started_at = None, None
         self._pause_intervals: list[tuple[float, float]] = []
         self.pause_generation = types.MethodType(Scheduler.pause_generation, self)
@@ -75,8 +76,8 @@ class Engine:
 
 
 def updater_for(scheduler) -> SchedulerWeightUpdaterManager:
-    """SGLang's real weight updater, built without `__init__` (it needs a model runner) around `scheduler`: no session,
-    no metrics, no draft worker, no runner to load into."""
+    """SGLang's real weight updater, built without `__init__` (it needs a model runner) around `scheduler`: no bucketed
+    update open, no metrics, no draft worker, no runner to load into."""
     u = SchedulerWeightUpdaterManager.__new__(SchedulerWeightUpdaterManager)
     u.scheduler, u._session, u.metrics_collector = scheduler, None, None
     u.flush_cache = scheduler.flush_cache
@@ -113,20 +114,20 @@ def tensor_bucket(engine, label, success=True):
     return original, UpdateWeightsFromTensorReqInput(serialized_named_tensors=[], weight_version=label)
 
 
-def open_session(engine):
+def open_bucketed(engine):
     """`/begin_weight_update` through vradix's hook."""
     def begin(updater, recv_req):
         updater._session = "open"
         return types.SimpleNamespace(success=True, message="Success")
-    publication.open_weight_session(begin, engine.updater, None)
+    publication.open_bucketed_update(begin, engine.updater, None)
 
 
-def end_session(engine):
-    """`/end_weight_update` through vradix's hook: the session's one publication."""
+def end_bucketed(engine):
+    """`/end_weight_update` through vradix's hook: the bucketed update's one publication."""
     def end(updater, recv_req):
         updater._session = None
         return types.SimpleNamespace(success=True, message="Success")
-    return publication.publish_on_session_end(end, engine.updater, None)
+    return publication.publish_on_bucketed_update_end(end, engine.updater, None)
 
 
 class TinyModel(torch.nn.Sequential):

@@ -8,7 +8,7 @@ on weights A, runs load workers (single prompts, GRPO groups sent as one batch, 
 grows with the model's own replies, aborted requests and, with streaming sessions, conversations held in a session
 whose turns send only their new tokens) and, between bursts of traffic, `publications` random control steps
 (`Combination.control_steps`: a disk update paused in place, paused with retract, or unpaused; a bucketed tensor
-session; a label alone; a lock-aware flush; an abort-mode pause; `/set_internal_state` of a key SGLang lets it set,
+update; a label alone; a lock-aware flush; an abort-mode pause; `/set_internal_state` of a key SGLang lets it set,
 and of a relaxed speculative acceptance threshold, which must be refused with every rank left unchanged; with HiCache,
 a runtime storage detach or attach, tried under load first, where SGLang refuses it, then on the idle engine), each
 publication naming one of the weights A, B, C in its label.
@@ -113,7 +113,7 @@ class Combination:
         """The control steps drawn on this server: SGLang refuses a tensor update with more than one data-parallel
         rank (an assertion, not a request it serves), so that combination does not draw one; only a HiCache server
         has a storage backend to detach and attach."""
-        steps = tuple(s for s in CONTROL_STEPS if not (s == "tensor session" and self.dp > 1))
+        steps = tuple(s for s in CONTROL_STEPS if not (s == "bucketed tensor update" and self.dp > 1))
         return steps + (STORAGE_STEPS if self.hicache else ())
 
     def name(self) -> str:
@@ -128,9 +128,9 @@ class Combination:
 #: `VRADIX_FUZZ_HTTP_WORKERS=1`), which changes that dimension only: an unpaused update from disk through a worker
 #: went unanswered for 300 s in two of three runs with it (docs/reliability.md), so the long profile leaves it out
 HTTP_WORKERS_ENV = "VRADIX_FUZZ_HTTP_WORKERS"
-#: what a request sent inside a weight-update session the scheduler holds is refused with (HTTP 400): with several
-#: HTTP workers the hold is the scheduler's (`hooks.control.REQUEST_INSIDE_SESSION`)
-SESSION_REFUSAL = "a weight-update session is open"
+#: what a request sent inside a bucketed update the scheduler holds is refused with (HTTP 400): with several
+#: HTTP workers the hold is the scheduler's (`hooks.control.REQUEST_INSIDE_BUCKETED_UPDATE`)
+BUCKETED_UPDATE_REFUSAL = "a bucketed update is open"
 
 
 def draw_combination(rng: random.Random, processes: Optional[random.Random] = None, *,
@@ -186,7 +186,7 @@ def prefix_pool(rng: random.Random, n: int = 4, length: int = 96) -> List[List[i
 @dataclass
 class Run:
     """One server's traffic: load workers append responses; control steps that change the weights append their time
-    windows."""
+    intervals (`weight_changes`)."""
 
     server: CpuServer
     rng: random.Random
@@ -196,7 +196,7 @@ class Run:
     #: the headers of every call (`Combination.headers`)
     headers: Dict[str, str] = field(default_factory=dict)
     responses: List[Response] = field(default_factory=list)
-    windows: List[Tuple[float, float]] = field(default_factory=list)
+    weight_changes: List[Tuple[float, float]] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
     counts: Dict[str, int] = field(default_factory=dict)
     #: every label the server served under -> the weights it names (its start label: A)
@@ -249,8 +249,9 @@ class Run:
         if r.status_code != 200:
             if "abort" in r.text.lower():
                 return None
-            if r.status_code == 400 and SESSION_REFUSAL in r.text:  # the scheduler's hold (several HTTP workers)
-                self.count("refused inside a weight-update session")
+            # the scheduler's hold (several HTTP workers)
+            if r.status_code == 400 and BUCKETED_UPDATE_REFUSAL in r.text:
+                self.count("refused inside a bucketed update")
                 return None
             raise AssertionError(f"HTTP {r.status_code}: {r.text[:300]}")
         answers = r.json()
@@ -437,13 +438,13 @@ class Control:
             self.post("/continue_generation")
         self.serving = weights
 
-    def session(self) -> None:
+    def bucketed_tensor_update(self) -> None:
         weights = self.run.rng.choice(WEIGHTS)
         self.post("/begin_weight_update")
         label = self.label(weights)
         for bucket in tensor_buckets(self.models[weights], 2):
-            # no flush asked (SGLang's default asks one): vradix invalidates at the session's end; a flush asked with
-            # requests held in the session is refused without a radix cache, as on stock
+            # no flush asked (SGLang's default asks one): vradix invalidates at the bucketed update's end; a flush
+            # asked with requests held in it is refused without a radix cache, as on stock
             self.post("/update_weights_from_tensor", {"serialized_named_tensors": bucket, "weight_version": label,
                                                       "flush_cache": False})
         self.post("/end_weight_update")
@@ -466,7 +467,7 @@ class Control:
 
     def step(self) -> str:
         steps = {"disk in_place": lambda: self.disk("in_place"), "disk retract": lambda: self.disk("retract"),
-                 "disk unpaused": lambda: self.disk(None), "tensor session": self.session,
+                 "disk unpaused": lambda: self.disk(None), "bucketed tensor update": self.bucketed_tensor_update,
                  "label only": self.relabel, "flush": self.flush, "abort pause": self.abort_pause,
                  "internal state": self.internal_state, "internal state refused": self.refused_internal_state,
                  "storage detach or attach": self.storage}
@@ -475,26 +476,26 @@ class Control:
         steps[name]()
         if name in WEIGHT_STEPS:
             with self.run.lock:
-                self.run.windows.append((t0, time.monotonic()))
+                self.run.weight_changes.append((t0, time.monotonic()))
         self.run.count(f"control: {name}")
         return name
 
 
-CONTROL_STEPS = ("disk in_place", "disk retract", "disk unpaused", "tensor session", "label only", "flush",
+CONTROL_STEPS = ("disk in_place", "disk retract", "disk unpaused", "bucketed tensor update", "label only", "flush",
                  "abort pause", "internal state", "internal state refused")
 #: a HiCache server's further step: its storage backend detached, or attached again
 STORAGE_STEPS = ("storage detach or attach",)
 #: the runtime settings that relax speculative acceptance (`/set_internal_state` refuses a value below 1)
 ACCEPT_THRESHOLDS = ("speculative_accept_threshold_single", "speculative_accept_threshold_acc")
-PUBLICATION_STEPS = ("disk in_place", "disk retract", "disk unpaused", "tensor session", "label only")
+PUBLICATION_STEPS = ("disk in_place", "disk retract", "disk unpaused", "bucketed tensor update", "label only")
 #: the steps that change the weights: a request running across one of them is a crossing request, never checked (a
 #: relabel, a flush or an abort pause keeps the weights, so what runs across them is checked like any request)
-WEIGHT_STEPS = ("disk in_place", "disk retract", "disk unpaused", "tensor session")
+WEIGHT_STEPS = ("disk in_place", "disk retract", "disk unpaused", "bucketed tensor update")
 
 
 
-def overlapped(r: Response, windows: Sequence[Tuple[float, float]]) -> bool:
-    return any(s <= r.t1 and r.t0 <= e for s, e in windows)
+def overlapped(r: Response, intervals: Sequence[Tuple[float, float]]) -> bool:
+    return any(s <= r.t1 and r.t0 <= e for s, e in intervals)
 
 
 def start_server(models: Dict[str, str], combo: Combination, workdir: str) -> CpuServer:
@@ -668,7 +669,7 @@ def sort_responses(combo: Combination, run: Run, figures: Figures) -> Tuple[list
         if unknown:
             figures.errors.append(f"{combo.name()}: a response labelled {sorted(unknown)}, which no step set")
             continue
-        if overlapped(r, run.windows):
+        if overlapped(r, run.weight_changes):
             figures.crossing_not_checked += 1
             continue
         weights = run.label_weights[r.label]

@@ -110,7 +110,8 @@ class HiCacheFixture(CacheFixture):
         return figures
 
     def host_idle_leaks(self) -> list[str]:
-        """`vradix.core.host_tier.idle_leaks`: for an idle engine whose tree holds nothing (after a drain and a bump)."""
+        """`vradix.core.host_tier.idle_leaks`: for an idle engine whose tree holds nothing (once every request finished,
+        and after a bump)."""
         return host_tier.idle_leaks(self.cache)
 
 

@@ -97,7 +97,7 @@ class ServerClient:
 
     def reset(self, model_path: str, version: str, deadline_s: float = 300.0) -> None:
         """Load `model_path` as `version` and flush the whole cache. The flush only succeeds on an idle engine, so
-        this retries until the previous traffic has drained (a deadline, no fixed sleep)."""
+        this retries until the previous traffic has finished (a deadline, no fixed sleep)."""
         deadline = time.monotonic() + deadline_s
         while True:
             try:

@@ -4,8 +4,9 @@ Timing preconditions: a scenario that needs a request in flight at a pause does 
 request (a long `max_new_tokens` with `ignore_eos`), waits until the request has streamed a token (it is decoding),
 pauses, and then checks that the request was still running when the pause took effect (`pause_holding`); a request
 that finished first, or came so near its end that its scheduler may have finished it (`near_end`), voids the attempt,
-which is undone (continue, drain) and started afresh, within a deadline. Where the weight version changes during the
-pause, `crossed_update` confirms it afterwards from SGLang's own per-request record (`weight_versions`).
+which is undone (continue, collect its requests' results) and started afresh, within a deadline. Where the weight
+version changes during the pause, `crossed_update` confirms it afterwards from SGLang's own per-request record
+(`weight_versions`).
 """
 from __future__ import annotations
 
@@ -113,9 +114,9 @@ def pause_holding(server, start: Callable[[], Sequence[StreamingRequest]], *,
 
     `server`: where the requests run (the one whose pause is checked); `pause` / `resume` (default: `server`'s
     in_place pause and its continue) pause and resume everything the scenario pauses (both roles of a P/D pair).
-    An attempt in which a request finished before the pause is void: it is resumed and drained, and a new attempt
-    starts, until `deadline_s` (then AssertionError naming the precondition). Invariant: on return the engine is
-    paused and none of the returned requests has finished."""
+    An attempt in which a request finished before the pause is void: it is resumed and its requests' results
+    collected, and a new attempt starts, until `deadline_s` (then AssertionError naming the precondition). Invariant:
+    on return the engine is paused and none of the returned requests has finished."""
     pause = pause or (lambda: server.pause("in_place"))
     resume = resume or server.resume
     deadline = time.monotonic() + deadline_s
@@ -136,10 +137,10 @@ def pause_holding(server, start: Callable[[], Sequence[StreamingRequest]], *,
                                              f"({deadline_s}s): each time one finished first")
 
 
-def begin_session_holding(server):
+def begin_bucketed_update_holding(server):
     """PROBE cached, the server info before, and `/begin_weight_update` (which pauses in place) with a request in
-    flight when its pause took effect. An attempt where the request finished first is void: its session ends with no
-    bucket (one bump, weights unchanged), and the next attempt reads `before` afresh. Returns (before, the begin
+    flight when its pause took effect. An attempt where the request finished first is void: its bucketed update ends
+    with no bucket (one bump, weights unchanged), and the next attempt reads `before` afresh. Returns (before, the begin
     response, the request)."""
     attempt = {}
 
@@ -151,10 +152,11 @@ def begin_session_holding(server):
     def begin():
         attempt["begin"] = server.post("/begin_weight_update", {})
 
-    def end_void_session():
+    def end_void_bucketed_update():
         assert server.post("/end_weight_update", {}).status_code == 200
 
-    (inflight,) = pause_holding(server, start, pause=begin, resume=end_void_session, what="the in-flight request")
+    (inflight,) = pause_holding(server, start, pause=begin, resume=end_void_bucketed_update,
+                                what="the in-flight request")
     return attempt["before"], attempt["begin"], inflight
 
 

@@ -48,7 +48,7 @@ def free_port() -> int:
     """A free loopback port below the kernel's ephemeral range.
 
     The server binds its HTTP port only after model load, seconds later; an ephemeral port (what `bind(0)` returns)
-    can be taken in that window by any outgoing connection on the machine. SGLang picks its own late-bound ports the
+    can be taken in that interval by any outgoing connection on the machine. SGLang picks its own late-bound ports the
     same way (`get_free_port_below_ephemeral`)."""
     from sglang.srt.utils.network import get_free_port_below_ephemeral
 
@@ -129,7 +129,7 @@ def wait_for_memory(gib: float, limit: float = START_MEMORY_WAIT_S, poll: float 
 
 
 class CpuServer(LoggedProcess, ServerClient):
-    stop_grace = 20.0  # a scheduler mid-batch on a loaded CPU takes a while to drain
+    stop_grace = 20.0  # a scheduler mid-batch on a loaded CPU takes a while to finish it
     #: server processes launched by this test process so far (start-up dominates a CPU suite's time)
     launches = 0
     #: what reads a stopped server's log for a failure a test must see (each returns one line, or None): test/conftest.py
