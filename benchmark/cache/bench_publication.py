@@ -9,7 +9,7 @@ requests, then one publication is timed (median of repeats, refill not timed):
   - publication: the vradix bump, what runs while generation is paused (epoch advance, crossing marks, re-binds;
     the unlocked stale KV is left to the deferred reclaim);
   - reclaim total / slices / max slice: the deferred reclaim of that stale KV, run as the scheduler runs it, one
-    bounded slice per iteration (`deferred_reclaim.step`) until nothing is pending: the sum of the slices, their count,
+    bounded slice per iteration (`DeferredReclaim.step`) until nothing is pending: the sum of the slices, their count,
     the median one and the longest one (wall time of each `step()` call: the most one scheduler iteration stalls for
     reclaim); `max slice cpu`: the same slices' longest CPU time of this thread (`time.thread_time`: without the
     time other processes held the core); `max free`: the longest allocator `free` inside a slice (SGLang's
@@ -68,7 +68,6 @@ def fill(fx, tokens: int, lock_frac: float = 0.01):
 
 
 def bench_publication(core: str, sizes, repeats: int, page_size: int = 1):
-    from vradix.core import deferred_reclaim
     from vradix.engine import attach
     from vradix.testing.harness.cache_fixture import build_cache
 
@@ -101,7 +100,7 @@ def bench_publication(core: str, sizes, repeats: int, page_size: int = 1):
             while state.deferred.active:
                 n = len(frees)
                 t, c = time.perf_counter(), time.thread_time()
-                deferred_reclaim.step(state, fx.cache)
+                state.deferred.step(state, fx.cache)
                 times.append(time.perf_counter() - t)
                 cpu.append(time.thread_time() - c)
                 own.append(times[-1] - sum(frees[n:]))

@@ -365,7 +365,7 @@ class Engine:
         """Record a flush that reset an idle engine's whole cache (SGLang's own flush, which ran just before):
         nothing was locked, so the epoch stays; the deferred reclaim has nothing left to free. Returns the flush's
         record."""
-        deferred_reclaim.cancel(self)
+        self.deferred.cancel()
         self.flushes += 1
         self.freed.count(tokens_freed)
         inv = Bump(self.epoch, self.epoch, self.label, reason, tokens_freed=tokens_freed,
@@ -373,6 +373,18 @@ class Engine:
         self._keep_bump(inv, is_publication=False)
         self.freed.count_host(host_tokens_freed)
         return inv
+
+    def age_out_on_flush(self, cache: "UnifiedRadixCache", after_next_bump: bool = False) -> None:
+        """A flush with a staleness window: nothing computed before it stays reusable, not even by bounded requests
+        (a flush is a flush). The floor is the current epoch (the flush's own bump, or the bump of the update that
+        asked for it), or the next one inside a bucketed update (its bump comes at `end_weight_update`); the deferred
+        reclaim then frees every older namespace. No window: nothing to do (the bump already made older KV
+        unmatchable)."""
+        if self.staleness.window == 0:
+            return
+        self.staleness.age_out(self.epoch + (1 if after_next_bump else 0))
+        if not after_next_bump and not self.deferred.active:
+            self.deferred.defer(cache)
 
     def _keep_bump(self, inv: Bump, is_publication: bool) -> None:
         if is_publication:
@@ -411,10 +423,10 @@ class Engine:
         if (holders == 0 and not (self.streaming_sessions and slots_of(cache)) and cache.protected_size() == 0
                 and reclaim.resettable(cache) and self.staleness.window == 0 and not reclaim.storage_attached(cache)):
             freed = reclaim.free_all_by_reset(cache)
-            deferred_reclaim.cancel(self)
+            self.deferred.cancel()
             return freed, 0
         if deferred_reclaim.supported(cache):
-            return 0, deferred_reclaim.defer(self, cache)
+            return 0, self.deferred.defer(cache)
         freed = reclaim.free_all_unlocked(cache)
         host_tier.free_stale_host(cache)
         return freed, 0
@@ -451,7 +463,7 @@ class Engine:
         cache.release_session(req.session.session_id)
         freed = reclaim.free_released_path(cache, node)
         self.freed.count_at_release(freed)
-        deferred_reclaim.note_release(self, evictable_before, cache.evictable_size())
+        self.deferred.note_release(evictable_before, cache.evictable_size())
         return True
 
     # ---- admission: binding a request to an epoch (the plain request's path is `admit`, below) --------------------

@@ -11,7 +11,7 @@ import pytest
 
 from sglang.srt.mem_cache import common
 
-from vradix.core import reclaim, deferred_reclaim
+from vradix.core import reclaim
 from vradix.engine import attach
 from vradix.testing.harness.cache_fixture import build_cache, seq
 
@@ -31,7 +31,7 @@ def running(fx, state, tokens, rid=None):
 def bump(fx, state, live=()):
     """A publication, then the deferred reclaim of the unlocked stale KV to completion (what an idle engine does)."""
     inv = state.bump(fx.cache, list(live), [], reason="test", label=f"v{state.epoch + 1}")
-    deferred_reclaim.finish(state, fx.cache)
+    state.deferred.finish(state, fx.cache)
     return inv
 
 

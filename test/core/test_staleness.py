@@ -20,7 +20,7 @@ def run(fx, state, tokens, bound=None):
 
 def bump(fx, state):
     inv = state.bump(fx.cache, [], [], reason="test", label=f"v{state.epoch + 1}")
-    deferred_reclaim.finish(state, fx.cache)
+    state.deferred.finish(state, fx.cache)
     return inv
 
 
@@ -105,7 +105,7 @@ def test_a_flush_ages_the_whole_window_out(env):
     hit, req = run(fx, state, P + [3], bound=1)
     assert hit == 0 and req._vradix.epoch == state.epoch, "a bounded request reused KV cached before a flush"
     fx.finish(held)
-    deferred_reclaim.finish(state, fx.cache)
+    state.deferred.finish(state, fx.cache)
     check(fx)
 
 

@@ -171,8 +171,7 @@ def test_a_staleness_window_keeps_older_namespaces_and_the_snapshot_says_so(env)
     state.staleness.window = 1
     old = finished(fx, state, seq(1000, 3 * ps) + [7])
     state.bump(fx.cache, [], [], reason="test", label="v1")
-    from vradix.core import deferred_reclaim
-    assert deferred_reclaim.finish(state, fx.cache) == 0  # the walk after the bump: nothing aged out of the window
+    assert state.deferred.finish(state, fx.cache) == 0  # the walk after the bump: nothing aged out of the window
     new = finished(fx, state, seq(4000, 2 * ps) + [7])
     old_tokens, new_tokens = ((3 * ps + 1) // ps * ps), ((2 * ps + 1) // ps * ps)  # whole pages of each prompt
     view = snap(fx, state)

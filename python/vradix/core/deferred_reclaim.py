@@ -68,8 +68,10 @@ SLICE_TOKENS: int = 256 * SLICE_NODES
 
 @dataclass
 class DeferredReclaim:
-    """The stale KV a bump left in the tree, and what has reclaimed it so far (server info `stale_reclaim`). Changes
-    only through this module's `defer`, `cancel`, `note_release`, `step`, `reclaim` and `finish`."""
+    """The engine's deferred-reclaim part: the stale KV a bump left in the tree, how it is reclaimed, and what has
+    reclaimed it so far (server info `stale_reclaim`). Changes only through its methods: `defer`, `cancel`,
+    `note_release`, `step`, `reclaim` and `finish`. The walks free what `reclaimable` names for the engine they are
+    given (its epoch, its staleness window) and count it in the engine's freed tokens."""
 
     active: bool = False
     pending_tokens: int = 0
@@ -95,6 +97,86 @@ class DeferredReclaim:
                 "max_slice_nodes": self.max_slice_nodes, "max_slice_visits": self.max_slice_visits,
                 "max_slice_tokens": self.max_slice_tokens,
                 "completed": self.completed, "slice_nodes": SLICE_NODES, "slice_tokens": SLICE_TOKENS}
+
+    def defer(self, cache: UnifiedRadixCache) -> int:
+        """At a bump: everything evictable is now stale (the new namespace is empty). O(1). Returns the pending
+        tokens."""
+        self.active = True
+        self.pending_tokens = cache.evictable_size()
+        self.frontier.clear()
+        return self.pending_tokens
+
+    def cancel(self) -> None:
+        """The whole tree was dropped (reset): nothing is pending any more."""
+        self.active, self.pending_tokens = False, 0
+        self.frontier.clear()
+
+    def note_release(self, evictable_before: int, evictable_after: int) -> None:
+        """A crossing request released its lock while reclaim is pending: stale nodes it unlocked that the
+        release-time reclaim could not free (they still have unlocked stale children) are now pending too. A crossing
+        request locks only stale nodes and never inserts, so the change in evictable tokens is exactly the change in
+        stale ones."""
+        if self.active:
+            self.pending_tokens = max(0, self.pending_tokens + evictable_after - evictable_before)
+
+    def step(self, engine: Engine, cache: UnifiedRadixCache) -> int:
+        """One bounded slice (a scheduler iteration). Returns stale tokens freed."""
+        if not self.active:
+            return 0
+        freed, nodes, visits = self._walk(engine, cache, max_nodes=SLICE_NODES, max_visits=SLICE_VISITS,
+                                          need_tokens=SLICE_TOKENS,
+                                          from_frontier=isinstance(cache.tree_core, UnifiedTreeCore))
+        self.slices += 1
+        self.max_slice_nodes = max(self.max_slice_nodes, nodes)
+        self.max_slice_visits = max(self.max_slice_visits, visits)
+        self.max_slice_tokens = max(self.max_slice_tokens, freed)
+        self.tokens_freed_by_slices += freed
+        return freed
+
+    def reclaim(self, engine: Engine, cache: UnifiedRadixCache, need_tokens: int) -> int:
+        """Eviction on demand: free up to `need_tokens` stale tokens before SGLang evicts anything. Returns tokens
+        freed."""
+        if not self.active or need_tokens <= 0:
+            return 0
+        freed, _, _ = self._walk(engine, cache, need_tokens=need_tokens)
+        self.tokens_freed_on_demand += freed
+        return freed
+
+    def finish(self, engine: Engine, cache: UnifiedRadixCache) -> int:
+        """Reclaim everything still pending (the engine is idle: nothing waits for this thread). Returns tokens
+        freed."""
+        if not self.active:
+            return 0
+        freed, _, _ = self._walk(engine, cache)
+        self.tokens_freed_at_idle += freed
+        return freed
+
+    def _walk(self, engine: Engine, cache: UnifiedRadixCache, *, max_nodes: Optional[int] = None,
+              max_visits: Optional[int] = None, need_tokens: Optional[int] = None,
+              from_frontier: bool = False) -> tuple[int, int, int]:
+        """Free reclaimable leaves until a bound is reached, nothing stale is pending, or the candidates run out (then
+        the reclaim is complete). Candidates come from SGLang's device eviction order, or, with `from_frontier`
+        (Python TreeCore slices), from the frontier kept across slices. Returns (tokens freed, nodes freed,
+        candidates visited)."""
+        budget = self.pending_tokens if need_tokens is None else min(self.pending_tokens, need_tokens)
+
+        def is_victim(node_id: int) -> bool:
+            return reclaimable(engine, cache, node_id)
+
+        if from_frontier:
+            freed, nodes, visits, exhausted = _free_frontier_leaves(cache, self.frontier, is_victim,
+                                                                    max_tokens=budget, max_nodes=max_nodes,
+                                                                    max_visits=max_visits)
+        else:
+            freed, nodes, visits, exhausted = _free_leaves(cache, is_victim, max_tokens=budget, max_nodes=max_nodes,
+                                                           max_visits=max_visits)
+        engine.freed.count(freed)
+        self.pending_tokens = max(0, self.pending_tokens - freed)
+        if self.pending_tokens == 0 or exhausted:
+            self.pending_tokens = 0
+            self.active = False
+            self.completed += 1
+        return freed, nodes, visits
 
 
 class _Frontier:
@@ -151,22 +233,6 @@ def supported(cache: UnifiedRadixCache) -> bool:
             and getattr(cache, "buffer_pipeline", None) is None)
 
 
-def defer(state: Engine, cache: UnifiedRadixCache) -> int:
-    """At a bump: everything evictable is now stale (the new namespace is empty). O(1). Returns the pending tokens."""
-    q = state.deferred
-    q.active = True
-    q.pending_tokens = cache.evictable_size()
-    q.frontier.clear()
-    return q.pending_tokens
-
-
-def cancel(state: Engine) -> None:
-    """The whole tree was dropped (reset): nothing is pending any more."""
-    q = state.deferred
-    q.active, q.pending_tokens = False, 0
-    q.frontier.clear()
-
-
 def reclaimable(state: Engine, cache: UnifiedRadixCache, node_id: int) -> bool:
     """Whether the deferred reclaim may free `node_id`: its key names another namespace than the current epoch's (or
     none vradix knows); with a staleness window (`vradix.core.staleness`), a namespace older than the window."""
@@ -180,50 +246,6 @@ def namespace_epoch(state: Engine, cache: UnifiedRadixCache, node_id: int) -> Op
     """The epoch of the namespace `node_id`'s key names (None: no namespace vradix knows)."""
     extra_key, _ = cache.tree_core.prefetch_anchor_info(node_id)
     return state.epoch_of(extra_key)
-
-
-def note_release(state: Engine, evictable_before: int, evictable_after: int) -> None:
-    """A crossing request released its lock while reclaim is pending: stale nodes it unlocked that the release-time
-    reclaim could not free (they still have unlocked stale children) are now pending too. A crossing request locks
-    only stale nodes and never inserts, so the change in evictable tokens is exactly the change in stale ones."""
-    q = state.deferred
-    if q.active:
-        q.pending_tokens = max(0, q.pending_tokens + evictable_after - evictable_before)
-
-
-def step(state: Engine, cache: UnifiedRadixCache) -> int:
-    """One bounded slice (a scheduler iteration). Returns stale tokens freed."""
-    q = state.deferred
-    if not q.active:
-        return 0
-    freed, nodes, visits = _walk(state, cache, max_nodes=SLICE_NODES, max_visits=SLICE_VISITS,
-                                 need_tokens=SLICE_TOKENS, from_frontier=isinstance(cache.tree_core, UnifiedTreeCore))
-    q.slices += 1
-    q.max_slice_nodes = max(q.max_slice_nodes, nodes)
-    q.max_slice_visits = max(q.max_slice_visits, visits)
-    q.max_slice_tokens = max(q.max_slice_tokens, freed)
-    q.tokens_freed_by_slices += freed
-    return freed
-
-
-def reclaim(state: Engine, cache: UnifiedRadixCache, need_tokens: int) -> int:
-    """Eviction on demand: free up to `need_tokens` stale tokens before SGLang evicts anything. Returns tokens freed."""
-    q = state.deferred
-    if not q.active or need_tokens <= 0:
-        return 0
-    freed, _, _ = _walk(state, cache, need_tokens=need_tokens)
-    q.tokens_freed_on_demand += freed
-    return freed
-
-
-def finish(state: Engine, cache: UnifiedRadixCache) -> int:
-    """Reclaim everything still pending (the engine is idle: nothing waits for this thread). Returns tokens freed."""
-    q = state.deferred
-    if not q.active:
-        return 0
-    freed, _, _ = _walk(state, cache)
-    q.tokens_freed_at_idle += freed
-    return freed
 
 
 def evict_older_in_window(state: Engine, cache: UnifiedRadixCache, need_tokens: int) -> int:
@@ -247,34 +269,6 @@ def evict_older_in_window(state: Engine, cache: UnifiedRadixCache, need_tokens: 
     freed, _, _, _ = _free_leaves(cache, older_in_window, max_tokens=need_tokens)
     state.staleness.count_evicted_in_window(freed)
     return freed
-
-
-def _walk(state: Engine, cache: UnifiedRadixCache, *, max_nodes: Optional[int] = None,
-          max_visits: Optional[int] = None, need_tokens: Optional[int] = None,
-          from_frontier: bool = False) -> tuple[int, int, int]:
-    """The deferred reclaim's walk: free reclaimable leaves until a bound is reached, nothing stale is pending, or the
-    candidates run out (then the reclaim is complete). Candidates come from SGLang's device eviction order, or, with
-    `from_frontier` (Python TreeCore slices), from the frontier kept across slices. Returns (tokens freed, nodes
-    freed, candidates visited)."""
-    q = state.deferred
-    budget = q.pending_tokens if need_tokens is None else min(q.pending_tokens, need_tokens)
-
-    def is_victim(node_id: int) -> bool:
-        return reclaimable(state, cache, node_id)
-
-    if from_frontier:
-        freed, nodes, visits, exhausted = _free_frontier_leaves(cache, q.frontier, is_victim, max_tokens=budget,
-                                                                max_nodes=max_nodes, max_visits=max_visits)
-    else:
-        freed, nodes, visits, exhausted = _free_leaves(cache, is_victim, max_tokens=budget, max_nodes=max_nodes,
-                                                       max_visits=max_visits)
-    state.freed.count(freed)
-    q.pending_tokens = max(0, q.pending_tokens - freed)
-    if q.pending_tokens == 0 or exhausted:
-        q.pending_tokens = 0
-        q.active = False
-        q.completed += 1
-    return freed, nodes, visits
 
 
 def _free_frontier_leaves(cache: UnifiedRadixCache, frontier: _Frontier, is_victim: Callable[[int], bool], *,
@@ -340,16 +334,3 @@ def free_leaves_where(cache: UnifiedRadixCache, is_victim: Callable[[int], bool]
     eviction order (the LoRA unload, `vradix.core.lora`). Returns tokens freed."""
     freed, _, _, _ = _free_leaves(cache, is_victim, max_tokens=cache.evictable_size())
     return freed
-
-
-def age_out_on_flush(state: Engine, cache: UnifiedRadixCache, after_next_bump: bool = False) -> None:
-    """A flush with a staleness window: nothing computed before it stays reusable, not even by bounded requests (a
-    flush is a flush). The floor is the current epoch (the flush's own bump, or the bump of the update that asked
-    for it), or the next one inside a bucketed update (its bump comes at `end_weight_update`); the deferred
-    reclaim then frees every older namespace. No window: nothing to do (the bump already made older KV
-    unmatchable)."""
-    if state.staleness.window == 0:
-        return
-    state.staleness.age_out(state.epoch + (1 if after_next_bump else 0))
-    if not after_next_bump and not state.deferred.active:
-        defer(state, cache)

@@ -135,12 +135,12 @@ def check_cache(cache, window: int, can_age_out: bool) -> None:
 class StalenessRecord:
     """The engine's bounded-staleness part: the window, how a bounded request picks its namespace, and what bounded
     requests reused (server info `bounded_staleness`). `window` is set at attach; then the record changes only
-    through its methods: `age_out` (a flush, `deferred_reclaim.age_out_on_flush`), `count_evicted_in_window`
+    through its methods: `age_out` (a flush, `Engine.age_out_on_flush`), `count_evicted_in_window`
     (`deferred_reclaim.evict_older_in_window`) and `report_at_release`, when a bounded request releases its KV.
     `choose_namespace` changes the request, not the record."""
 
     window: int = 0
-    #: the oldest epoch a flush left reusable (`deferred_reclaim.age_out_on_flush`): a flush ages the whole window out
+    #: the oldest epoch a flush left reusable (`Engine.age_out_on_flush`): a flush ages the whole window out
     floor: int = 0
     bounded_requests: int = 0
     #: staleness (epochs) -> prompt tokens bounded requests read from KV that old

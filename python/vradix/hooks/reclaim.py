@@ -36,7 +36,7 @@ def release_tracked(state: "Engine", original: Callable, req, tree_cache, *args:
     if bounded:
         state.staleness.report_at_release(state, req)
     if pending:
-        deferred_reclaim.note_release(state, evictable_before, tree_cache.evictable_size())
+        state.deferred.note_release(evictable_before, tree_cache.evictable_size())
     if was_crossing or bounded:
         metrics.refresh()  # crossing requests, pinned and freed stale tokens, stale reuse changed
     return result
@@ -52,7 +52,7 @@ def reclaim_stale_first(original, cache, params, *args, **kwargs):
     if (state is None or params.num_tokens <= 0
             or not (state.deferred.active or state.staleness.window > 0)):
         return original(cache, params, *args, **kwargs)
-    freed = deferred_reclaim.reclaim(state, cache, params.num_tokens)
+    freed = state.deferred.reclaim(state, cache, params.num_tokens)
     freed += deferred_reclaim.evict_older_in_window(state, cache, params.num_tokens - freed)
     result = original(cache, replace(params, num_tokens=max(0, params.num_tokens - freed)), *args, **kwargs)
     result.num_tokens_evicted += freed
@@ -63,7 +63,7 @@ def reclaim_slice(scheduler, *args, **kwargs):
     """BEFORE Scheduler.get_next_batch_to_run (once per scheduler iteration that is not paused): one bounded slice of
     the deferred reclaim, before the scheduler sizes its next batch."""
     state = state_of(scheduler.tree_cache)
-    if state is not None and state.deferred.active and deferred_reclaim.step(state, scheduler.tree_cache):
+    if state is not None and state.deferred.active and state.deferred.step(state, scheduler.tree_cache):
         metrics.export_metrics(scheduler)
 
 
@@ -72,5 +72,5 @@ def finish_reclaim_when_idle(scheduler, *args, **kwargs):
     idle sleep (the loop may block on its socket until the next request)."""
     state = state_of(scheduler.tree_cache)
     if (state is not None and state.deferred.active and scheduler.is_fully_idle()
-            and deferred_reclaim.finish(state, scheduler.tree_cache)):
+            and state.deferred.finish(state, scheduler.tree_cache)):
         metrics.export_metrics(scheduler)

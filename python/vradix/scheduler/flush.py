@@ -5,14 +5,14 @@ publication, the weights and their label stay. `/flush_cache` with no publicatio
   and the reset is recorded (`Engine.record_reset`, with the multimodal embeddings it drops);
 - with KV holders (`by_itself`): instead of SGLang's refusal, a lock-aware epoch bump that is no publication
   (`bump`, `is_publication` False: same weights, same identity), after which the staleness window ages out
-  (`deferred_reclaim.age_out_on_flush`).
+  (`Engine.age_out_on_flush`).
 
 A flush SGLang runs inside an open publication is that publication's (`scheduler.publication.Publication.flush`).
 These functions take the engine object, whose `bump`, `is_idle` and `export_metrics` they call.
 """
 from __future__ import annotations
 
-from vradix.core import deferred_reclaim, host_tier, mm_embeddings
+from vradix.core import host_tier, mm_embeddings
 
 
 def by_itself(engine, sglang_flush) -> bool:
@@ -21,7 +21,7 @@ def by_itself(engine, sglang_flush) -> bool:
     if engine.is_idle():
         return reset_idle(engine, sglang_flush)
     engine.bump("lock-aware flush", is_publication=False)
-    deferred_reclaim.age_out_on_flush(engine.state, engine.scheduler.tree_cache)
+    engine.state.age_out_on_flush(engine.scheduler.tree_cache)
     return True
 
 

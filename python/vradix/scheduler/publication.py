@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from vradix import identity
-from vradix.core import deferred_reclaim, epochs, overlap, weight_derived
+from vradix.core import epochs, overlap, weight_derived
 from vradix.core.epochs import current_label
 from vradix.core.state import Bump, BucketedUpdate, treeless_of
 from vradix.engine import Engine, of_scheduler, state_of_scheduler
@@ -353,13 +353,13 @@ class VersionedEngine:
 
     def flush_within(self, publication: Publication, sglang_flush) -> bool:
         """A flush inside an open publication: never a second bump. Once it applied, or inside a bucketed update, the
-        flush ages the staleness window out (`deferred_reclaim.age_out_on_flush`: the floor is the bump it applied, or
+        flush ages the staleness window out (`Engine.age_out_on_flush`: the floor is the bump it applied, or
         the bucketed update's coming one). Before it applied, an idle engine's flush is SGLang's own reset
         (`scheduler.flush.reset_idle`, its own record); with KV holders it is the open update's conservative bump:
         SGLang flushes after an update whose target runner loaded although the call failed (a draft runner after it), so
         the weights may have changed."""
         if publication.bucketed is not None or publication.result is not None:
-            deferred_reclaim.age_out_on_flush(self.state, self.scheduler.tree_cache,
+            self.state.age_out_on_flush(self.scheduler.tree_cache,
                                               after_next_bump=publication.bucketed is not None)
             return True
         if self.is_idle():
