@@ -518,7 +518,10 @@ class Engine:
             self.staleness.choose_namespace(self, cache, req, token_ids)
 
     def _bind(self, req: "Req", st: request.ReqState) -> None:
-        request.record_bind(st, self)
+        """Bind `req` (holding no KV) to the current epoch: all its KV will be computed or matched under it (a
+        re-bound request has received no P/D KV yet), and its namespace is the epoch's."""
+        assert self.current is not None  # bound at attach
+        st.bind(self.current)
         if self.fault_no_namespace:
             return  # test-only fault: the namespace is lost, so only the KV page ledger's guard stands between
         req.extra_key = identity.stamped(self.current_prefix, st.user_key, st.adapter)

@@ -5,7 +5,7 @@ Invariants:
   vradix's is stored on the `Req`;
 - `epoch` is the epoch whose namespace the request matches and inserts in (`req.extra_key` is built from it and
   `user_key`);
-- `kv_history` is the provenance of the request's KV (`bind_entry`, `record_bind`, `record_crossing` write it;
+- `kv_history` is the provenance of the request's KV (`ReqState.bind` at every bind, `record_crossing` write it;
   `vradix.core.provenance` reports it): its first entry starts at position 0 and is the last bind's (`bound`,
   which `epoch` is read from) unless a crossing before any position was computed replaced it; both are derived
   from `bound` and `crossings`, never stored twice;
@@ -208,17 +208,6 @@ def holds_own_kv(req) -> bool:
     backup it will resume from (`retracted_with_backup`). Such a request is never re-bound: its KV was computed under
     its bound epoch."""
     return holds_kv(req) or retracted_with_backup(req)
-
-
-def bind_entry(state) -> HistoryEntry:
-    """The history entry of a request bound to `state`'s (an `Engine`) current epoch now."""
-    return state.current
-
-
-def record_bind(st: ReqState, state) -> None:
-    """The request (holding no KV) is bound to `state`'s current epoch: all its KV will be computed or matched
-    under it (a re-bound request has received no P/D KV yet)."""
-    st.bind(bind_entry(state))
 
 
 def record_crossing(req, st: ReqState, state) -> None:

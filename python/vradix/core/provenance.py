@@ -2,8 +2,9 @@
 
 Every request's `request.ReqState` carries `kv_history`, a list of `request.HistoryEntry(start, epoch, label,
 weight_id)`, written by the request's record (`vradix.request`):
-- `request.record_bind` starts it at admission and at every re-bind: a request that holds no KV will compute (or
-  match) all of its KV under the epoch it is bound to, so its history is one entry from position 0.
+- `ReqState.bind` starts it at admission and at every re-bind (`Engine.admit`, `Engine.rebind_if_unheld`): a
+  request that holds no KV will compute (or match) all of its KV under the epoch it is bound to, so its history is
+  one entry from position 0.
 - `request.record_crossing` appends one entry each time the request crosses a publication while holding KV:
   positions `[0, committed)` keep the KV they were computed with, positions from `committed` on are computed under
   the new epoch. Several crossings append several entries.
