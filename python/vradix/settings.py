@@ -124,7 +124,7 @@ _TABLE = (
             "and the bound of a request that names none (0: exact reuse only); a request lowers it with "
             "`custom_params.vradix_max_staleness`. The server flag `--vradix-max-staleness` exports it.",
             "vradix.core.staleness (launcher request check, scheduler admission and reclaim)", _non_negative_int),
-    Setting("VRADIX_RECLAIM_SLICE_NODES", "16", "a positive integer",
+    Setting("VRADIX_RECLAIM_SLICE_NODES", "8", "a positive integer",
             "Stale tree nodes one scheduler iteration frees at most after a bump (read once, at import).",
             "vradix.core.deferred_reclaim", _positive_int),
     Setting("VRADIX_KERNELS", "auto", "`auto`, `cuda`, `triton`, `torch` (exact)",
