@@ -232,9 +232,9 @@ def main():
         steady_table(a.cores.split(","), a.steady_requests, a.steady_runs)
         return
     sizes = [int(x) for x in a.sizes.split(",")]
+    from vradix.core.deferred_reclaim import SLICE_NODES
     print(f"# publication cost, ms, median of {a.repeats} (CPU: {os.cpu_count()} cores, torch {torch.__version__}; "
-          f"deferred reclaim slices of {__import__('vradix.core.deferred_reclaim').core.deferred_reclaim.SLICE_NODES} nodes; "
-          f"page size {a.page_size})")
+          f"deferred reclaim slices of {SLICE_NODES} nodes; page size {a.page_size})")
     hdr = ["core", "inserted_tokens", "cached_tokens", "sequences", "freed", "publication", "reclaim total",
            "slices", "median slice", "max slice", "max slice cpu", "max free", "max slice w/o free",
            "bump, nothing locked", "stock reset", "reclaim / reset", "no-op"]

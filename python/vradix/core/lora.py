@@ -119,7 +119,10 @@ class LoraRecord:
         vradix was never shown) a process-local nonce, kept for the `lora_id` so its requests still share KV here."""
         if lora_id is None:
             return None
-        return self.adapter_ids.setdefault(lora_id, unknown_adapter_identity())
+        known = self.adapter_ids.get(lora_id)
+        if known is None:
+            known = self.adapter_ids[lora_id] = unknown_adapter_identity()
+        return known
 
     def on_load(self, scheduler: Any, lora_id: str) -> str:
         """After a successful load of `lora_id`: (re)compute its identity from what was just loaded. Returns it."""

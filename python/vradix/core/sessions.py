@@ -14,8 +14,8 @@ Invariant kept here: a slot's record is lent only to a turn of the epoch that wr
   slot it does not free;
 - a slot a running turn borrows stays with that turn, which crosses the publication like any KV holder (it keeps its
   KV, never inserts it); the slot is remembered as stale (`Engine.sessions.stale_slots`) and released at the
-  session's next lend (`Engine.release_stale_slot`, which `SessionSlots.take_stale` hands the slot), wherever its record came back from (finish or retract), so no later
-  turn reuses it.
+  session's next lend (`Engine.release_stale_slot`, which `SessionSlots.take_stale` hands the slot), wherever its
+  record came back from (finish or retract), so no later turn reuses it.
 A turn that finds no slot takes SGLang's normal path: a tree match in its own namespace, then a full prefill of its
 history; its first row allocation makes the session a new slot, written under the current epoch.
 """
