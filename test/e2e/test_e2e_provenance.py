@@ -5,10 +5,12 @@ One vradix server (with its tokenizer, for the OpenAI endpoint, and --enable-met
 tests run in file order on it and each reads the epoch it starts from. The client tests lease stock servers from the
 session's server pool (`server_pool`; the stock-fleet test two)."""
 import json
+import signal
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,8 +19,8 @@ import vradix
 from vradix.client import EngineHandle, PublishError, publish
 from vradix.predicate import UnsafeDeployment
 from vradix.testing.harness.pool import stopped_while_unused
-from vradix.testing.harness.scenario import (LONG_PROMPT, PROBE, StreamingRequest, crossed_update, pause_holding,
-                                             pause_took_effect)
+from vradix.testing.harness.scenario import (LONG_PROMPT, PROBE, StreamingRequest, across_publications, crossed_update,
+                                             pause_holding, pause_took_effect)
 from vradix.testing.harness.server import CpuServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -46,15 +48,6 @@ def stock_fleet(models, server_pool):
 def stock(models, server_pool):
     with server_pool.lease(models[0], vradix=False) as s:
         yield s
-
-
-def wait_for_progress(stream: StreamingRequest, tokens: int, timeout: float = 120.0) -> None:
-    """Block until the streaming request produced `tokens` more output tokens (polls its own chunks)."""
-    start = stream.final["meta_info"]["completion_tokens"]
-    deadline = time.monotonic() + timeout
-    while stream.final["meta_info"]["completion_tokens"] < start + tokens:
-        assert stream.error is None and time.monotonic() < deadline, "streaming request made no progress"
-        time.sleep(0.05)
 
 
 class StreamFinishedFirst(RuntimeError):
@@ -115,20 +108,23 @@ def test_provenance_in_meta_info_across_two_publications(server, models):
         == {"default"}
     assert s.generate(PROBE, 4)["meta_info"]["prefix_cache"]["cached_tokens"] == 200
 
-    (stream,) = pause_holding(s, lambda: [StreamingRequest(s.url, LONG_PROMPT, 300)])
-    msg = update_and_continue(s, models[1], "v2")
+    def prepare():
+        s.update_weights(models[0], "v1")  # an idle publication: each attempt starts on A labelled v1
+        info = s.vradix_info()
+        return info["epoch"], info["weight_id"]
+
+    # a request in flight at both publications, with some KV computed under v2 before the second (its own record,
+    # SGLang's weight_versions, proves it ran across both; an attempt where it finished first is redone)
+    crossing = across_publications(s, lambda: StreamingRequest(s.url, LONG_PROMPT, 300),
+                                   [lambda: update_and_continue(s, models[1], "v2"),
+                                    lambda: update_and_continue(s, models[0], "v3")], prepare=prepare)
+    (e0, w0), msg, final = crossing.before, crossing.messages[0], crossing.final["meta_info"]
     assert f"epoch {e0}->{e0 + 1}" in msg and "freed" in msg and "stale tokens pinned by 1 crossing" in msg
-    wait_for_progress(stream, 5)  # some KV computed under v2 before the next publication
-    assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
-    pause_took_effect(s)  # the request must cross this publication too: 295 of its tokens were left 5 tokens ago
-    assert not stream.done, "the streaming request finished before the second publication"
-    update_and_continue(s, models[0], "v3")
-    final = stream.result()["meta_info"]
     assert final["num_retractions"] == 0 and final["completion_tokens"] == 300
 
     spans = final["kv_weight_versions"]  # on the final streaming chunk
     total = len(LONG_PROMPT) + 300
-    assert [x["version"] for x in spans] == ["default", "v2", "v3"], spans
+    assert [x["version"] for x in spans] == ["v1", "v2", "v3"], spans
     assert [x["epoch"] for x in spans] == [e0, e0 + 1, e0 + 2]
     assert spans[0]["start"] == 0 and spans[-1]["end"] == total
     assert all(a["end"] == b["start"] for a, b in zip(spans, spans[1:]))
@@ -136,15 +132,14 @@ def test_provenance_in_meta_info_across_two_publications(server, models):
     # cross-check with SGLang's own per-output-token version spans: the token sampled last under the old weights is
     # the first position whose KV is computed under the new ones
     sglang_starts = [x["start"] for x in final["weight_versions"]]
-    assert [x["version"] for x in final["weight_versions"]] == ["default", "v2", "v3"]
+    assert [x["version"] for x in final["weight_versions"]] == ["v1", "v2", "v3"]
     assert [len(LONG_PROMPT) + k - 1 for k in sglang_starts[1:]] == [spans[1]["start"], spans[2]["start"]]
     assert final["prefix_cache"]["epoch"] == e0  # the prompt matched (nothing) in the namespace of epoch e0
     # upstream's `prefill_weight_versions` is the prompt's part of these spans; miles' per-forward versions are the
     # weights of the first, oldest, newest and last forward
-    assert final["prefill_weight_versions"] == [{"version": "default", "start": 0, "end": len(LONG_PROMPT)}]
+    assert final["prefill_weight_versions"] == [{"version": "v1", "start": 0, "end": len(LONG_PROMPT)}]
     assert (final["first_prefill_weight_version"], final["min_forward_weight_version"],
-            final["max_forward_weight_version"], final["last_forward_weight_version"]) == ("default", "default",
-                                                                                           "v3", "v3")
+            final["max_forward_weight_version"], final["last_forward_weight_version"]) == ("v1", "v1", "v3", "v3")
     upstream_prefill_spans_hold(final["prefill_weight_versions"], final["prompt_tokens"])
     # miles' response segments are SGLang's own sampling spans, as miles' per-call parser reads them
     assert final["response_weight_version_segments"] == [[x["start"], x["end"], x["version"]]
@@ -187,15 +182,12 @@ def test_trainer_api_and_recipes_on_a_request_crossing_two_step_publications(ser
     from vradix.trainer import CROSSING, FRESH, TokenVersions, importance_weights, mask
 
     s, n = server, 160
-    s.update_weights(models[0], "1")  # step labels from here on (an idle publication)
-    (stream,) = pause_holding(s, lambda: [StreamingRequest(s.url, LONG_PROMPT, n, return_logprob=True)])
-    update_and_continue(s, models[1], "2")
-    wait_for_progress(stream, 5)
-    assert s.post("/pause_generation", {"mode": "in_place"}).status_code == 200
-    pause_took_effect(s)
-    assert not stream.done, "the streaming request finished before the second publication"
-    update_and_continue(s, models[0], "3")
-    final = stream.result()
+    # step labels from here on: each attempt starts with an idle publication labelled 1; the request's own record
+    # proves it ran across both publications (an attempt where it finished first is redone)
+    final = across_publications(s, lambda: StreamingRequest(s.url, LONG_PROMPT, n, return_logprob=True),
+                                [lambda: update_and_continue(s, models[1], "2"),
+                                 lambda: update_and_continue(s, models[0], "3")],
+                                prepare=lambda: s.update_weights(models[0], "1")).final
     meta = final["meta_info"]
     assert meta["num_retractions"] == 0 and len(meta["output_token_logprobs"]) == n == len(final["output_ids"])
     k2, k3 = [x["start"] for x in meta["weight_versions"][1:]]
@@ -488,3 +480,47 @@ def test_publish_client_stock_fleet_is_all_or_nothing_across_probes(stock_fleet,
     ok = publish(fleet, models[0], "f3", seed=13)
     assert [(r.verified, r.state) for r in ok] == [(True, "running"), (True, "running")]
     assert all(r.probe_cached_before > 0 and r.probe_cached_after == 0 for r in ok)
+
+
+def detokenizer_of(server) -> psutil.Process:
+    """The server's detokenizer process (SGLang names it `sglang::detokenizer`)."""
+    (detokenizer,) = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
+                      if "detokenizer" in p.name()]
+    return detokenizer
+
+
+def test_a_client_lagging_its_scheduler_voids_the_attempt(server, models):
+    """This server's outputs reach their client through its detokenizer. The first attempt stalls that process
+    (SIGSTOP) right after the request's first chunk and keeps it stalled until the scheduler is idle: the request has
+    finished there while its client has seen a few tokens of 1000, so by its client's view it is still running at the
+    pause. `pause_holding` asks the scheduler too (`scheduler_holds`), voids the attempt and holds the next request,
+    which runs across both publications, as its own record shows."""
+    s, starts = server, []
+    detokenizer = detokenizer_of(s)
+
+    def start():
+        lagging = not starts  # long enough to be still decoding when its first chunk arrives
+        stream = StreamingRequest(s.url, LONG_PROMPT, 1000 if lagging else 120)
+        starts.append(stream)
+        if lagging:
+            stream.wait_decoding()
+            detokenizer.send_signal(signal.SIGSTOP)
+            deadline = time.monotonic() + 120
+            while not s.vradix_info()["pool"]["idle"]:  # the scheduler's own view: the request finished there
+                assert time.monotonic() < deadline, "the request never finished in its scheduler"
+            assert not stream.near_end, "the client saw the request's end before its detokenizer stalled"
+        return stream
+
+    def resume():  # the void attempt's: its request's last chunks can reach its client again
+        detokenizer.send_signal(signal.SIGCONT)
+        s.resume()
+
+    try:
+        crossing = across_publications(s, start, [lambda: update_and_continue(s, models[1], "lag-2"),
+                                                  lambda: update_and_continue(s, models[0], "lag-3")], resume=resume)
+    finally:
+        detokenizer.send_signal(signal.SIGCONT)
+    first = starts[0].result()["meta_info"]
+    assert len(first["weight_versions"]) == 1 and first["completion_tokens"] == 1000  # over before any publication
+    assert len(starts) == 2 and crossing.attempts == 1 and crossing.final["meta_info"]["completion_tokens"] == 120
+    assert [x["version"] for x in crossing.final["meta_info"]["weight_versions"]][1:] == ["lag-2", "lag-3"]

@@ -6,7 +6,8 @@ pauses, and then checks that the request was still running when the pause took e
 that finished first, or came so near its end that its scheduler may have finished it (`near_end`), voids the attempt,
 which is undone (continue, collect its requests' results) and started afresh, within a deadline. Where the weight
 version changes during the pause, `crossed_update` confirms it afterwards from SGLang's own per-request record
-(`weight_versions`).
+(`weight_versions`). A request that must keep running past later pauses (`across_publications`) is judged by that
+record alone: its client can lag its scheduler by more than the request has left.
 """
 from __future__ import annotations
 
@@ -68,10 +69,25 @@ class StreamingRequest:
         `NEAR_END_TOKENS` of its `max_new_tokens`. A finished request's last chunks reach the client through the
         detokenizer process, which no round trip to the scheduler waits for; on a loaded machine they can lag the
         scheduler by a few decode steps, so a request this close to its end may already be over there."""
-        if self.done:
-            return True
-        seen = (self.final or {}).get("meta_info", {}).get("completion_tokens", 0)
-        return seen >= self.max_new_tokens - NEAR_END_TOKENS
+        return self.done or self.seen >= self.max_new_tokens - NEAR_END_TOKENS
+
+    @property
+    def seen(self) -> int:
+        """Output tokens its client has seen so far (the last chunk's `completion_tokens`)."""
+        return (self.final or {}).get("meta_info", {}).get("completion_tokens", 0)
+
+    def wait_more_tokens(self, tokens: int, timeout: float = 120.0) -> bool:
+        """Until its client has seen `tokens` more output tokens than now (True) or the stream ended first (False).
+        A stream that does neither within `timeout` is stalled: AssertionError."""
+        start = self.seen
+        deadline = time.monotonic() + timeout
+        while self.seen < start + tokens:
+            if self.done:
+                return self.seen >= start + tokens
+            assert time.monotonic() < deadline, (f"streaming request made no progress from {start} tokens in "
+                                                 f"{timeout:.0f} s: {self.final}")
+            time.sleep(0.05)
+        return True
 
     def wait_decoding(self, timeout: float = 120.0) -> None:
         """Until the request has streamed an output token (it is past prefill and decoding); raises if it failed."""
@@ -106,6 +122,15 @@ def pause_took_effect(server) -> None:
         requests.get(server.url + "/get_server_info", timeout=60).raise_for_status()
 
 
+def scheduler_holds(server, n: int) -> bool:
+    """Whether `server`'s scheduler holds at least `n` live requests (running or waiting, as vradix's server info
+    reports them from the scheduler). A client can lag its scheduler by more than a request has left (outputs pass the
+    detokenizer process), so its view alone can take a finished request for a running one. A server without vradix
+    reports nothing: True (its client's view stands)."""
+    pool = ((server.vradix_info() if hasattr(server, "vradix_info") else None) or {}).get("pool")
+    return pool is None or pool["running_requests"] + pool["waiting_requests"] >= n
+
+
 def pause_holding(server, start: Callable[[], Sequence[StreamingRequest]], *,
                   pause: Optional[Callable[[], None]] = None, resume: Optional[Callable[[], None]] = None,
                   deadline_s: float = HOLD_DEADLINE_S, what: str = "requests") -> List[StreamingRequest]:
@@ -115,8 +140,11 @@ def pause_holding(server, start: Callable[[], Sequence[StreamingRequest]], *,
     `server`: where the requests run (the one whose pause is checked); `pause` / `resume` (default: `server`'s
     in_place pause and its continue) pause and resume everything the scenario pauses (both roles of a P/D pair).
     An attempt in which a request finished before the pause is void: it is resumed and its requests' results
-    collected, and a new attempt starts, until `deadline_s` (then AssertionError naming the precondition). Invariant:
-    on return the engine is paused and none of the returned requests has finished."""
+    collected, and a new attempt starts, until `deadline_s` (then AssertionError naming the precondition). A request
+    counts as finished when its client saw it end or come `near_end`, or when the scheduler holds fewer live requests
+    than were started (`scheduler_holds`, where vradix reports them). Invariant: on return the engine is paused and,
+    as far as its client and its scheduler's count tell, none of the returned requests has finished; a request that
+    must run on past the continue is proven by its own record (`across_publications`)."""
     pause = pause or (lambda: server.pause("in_place"))
     resume = resume or server.resume
     deadline = time.monotonic() + deadline_s
@@ -128,7 +156,7 @@ def pause_holding(server, start: Callable[[], Sequence[StreamingRequest]], *,
             s.wait_decoding()
         pause()
         pause_took_effect(server)
-        if not any(s.near_end for s in streams):
+        if not any(s.near_end for s in streams) and scheduler_holds(server, len(streams)):
             return streams
         resume()
         for s in streams:
@@ -167,6 +195,60 @@ def crossed_update(meta: dict) -> bool:
     (`record_weight_version_change`); the final chunk's `weight_versions` then holds two spans or more. A request
     that finished before the change has one. This is SGLang's record, independent of vradix's provenance."""
     return len(meta.get("weight_versions") or ()) >= 2
+
+
+@dataclass
+class Crossing:
+    """A request that ran across every publication of `across_publications`, as its own record proves."""
+    #: the request's final chunk
+    final: dict
+    #: each publication's reply message, in order
+    messages: List[str]
+    #: what `prepare()` returned at the start of the attempt that held
+    before: object
+    #: attempts made, the void ones included
+    attempts: int
+
+
+def across_publications(server, start: Callable[[], StreamingRequest], publications: Sequence[Callable[[], str]], *,
+                        prepare: Callable[[], object] = lambda: None, tokens_between: int = 5,
+                        pause: Optional[Callable[[], None]] = None, resume: Optional[Callable[[], None]] = None,
+                        deadline_s: float = HOLD_DEADLINE_S) -> Crossing:
+    """A request in flight across each of `publications`: `prepare()`, start the request (`start()`), hold it at an
+    in_place pause (`pause_holding`), run the first publication (it publishes on the paused `server`, continues it,
+    and returns its reply message), wait until the client has seen `tokens_between` more tokens, pause again, run the
+    next one, and so on; then collect the request's final chunk.
+
+    Whether the request was still running at a later pause cannot be read from its client: its outputs reach the
+    client through the detokenizer process, which no call waits for, so on a loaded machine the client can lag the
+    scheduler by more than the request has left. The request's own record decides instead: the attempt held when
+    SGLang's `weight_versions` shows one span per weight version it ran under (one more than the publications).
+    Otherwise the attempt is void (every publication it made still stands) and the next one starts with
+    `prepare()`, until `deadline_s` (then AssertionError naming the precondition). `pause` / `resume`: as in
+    `pause_holding` (every pause is `pause()`)."""
+    pause = pause or (lambda: server.pause("in_place"))
+    deadline = time.monotonic() + deadline_s
+    attempts = 0
+    while True:
+        attempts += 1
+        before = prepare()
+        (stream,) = pause_holding(server, lambda: [start()], pause=pause, resume=resume,
+                                  deadline_s=max(0.0, deadline - time.monotonic()), what="the crossing request")
+        messages = []
+        for i, publish in enumerate(publications):
+            if i:
+                if not stream.wait_more_tokens(tokens_between):
+                    break
+                pause()
+                pause_took_effect(server)
+            messages.append(publish())
+        final = stream.result()
+        if len(messages) == len(publications) and \
+                len(final["meta_info"].get("weight_versions") or ()) == len(publications) + 1:
+            return Crossing(final, messages, before, attempts)
+        assert time.monotonic() < deadline, (f"the crossing request never ran across {len(publications)} "
+                                             f"publication(s) in {attempts} attempt(s) ({deadline_s}s): each time it "
+                                             "finished first")
 
 
 @dataclass
