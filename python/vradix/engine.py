@@ -526,13 +526,12 @@ class Engine:
             return  # test-only fault: the namespace is lost, so only the KV page ledger's guard stands between
         req.extra_key = identity.stamped(self.current_prefix, st.user_key, st.adapter)
 
-
     # ---- the hot path: what every request pays (one call per hook adapter) ------------------------------------------
     def admit(self, req: "Req", scheduler: Optional["Scheduler"] = None) -> None:
         """Bind a request entering a queue to the current epoch: its record and its namespace. A plain request takes
-        one path (its record, its namespace: no other call); any other goes through `admit_or_raise`. A request vradix refuses (a forged key, a bound above the window) is bound without its key
-        and aborted with HTTP 400. `scheduler` (None in cache-level tests) holds the LoRA adapters a LoRA request's
-        identity is read from."""
+        one path (its record, its namespace: no other call); any other goes through `admit_or_raise`. A request
+        vradix refuses (a forged key, a bound above the window) is bound without its key and aborted with HTTP 400.
+        `scheduler` (None in cache-level tests) holds the LoRA adapters a LoRA request's identity is read from."""
         if (not req.extra_key and not getattr(req, "cache_salt", None) and getattr(req, "lora_id", None) is None
                 and not self.staleness.window and not self.fault_no_namespace
                 and not getattr(req.sampling_params, "custom_params", None)):
