@@ -55,8 +55,7 @@ class ServerClient:
 
     def vradix_info(self) -> Optional[dict]:
         """vradix's block of the scheduler's internal state (None on a server without vradix)."""
-        states = self.server_info().get("internal_states") or [{}]
-        return (states[0] or {}).get("vradix")
+        return vradix_of(self.server_info())
 
     def prefill_counters(self) -> Dict[str, float]:
         """Cumulative prefill token counters from /metrics (needs --enable-metrics), summed over ranks."""
@@ -107,3 +106,10 @@ class ServerClient:
                 if time.monotonic() > deadline:
                     raise
             time.sleep(0.2)
+
+
+def vradix_of(server_info: dict) -> Optional[dict]:
+    """vradix's block of the first scheduler's internal state in a `/get_server_info` answer (None on a server
+    without vradix)."""
+    states = server_info.get("internal_states") or [{}]
+    return (states[0] or {}).get("vradix")

@@ -21,6 +21,8 @@ from typing import Callable, List, Optional, Sequence
 
 import requests
 
+from vradix.testing.harness.http import vradix_of
+
 PREFIX = [(i * 7) % 500 + 5 for i in range(200)]  # a 200-token shared prefix, cached under the old weights
 PROBE = PREFIX + [11]
 LONG_PROMPT = [9, 8, 7] * 20
@@ -109,7 +111,7 @@ class StreamingRequest:
 HOLD_DEADLINE_S = 300.0
 
 
-def pause_took_effect(server) -> None:
+def pause_took_effect(server) -> dict:
     """Return once the scheduler of `server` (anything with its `url`) has handled every call sent before it (SGLang
     answers a pause before its scheduler has seen it).
 
@@ -117,17 +119,19 @@ def pause_took_effect(server) -> None:
     emitted before the pause travel on a second socket to the same tokenizer, so a second round trip lets the
     tokenizer stream them out before this returns. Those outputs pass through the detokenizer process, which neither
     round trip waits for: a request that finished first may lag there by a few decode steps, which `near_end` allows
-    for."""
+    for. Returns the second call's server info (the scheduler's state with the pause in effect)."""
     for _ in range(2):
-        requests.get(server.url + "/get_server_info", timeout=60).raise_for_status()
+        r = requests.get(server.url + "/get_server_info", timeout=60)
+        r.raise_for_status()
+    return r.json()
 
 
-def scheduler_holds(server, n: int) -> bool:
-    """Whether `server`'s scheduler holds at least `n` live requests (running or waiting, as vradix's server info
-    reports them from the scheduler). A client can lag its scheduler by more than a request has left (outputs pass the
-    detokenizer process), so its view alone can take a finished request for a running one. A server without vradix
-    reports nothing: True (its client's view stands)."""
-    pool = ((server.vradix_info() if hasattr(server, "vradix_info") else None) or {}).get("pool")
+def scheduler_holds(server_info: Optional[dict], n: int) -> bool:
+    """Whether the scheduler whose `/get_server_info` answer this is holds at least `n` live requests (running or
+    waiting, as vradix's block reports them from the scheduler). A client can lag its scheduler by more than a request
+    has left (outputs pass the detokenizer process), so its view alone can take a finished request for a running one.
+    A server without vradix reports nothing: True (its client's view stands)."""
+    pool = ((vradix_of(server_info) if server_info else None) or {}).get("pool")
     return pool is None or pool["running_requests"] + pool["waiting_requests"] >= n
 
 
@@ -155,8 +159,8 @@ def pause_holding(server, start: Callable[[], Sequence[StreamingRequest]], *,
         for s in streams:
             s.wait_decoding()
         pause()
-        pause_took_effect(server)
-        if not any(s.near_end for s in streams) and scheduler_holds(server, len(streams)):
+        info = pause_took_effect(server)
+        if not any(s.near_end for s in streams) and scheduler_holds(info, len(streams)):
             return streams
         resume()
         for s in streams:
@@ -194,7 +198,13 @@ def crossed_update(meta: dict) -> bool:
     SGLang's scheduler records a version event on every live request with output tokens when the version changes
     (`record_weight_version_change`); the final chunk's `weight_versions` then holds two spans or more. A request
     that finished before the change has one. This is SGLang's record, independent of vradix's provenance."""
-    return len(meta.get("weight_versions") or ()) >= 2
+    return version_spans(meta) >= 2
+
+
+def version_spans(meta: dict) -> int:
+    """How many weight versions the request whose final `meta_info` this is sampled under: the spans of SGLang's
+    `weight_versions` (adjacent tokens of one version form one span)."""
+    return len(meta.get("weight_versions") or ())
 
 
 @dataclass
@@ -243,8 +253,7 @@ def across_publications(server, start: Callable[[], StreamingRequest], publicati
                 pause_took_effect(server)
             messages.append(publish())
         final = stream.result()
-        if len(messages) == len(publications) and \
-                len(final["meta_info"].get("weight_versions") or ()) == len(publications) + 1:
+        if len(messages) == len(publications) and version_spans(final["meta_info"]) == len(publications) + 1:
             return Crossing(final, messages, before, attempts)
         assert time.monotonic() < deadline, (f"the crossing request never ran across {len(publications)} "
                                              f"publication(s) in {attempts} attempt(s) ({deadline_s}s): each time it "
