@@ -16,10 +16,11 @@ two, `vradix.scheduler.publication.bump_scheduler`):
    (`vradix.core.retraction`) is marked crossing too: it holds no slot or lock, but resumes from that KV;
 3. re-bind every queued request that holds no KV to the new epoch;
 4. when no request holds KV (nor a host backup), no session slot is left and nothing is locked, drop the whole tree
-   at once (`reclaim.free_all_by_reset`, what stock `flush_cache` does; full-attention trees only, `reclaim.resettable`);
-   otherwise leave the unlocked stale nodes to the deferred reclaim (`DeferredReclaim.defer`, O(1): they are freed in
-   bounded slices per scheduler iteration, on demand when SGLang evicts, and at idle), or, for a cache that cannot
-   defer (HiCache host tier, hybrid components), free them in one batched eviction (`reclaim.free_all_unlocked`);
+   at once (`reclaim.free_all_by_reset`, what stock `flush_cache` does; full-attention trees only,
+   `reclaim.resettable`); otherwise leave the unlocked stale nodes to the deferred reclaim (`DeferredReclaim.defer`,
+   O(1): they are freed in bounded slices per scheduler iteration, on demand when SGLang evicts, and at idle), or,
+   for a cache that cannot defer (HiCache host tier, hybrid components), free them in one batched eviction
+   (`reclaim.free_all_unlocked`);
 5. with a HiCache host tier, free the stale host copies too (`host_tier`): transfers in flight are settled before 4,
    and every host copy nothing pins is evicted after it.
 Between 1 and 5 nothing can be inserted under the new epoch, so "evictable" is exactly "unlocked and stale".

@@ -75,7 +75,7 @@ class SessionSlots:
         if sid not in self.stale_slots:
             return None
         stale: Any = self.stale_slots[sid]  # a `SessionSlot` of SGLang
-        its_own = stale.kv is req.kv
+        its_own = stale.kv is req.kv  # read first: the identity check below narrows `stale` to Optional for mypy
         if slots_of(cache).get(sid) is not stale:
             del self.stale_slots[sid]
             return None

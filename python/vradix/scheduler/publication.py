@@ -359,8 +359,7 @@ class VersionedEngine:
         SGLang flushes after an update whose target runner loaded although the call failed (a draft runner after it), so
         the weights may have changed."""
         if publication.bucketed is not None or publication.result is not None:
-            self.state.age_out_on_flush(self.scheduler.tree_cache,
-                                              after_next_bump=publication.bucketed is not None)
+            self.state.age_out_on_flush(self.scheduler.tree_cache, after_next_bump=publication.bucketed is not None)
             return True
         if self.is_idle():
             return flush.reset_idle(self, sglang_flush)
@@ -418,7 +417,7 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     lookups = steps.storage_lookups
     revoked = prefetch.end_queued_attempts(scheduler.tree_cache, queued) if lookups else 0
     done = state.invalidate(scheduler.tree_cache, live, queued,
-                             reason=reason, label=label, is_publication=is_publication, identity=ident)
+                            reason=reason, label=label, is_publication=is_publication, identity=ident)
     drain_ms, promises_revoked = 0.0, 0
     if is_publication:
         drain_ms = state.take_drain()
@@ -434,9 +433,9 @@ def bump_scheduler(scheduler, *, reason: str, label=None, is_publication: bool =
     if state.ledger is not None:
         guard.audit(state.guard.config, state.guard.stats, state.ledger, scheduler.tree_cache, live, state.epoch)
     inv = state.finish_bump(done, is_publication, identity_ms=identity_ms, drain_ms=drain_ms,
-                        promises_revoked=promises_revoked, mm_embeddings_cleared=cleared.mm_embeddings,
-                        position_grids_cleared=cleared.position_grids,
-                        bump_ms=(time.perf_counter() - t_bump) * 1e3)
+                            promises_revoked=promises_revoked, mm_embeddings_cleared=cleared.mm_embeddings,
+                            position_grids_cleared=cleared.position_grids,
+                            bump_ms=(time.perf_counter() - t_bump) * 1e3)
     logger.info(inv.summary() + " in %.3f ms; %d multimodal embedding(s), %d position grid(s) cleared",
                 inv.latency_ms, inv.mm_embeddings_cleared, inv.position_grids_cleared)
     export_metrics(scheduler, bump_seconds=inv.latency_ms / 1e3,

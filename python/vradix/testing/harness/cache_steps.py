@@ -7,7 +7,7 @@ from vradix.engine import state_of
 
 
 def new_req(fx, state, tokens, **kw):
-    """A request for `tokens`, admitted with the current epoch's namespace (`Engine.admit`)."""
+    """A request for `tokens`, admitted with the current epoch's namespace (`Engine.admit_or_raise`)."""
     req = fx.make_req(tokens, **kw)
     state.admit_or_raise(req)
     return req
